@@ -1,0 +1,115 @@
+"""Benchmark of sharefl.crypto against its floor, the raw AES-128-CTR keystream.
+
+Prints JSON lines: the machine, the floor, then one line per target with the measured
+figure, the target and whether it passed. Run: ``python benchmarks/bench_crypto.py``
+(``--strict`` exits 1 when a target is missed; ``--quick`` uses fewer repetitions).
+
+Targets (issue #2):
+- mask expansion + accumulate, d = 10^6, b = 32: rate ≥ 60% of the raw keystream rate;
+- Shamir: share 2 secrets of 32 bytes to n = 100 at t = 50 in ≤ 20 ms; reconstruct 110
+  secrets from 50 shares each in ≤ 50 ms;
+- encoding 10^6 float32 with stochastic rounding: ≤ 5× one mask expansion of that length.
+No allocator settings are changed (numpy's default allocator; buffers are reused).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import numpy as np
+from common import emit, emit_machine, finish, timeit
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+from sharefl.crypto import shamir
+from sharefl.crypto.encoding import choose_encoding, encode_into
+from sharefl.crypto.prg import MaskExpander
+
+D = 1_000_000
+
+
+def raw_keystream(nbytes: int, repeat: int) -> dict[str, float]:
+    """The floor: AES-128-CTR keystream of ``nbytes`` into a preallocated buffer."""
+    key, nonce = os.urandom(16), os.urandom(16)
+    zeros = bytes(nbytes)
+    out = bytearray(nbytes + 15)
+
+    def run() -> None:
+        Cipher(algorithms.AES(key), modes.CTR(nonce)).encryptor().update_into(zeros, out)
+
+    return timeit(run, repeat=repeat)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions")
+    args = parser.parse_args()
+    repeat = 10 if args.quick else 50
+    emit_machine("crypto", d=D)
+    records = []
+
+    floor = raw_keystream(4 * D, repeat)
+    emit({"name": "aes128_ctr_keystream", "kind": "baseline", "bytes": 4 * D, **floor,
+          "gbytes_per_s": 4 * D / floor["best_s"] / 1e9})
+
+    seed = os.urandom(32)
+    for bits in (32, 64):
+        expander = MaskExpander(bits)
+        acc = np.zeros(D, dtype=expander.dtype)
+        out = np.empty(D, dtype=expander.dtype)
+        t_acc = timeit(lambda: expander.accumulate(acc, seed, 1), repeat=repeat)
+        t_exp = timeit(lambda: expander.expand(seed, D, out), repeat=repeat)
+        base = floor if bits == 32 else raw_keystream(8 * D, repeat)
+        ratio = base["best_s"] / t_acc["best_s"]
+        record = {"name": f"mask_accumulate_b{bits}", "d": D, **t_acc,
+                  "rate_vs_keystream": ratio,
+                  "expand_best_s": t_exp["best_s"],
+                  "expand_rate_vs_keystream": base["best_s"] / t_exp["best_s"]}
+        if bits == 32:
+            record.update(target=">= 0.60 of keystream rate", **{"pass": ratio >= 0.60})
+        records.append(record)
+        emit(record)
+
+    xs = list(range(1, 101))
+    secrets = [os.urandom(32), os.urandom(32)]
+    t_split = timeit(lambda: shamir.split_many(secrets, 50, xs), repeat=repeat)
+    record = {"name": "shamir_share_2x32B_n100_t50", **t_split, "target": "<= 0.020 s",
+              "pass": t_split["median_s"] <= 0.020}
+    records.append(record)
+    emit(record)
+
+    many = [os.urandom(32) for _ in range(110)]
+    shares = shamir.split_many(many, 50, xs)
+    holders = xs[10:60]  # 50 surviving share holders
+    rows = [[s.y for s in per_secret[10:60]] for per_secret in shares]
+
+    def reconstruct() -> list[int]:
+        return shamir.Reconstructor(holders, 50).reconstruct_many(rows)
+
+    assert [v.to_bytes(32, "big") for v in reconstruct()] == many
+    t_rec = timeit(reconstruct, repeat=repeat)
+    record = {"name": "shamir_reconstruct_110_from_50", **t_rec, "target": "<= 0.050 s",
+              "pass": t_rec["median_s"] <= 0.050}
+    records.append(record)
+    emit(record)
+
+    encoding = choose_encoding(clip=1.0, max_summands=100, bits=32)
+    x = np.random.default_rng(0).standard_normal(D, dtype=np.float32)
+    enc_out = np.empty(D, dtype=np.uint32)
+    rng = np.random.default_rng(1)
+    t_enc = timeit(lambda: encode_into(x, encoding, rng, enc_out), repeat=repeat)
+    expander = MaskExpander(32)
+    mask_out = np.empty(D, dtype=np.uint32)
+    t_mask = timeit(lambda: expander.expand(seed, D, mask_out), repeat=repeat)
+    ratio = t_enc["best_s"] / t_mask["best_s"]
+    record = {"name": "encode_1e6_float32_stochastic", **t_enc, "mask_expand_best_s":
+              t_mask["best_s"], "time_vs_mask_expansion": ratio, "frac_bits":
+              encoding.frac_bits, "target": "<= 5x one mask expansion", "pass": ratio <= 5.0}
+    records.append(record)
+    emit(record)
+    finish(records, strict=args.strict)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""Shared helpers of the benchmark scripts: timing and JSON-lines output.
+
+Each benchmark prints one JSON object per line. Every measurement of ours is paired with a
+baseline measured in the same run (the machines are shared and noisy: ratios count, single
+absolute times do not).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from sharefl.machine import machine_info
+
+
+def timeit(fn: Callable[[], object], *, repeat: int = 30, warmup: int = 2) -> dict[str, float]:
+    """Run ``fn`` ``warmup`` + ``repeat`` times; return best and median wall time in seconds.
+
+    The garbage collector is disabled while timing so a collection does not land in one run.
+    """
+    for _ in range(warmup):
+        fn()
+    times = []
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(repeat):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+    finally:
+        if enabled:
+            gc.enable()
+    return {"best_s": min(times), "median_s": statistics.median(times)}
+
+
+def emit(record: dict[str, Any]) -> None:
+    """Print one JSON line and flush (so a piped consumer sees results as they come)."""
+    print(json.dumps(record, sort_keys=False), flush=True)
+
+
+def emit_machine(benchmark: str, **extra: Any) -> None:
+    """The first line of every benchmark: what ran where."""
+    emit({"benchmark": benchmark, "kind": "machine", **machine_info(), **extra})
+
+
+def finish(records: list[dict[str, Any]], *, strict: bool = False) -> None:
+    """Print a summary line; with ``strict``, exit 1 when a target was missed."""
+    failed = [r["name"] for r in records if r.get("pass") is False]
+    emit({"kind": "summary", "targets": sum("pass" in r for r in records), "failed": failed})
+    if strict and failed:
+        sys.exit(1)

@@ -1,0 +1,49 @@
+"""Named exceptions of :mod:`sharefl.crypto`.
+
+Every error a caller can cause (bad parameters, tampered data, unsafe configuration)
+raises a subclass of :class:`CryptoError` with a message that says what to change.
+Misuse by the programmer that is also a bad argument (wrong length, wrong type) raises a
+subclass that also derives from :class:`ValueError`, so generic handlers still work.
+"""
+
+from __future__ import annotations
+
+
+class CryptoError(Exception):
+    """Base class of every error raised by :mod:`sharefl.crypto`."""
+
+
+class InvalidKeyError(CryptoError, ValueError):
+    """A key has the wrong length or encoding, or is a low-order X25519 point."""
+
+
+class DecryptionError(CryptoError):
+    """AEAD decryption failed: the ciphertext was tampered with, is addressed to another
+    receiver, or belongs to another round, reclustering or cluster."""
+
+
+class SignatureError(CryptoError):
+    """An Ed25519 signature does not verify for the claimed signer and message."""
+
+
+class PRGError(CryptoError, ValueError):
+    """Bad arguments to the mask generator (seed length, bit width, buffer shape/dtype)."""
+
+
+class ShamirError(CryptoError, ValueError):
+    """Bad Shamir parameters or shares: t < 2, t > n, duplicate or zero x-coordinates,
+    secrets out of range, or too few shares to reconstruct."""
+
+
+class ShareVerificationError(ShamirError):
+    """No subset of the given shares reconstructs a secret that passes the verification
+    predicate (too many corrupted shares)."""
+
+
+class EncodingError(CryptoError, ValueError):
+    """Bad fixed-point encoding input (non-finite values, wrong dtype, shape mismatch)."""
+
+
+class UnsafeEncodingError(EncodingError):
+    """The ring Z_2^b is too small: the sum of the configured number of clients could wrap
+    around. Lower the fractional bits, the clipping range or the cluster size, or use b = 64."""

@@ -1,0 +1,180 @@
+"""X25519 key agreement and HKDF-SHA256 key derivation bound to a protocol context.
+
+Every symmetric key of the protocol is derived as
+
+    HKDF-SHA256(ikm = X25519(sk_u, pk_v), salt = none,
+                info = "sharefl/kdf" ‖ version ‖ round ‖ reclustering ‖ cluster
+                       ‖ min(u, v) ‖ max(u, v) ‖ purpose)
+
+so a key is only ever valid for one protocol version, one round, one reclustering, one
+cluster, one unordered pair of clients and one purpose. Keys derived for distinct purposes
+from the same shared secret are independent (HKDF with distinct ``info``).
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import dataclass
+
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from sharefl.crypto.errors import InvalidKeyError
+
+PROTOCOL_VERSION = 1
+KEY_BYTES = 32
+_U64_MAX = 2**64 - 1
+_U32_MAX = 2**32 - 1
+
+
+class Purpose(enum.IntEnum):
+    """What a derived key is for; part of the HKDF context, so purposes never share keys."""
+
+    MASK_SEED = 1
+    """Seed s_uv of the pairwise mask PRG(s_uv)."""
+    SHARE_ENCRYPTION = 2
+    """AES-256-GCM key for the Shamir share bundles sent from u to v through the server."""
+
+
+def _check_u64(name: str, value: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= _U64_MAX:
+        raise ValueError(f"{name} must be an integer in [0, 2^64); got {value!r}")
+    return value
+
+
+def _check_u32(name: str, value: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= _U32_MAX:
+        raise ValueError(f"{name} must be an integer in [0, 2^32); got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class KeyContext:
+    """Where in the protocol a key is used: (version, round, reclustering, cluster).
+
+    All fields are non-negative integers (round < 2^64; the others < 2^32). The context is
+    bound into every derived key, every AEAD associated data and every signed message, so a
+    message from one round, reclustering or cluster is useless in any other.
+    """
+
+    round: int
+    reclustering: int = 0
+    cluster: int = 0
+    version: int = PROTOCOL_VERSION
+
+    def __post_init__(self) -> None:
+        _check_u64("round", self.round)
+        _check_u32("reclustering", self.reclustering)
+        _check_u32("cluster", self.cluster)
+        _check_u32("version", self.version)
+
+    def to_bytes(self) -> bytes:
+        """Canonical 24-byte big-endian encoding (version u32, round u64, recl. u32, cluster u32)."""
+        return struct.pack(">IQII", self.version, self.round, self.reclustering, self.cluster)
+
+    def kdf_info(self, purpose: Purpose, client_a: int, client_b: int) -> bytes:
+        """HKDF ``info`` for the unordered pair {client_a, client_b} and ``purpose``."""
+        lo, hi = sorted((_check_u64("client id", client_a), _check_u64("client id", client_b)))
+        return b"sharefl/kdf\x00" + self.to_bytes() + struct.pack(">QQH", lo, hi, int(purpose))
+
+
+@dataclass(frozen=True, repr=False)
+class X25519KeyPair:
+    """An X25519 key pair as raw 32-byte values. ``repr`` never shows the private key."""
+
+    private: bytes
+    public: bytes
+
+    @classmethod
+    def generate(cls) -> X25519KeyPair:
+        """A fresh key pair from the operating system's CSPRNG."""
+        return cls.from_private(
+            X25519PrivateKey.generate().private_bytes_raw(),
+        )
+
+    @classmethod
+    def from_private(cls, private: bytes) -> X25519KeyPair:
+        """The key pair of a raw 32-byte private key; raises :class:`InvalidKeyError`."""
+        return cls(private=bytes(private), public=x25519_public_key(private))
+
+    def __repr__(self) -> str:
+        return f"X25519KeyPair(public={self.public.hex()[:16]}…)"
+
+
+def _private_key(private: bytes) -> X25519PrivateKey:
+    if not isinstance(private, bytes | bytearray) or len(private) != KEY_BYTES:
+        raise InvalidKeyError(f"an X25519 private key is {KEY_BYTES} raw bytes")
+    return X25519PrivateKey.from_private_bytes(bytes(private))
+
+
+def _public_key(public: bytes) -> X25519PublicKey:
+    if not isinstance(public, bytes | bytearray) or len(public) != KEY_BYTES:
+        raise InvalidKeyError(f"an X25519 public key is {KEY_BYTES} raw bytes")
+    return X25519PublicKey.from_public_bytes(bytes(public))
+
+
+def x25519_public_key(private: bytes) -> bytes:
+    """The raw 32-byte public key of a raw 32-byte X25519 private key.
+
+    Raises :class:`InvalidKeyError` for a key of the wrong length.
+    """
+    return _private_key(private).public_key().public_bytes_raw()
+
+
+def agree(private: bytes, peer_public: bytes) -> bytes:
+    """Raw X25519 shared secret (32 bytes) of our private key and a peer's public key.
+
+    Raises :class:`InvalidKeyError` for keys of the wrong length and for a peer public key
+    of small order (the shared secret would be all zeros, i.e. known to everybody).
+    """
+    try:
+        return _private_key(private).exchange(_public_key(peer_public))
+    except ValueError as exc:  # cryptography refuses an all-zero shared secret
+        raise InvalidKeyError(
+            "the peer's X25519 public key is a low-order point; refuse this peer"
+        ) from exc
+
+
+def derive_key(
+    shared_secret: bytes,
+    context: KeyContext,
+    purpose: Purpose,
+    client_a: int,
+    client_b: int,
+    length: int = KEY_BYTES,
+) -> bytes:
+    """HKDF-SHA256 of ``shared_secret`` bound to the context, pair and purpose.
+
+    The pair is unordered: ``derive_key(s, c, p, u, v) == derive_key(s, c, p, v, u)``.
+    Returns ``length`` bytes (1 ≤ length ≤ 8160).
+    """
+    if len(shared_secret) != KEY_BYTES:
+        raise InvalidKeyError(f"an X25519 shared secret is {KEY_BYTES} bytes")
+    return HKDF(
+        algorithm=hashes.SHA256(),
+        length=length,
+        salt=None,
+        info=context.kdf_info(purpose, client_a, client_b),
+    ).derive(shared_secret)
+
+
+def pairwise_key(
+    private: bytes,
+    peer_public: bytes,
+    context: KeyContext,
+    purpose: Purpose,
+    own_id: int,
+    peer_id: int,
+    length: int = KEY_BYTES,
+) -> bytes:
+    """Key agreement then derivation: the key both u and v compute for ``purpose``.
+
+    ``pairwise_key(sk_u, pk_v, c, p, u, v) == pairwise_key(sk_v, pk_u, c, p, v, u)``.
+    Raises :class:`InvalidKeyError` (bad or low-order keys) and ``ValueError`` (ids out of
+    range, or ``own_id == peer_id``).
+    """
+    if own_id == peer_id:
+        raise ValueError(f"a pairwise key needs two distinct clients; got {own_id} twice")
+    return derive_key(agree(private, peer_public), context, purpose, own_id, peer_id, length)

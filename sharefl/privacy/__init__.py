@@ -1,0 +1,1 @@
+"""Differential privacy for clients and its accounting (not yet implemented)."""

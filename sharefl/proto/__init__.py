@@ -1,0 +1,1 @@
+"""Wire formats: .proto files and generated gRPC modules (not yet implemented)."""

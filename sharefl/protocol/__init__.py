@@ -1,0 +1,55 @@
+"""Sans-IO secure aggregation inside random clusters (Bonawitz et al. double masking).
+
+- :class:`ClientSession` / :class:`ServerSession`: the state machines; any transport
+  (in-process, gRPC, another FL stack) moves their typed messages.
+- :func:`secure_sum`: the in-process driver for simulation and tests.
+- :func:`random_clustering`, :func:`audit`, :func:`sample_safe_reclusterings`: SHARE's
+  clusters and the audit of what reclustering reveals.
+"""
+
+from sharefl.protocol.audit import LeakageReport, audit, sample_safe_reclusterings
+from sharefl.protocol.client import ClientPolicy, ClientSession, ClientState
+from sharefl.protocol.clustering import Clustering, random_clustering, random_reclusterings
+from sharefl.protocol.driver import (
+    STAGES,
+    ReclusteringResult,
+    SecureSumResult,
+    run_cluster,
+    secure_sum,
+)
+from sharefl.protocol.errors import (
+    ClientRefusal,
+    ConfigurationError,
+    LeakageError,
+    ProtocolError,
+    RejectedMessage,
+)
+from sharefl.protocol.messages import ClusterAssignment
+from sharefl.protocol.server import ClusterSum, FailedCluster, ServerSession, ServerState
+
+__all__ = [
+    "STAGES",
+    "ClientPolicy",
+    "ClientRefusal",
+    "ClientSession",
+    "ClientState",
+    "ClusterAssignment",
+    "ClusterSum",
+    "Clustering",
+    "ConfigurationError",
+    "FailedCluster",
+    "LeakageError",
+    "LeakageReport",
+    "ProtocolError",
+    "ReclusteringResult",
+    "RejectedMessage",
+    "SecureSumResult",
+    "ServerSession",
+    "ServerState",
+    "audit",
+    "random_clustering",
+    "random_reclusterings",
+    "run_cluster",
+    "sample_safe_reclusterings",
+    "secure_sum",
+]

@@ -1,0 +1,634 @@
+"""Audit of what a curious server learns from the cluster sums of several reclusterings.
+
+Model. Secure aggregation in a cluster reveals to the server only the sum of the updates of
+the cluster's surviving clients. SHARE re-aggregates the *same* n updates x_1..x_n R times
+with fresh random clusters, so after a round the server holds one linear equation per
+(reclustering, cluster): the sum of x_i over the survivors of that cluster. Stacking the
+0/1 indicator rows gives an equation matrix A (R·c rows, n columns), and the server can
+compute exactly the linear combinations v·x with v in the row space of A (coordinate-wise
+for vector-valued updates). In particular
+
+* client i's update is recoverable iff e_i ∈ rowspace(A);
+* the sum over a set S is recoverable iff 1_S ∈ rowspace(A).
+
+With Z an n×k matrix whose columns span the null space of A, v ∈ rowspace(A) iff Zᵀv = 0,
+so 1_S is recoverable iff Σ_{i∈S} Z_i = 0 over the rows Z_i of Z (and e_i iff Z_i = 0).
+
+For R independent random partitions of n clients into c clusters the rank is at most
+min(n, R(c − 1) + 1) (each partition's rows sum to the all-ones vector) and equal to it for
+almost every draw. For n = 60, m = 3 (c = 20) that is 20, 39, 58, then full rank 60 from
+R = 4, so at SHARE's default R = 10 every single update is recoverable. :func:`audit`
+detects this and :func:`sample_safe_reclusterings` draws reclusterings that do not leak.
+
+Exactness. All linear algebra is over the rationals, exactly: fraction-free Gauss–Jordan
+elimination on Python integers (numpy object arrays), each row divided by the gcd of its
+entries after every update, so no floating-point or modular rank decision is ever made.
+Entries are bounded by minors of the 0/1 matrix and Python ints never overflow; the cost
+is milliseconds at n = 60 and grows to seconds for near-full-rank plans at n ≈ 300–500.
+Rows are solved per connected component (clients linked by a shared sum), since the
+matrix is block-diagonal over them. The search for zero-sum subsets hashes each row Z_i
+to a fingerprint Σ_j Z_ij w_j mod p (p = 2^61 − 1, fixed pseudo-random weights w): an
+exact zero sum always has fingerprint 0, so nothing is missed, and every fingerprint match
+is re-checked on the exact integers, so nothing is reported wrongly (a collision only costs
+one exact check). Subsets are enumerated by meet in the middle (the first ⌊s/2⌋ and the
+last ⌈s/2⌉ elements of each s-set), in increasing size, within a budget.
+
+Scope. Only 0/1 combinations (individual updates and sums of small groups) count as leaks.
+As soon as two reclusterings differ the server also learns other combinations, for example
+x_a − x_b when clusters {a, c, d} and {b, c, d} both occur; pairwise differences are listed
+in :attr:`LeakageReport.difference_classes` for information, other combinations are not
+reported.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass
+from itertools import chain, combinations
+from typing import Final
+
+import numpy as np
+
+from sharefl.protocol.clustering import (
+    Clustering,
+    ClusteringError,
+    RngLike,
+    as_generator,
+    random_clustering,
+)
+
+DEFAULT_SEARCH_BUDGET: Final = 1_000_000
+"""Default cap on subsets (and fingerprint matches) examined by the small-sum search."""
+
+DEFAULT_MAX_TRIES: Final = 1_000
+"""Default number of draws per block and reclustering in :func:`sample_safe_reclusterings`."""
+
+FINGERPRINT_PRIME: Final = 2**61 - 1
+_FINGERPRINT_SEED: Final = 0x5EC0A6
+
+
+class AuditError(ValueError):
+    """Inconsistent audit input: a clustering or dropout names a client outside
+    ``client_ids``, ``dropouts`` does not have one entry per clustering, duplicate ids,
+    nothing to audit, or ``min_sum_size < 1``."""
+
+
+class SafeSamplingError(RuntimeError):
+    """No leak-free reclustering was found: either a single clustering already reveals a
+    sum of fewer than ``min_sum_size`` clients (e.g. ``cluster_size = 1``), or ``max_tries``
+    draws of some block all leaked (make blocks smaller, or allow more tries)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LeakageReport:
+    """What the cluster sums of a set of reclusterings reveal to the server.
+
+    Attributes:
+        client_ids: The unknowns (sorted client ids).
+        num_equations: Distinct non-empty cluster sums revealed.
+        rank: Exact rank of the equation matrix (over the rationals).
+        recoverable_clients: Ids whose individual update is a linear combination of the
+            revealed sums.
+        recoverable_small_sums: Sets S (sorted tuples, by size then lexicographically) with
+            2 <= |S| < ``min_sum_size`` whose sum is recoverable and that are minimal: no
+            client of S is individually recoverable and no proper subset of S has a
+            recoverable sum (so S is not a union of smaller reported sets or individuals).
+        min_sum_size: Sums of at least this many clients are considered safe.
+        complete: False if the search budget ran out; then sets larger than
+            ``searched_up_to`` may be missing.
+        searched_up_to: Every subset of at most this size was examined.
+        difference_classes: Informational, not counted by :attr:`leaks`: maximal groups of
+            at least two clients, none individually recoverable, such that the difference
+            x_i − x_j of any two members is recoverable (equal rows of Z).
+    """
+
+    client_ids: tuple[int, ...]
+    num_equations: int
+    rank: int
+    recoverable_clients: tuple[int, ...]
+    recoverable_small_sums: tuple[tuple[int, ...], ...]
+    min_sum_size: int
+    complete: bool
+    searched_up_to: int
+    difference_classes: tuple[tuple[int, ...], ...] = ()
+
+    @property
+    def num_clients(self) -> int:
+        """The number of unknowns n."""
+        return len(self.client_ids)
+
+    @property
+    def nullity(self) -> int:
+        """n − rank: the dimension of what the server cannot see."""
+        return self.num_clients - self.rank
+
+    @property
+    def leaks(self) -> bool:
+        """True if some individual update or some small sum is recoverable."""
+        return bool(self.recoverable_clients or self.recoverable_small_sums)
+
+    def summary(self) -> str:
+        """A short human-readable account of the audit."""
+        verdict = "LEAKS" if self.leaks else "no leak found"
+        lines = [
+            f"leakage audit: {verdict}",
+            f"  clients n = {self.num_clients}, distinct cluster sums = {self.num_equations}, "
+            f"rank = {self.rank} (nullity {self.nullity})",
+            f"  individually recoverable: {len(self.recoverable_clients)}"
+            + _preview(self.recoverable_clients),
+            f"  recoverable sums of 2..{self.min_sum_size - 1} clients: "
+            f"{len(self.recoverable_small_sums)}" + _preview(self.recoverable_small_sums),
+        ]
+        if self.difference_classes:
+            lines.append(
+                f"  (informational) classes with recoverable pairwise differences: "
+                f"{len(self.difference_classes)}" + _preview(self.difference_classes)
+            )
+        if not self.complete:
+            lines.append(
+                f"  INCOMPLETE: search budget exhausted; only subsets of size <= "
+                f"{self.searched_up_to} were examined"
+            )
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.summary()
+
+
+def _preview(items: Sequence[object], limit: int = 8) -> str:
+    if not items:
+        return ""
+    shown = ", ".join(str(x) for x in items[:limit])
+    return f" [{shown}{', ...' if len(items) > limit else ''}]"
+
+
+# --------------------------------------------------------------------------- input handling
+
+
+def _resolve_ids(
+    clusterings: Sequence[Clustering], client_ids: Sequence[int] | None
+) -> tuple[int, ...]:
+    """The sorted unknowns; every clustered client must be among them."""
+    clustered = set(chain.from_iterable(c.members for c in clusterings))
+    if client_ids is None:
+        ids = sorted(clustered)
+    else:
+        ids = sorted(int(i) for i in client_ids)
+        if len(set(ids)) != len(ids):
+            raise AuditError("duplicate client ids")
+        outside = sorted(clustered - set(ids))
+        if outside:
+            raise AuditError(f"clustered clients missing from client_ids: {outside[:10]}")
+    if not ids:
+        raise AuditError("nothing to audit: no clients")
+    return tuple(ids)
+
+
+def _equations(
+    clusterings: Sequence[Clustering],
+    dropouts: Sequence[Collection[int]] | None,
+    ids: frozenset[int],
+) -> list[frozenset[int]]:
+    """Distinct non-empty survivor sets, one per (reclustering, cluster)."""
+    if dropouts is None:
+        dropouts = [()] * len(clusterings)
+    if len(dropouts) != len(clusterings):
+        raise AuditError(f"dropouts has {len(dropouts)} entries for {len(clusterings)} clusterings")
+    rows: dict[frozenset[int], None] = {}
+    for clustering, dropped in zip(clusterings, dropouts, strict=True):
+        gone = {int(i) for i in dropped}
+        if not gone <= ids:
+            raise AuditError(f"dropouts name unknown clients: {sorted(gone - ids)[:10]}")
+        for cluster in clustering.clusters:
+            survivors = frozenset(cluster) - gone
+            if survivors:
+                rows[survivors] = None
+    return list(rows)
+
+
+def _resolve_min_sum_size(clusterings: Sequence[Clustering], min_sum_size: int | None) -> int:
+    if min_sum_size is None:
+        return min((s for c in clusterings for s in c.sizes), default=1)
+    if min_sum_size < 1:
+        raise AuditError(f"min_sum_size must be >= 1, got {min_sum_size}")
+    return min_sum_size
+
+
+def _components(ids: Sequence[int], rows: Sequence[frozenset[int]]) -> list[list[int]]:
+    """Connected components of clients, two clients being linked if they share a row.
+
+    The equation matrix is block-diagonal over these components, so its null space is the
+    direct sum of the components' null spaces and every minimal recoverable set lies inside
+    one component; each component is solved and searched on its own.
+    """
+    parent = {i: i for i in ids}
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for row in rows:
+        first, *rest = row
+        root = find(first)
+        for other in rest:
+            parent[find(other)] = root
+    groups: dict[int, list[int]] = {}
+    for i in ids:
+        groups.setdefault(find(i), []).append(i)
+    return list(groups.values())
+
+
+# ------------------------------------------------------------------- exact linear algebra
+
+
+def _normalised(v: np.ndarray, pivot: int | None = None) -> np.ndarray:
+    """``v`` divided by the gcd of its entries, made positive at ``pivot`` if given."""
+    g = math.gcd(*v.tolist())
+    if g > 1:
+        v = v // g
+    if pivot is not None and v[pivot] < 0:
+        v = -v
+    return v
+
+
+def integer_rref(rows: Iterable[Iterable[int]], width: int) -> dict[int, np.ndarray]:
+    """Exact reduced row echelon form of 0/1 rows given by their supports.
+
+    Each row is the set of column indices (0..width−1) holding a 1. Returns the non-zero
+    rows of the RREF, keyed by pivot column, as integer object arrays scaled to coprime
+    entries with a positive pivot (the rational RREF row is ``row / row[pivot]``). Every
+    returned row is zero in every other row's pivot column. Fraction-free Gauss–Jordan
+    elimination on Python ints; the rank is the number of returned rows.
+    """
+    basis: dict[int, np.ndarray] = {}
+    for support in rows:
+        if len(basis) == width:
+            break
+        v = np.zeros(width, dtype=object)
+        v[list(support)] = 1
+        for col, b in basis.items():
+            if v[col]:
+                v = _normalised(v * b[col] - b * v[col])
+        nonzero = np.flatnonzero(v)
+        if nonzero.size == 0:
+            continue
+        pivot = int(nonzero[0])
+        v = _normalised(v, pivot)
+        for col, b in basis.items():
+            if b[pivot]:
+                basis[col] = _normalised(b * v[pivot] - v * b[pivot], col)
+        basis[pivot] = v
+    return basis
+
+
+def null_space_rows(basis: dict[int, np.ndarray], width: int) -> list[tuple[int, ...]]:
+    """Rows Z_0..Z_{width−1} of an integer null-space basis Z (width × nullity).
+
+    One basis vector per free column f: x_f = L and x_p = −b[f]·L / b[p] for each RREF row
+    b with pivot p, where L is the lcm of the pivots b[p] of the rows with b[f] ≠ 0.
+    """
+    free = [f for f in range(width) if f not in basis]
+    columns: list[list[int]] = []
+    for f in free:
+        users = [(p, b) for p, b in basis.items() if b[f]]
+        lcm = math.lcm(*(int(b[p]) for p, b in users)) if users else 1
+        z = [0] * width
+        z[f] = lcm
+        for p, b in users:
+            z[p] = -int(b[f]) * (lcm // int(b[p]))
+        columns.append(z)
+    return [tuple(col[i] for col in columns) for i in range(width)]
+
+
+# ---------------------------------------------------------------------- zero-sum search
+
+
+@dataclass(frozen=True, slots=True)
+class _Component:
+    """One connected component: its clients, rank and integer null-space rows."""
+
+    clients: tuple[int, ...]
+    rank: int
+    null_rows: tuple[tuple[int, ...], ...]
+
+    @property
+    def recoverable(self) -> list[int]:
+        return [c for c, z in zip(self.clients, self.null_rows, strict=True) if not any(z)]
+
+    @property
+    def difference_classes(self) -> list[tuple[int, ...]]:
+        """Groups of >= 2 hidden clients with identical null-space rows."""
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for client, z in zip(self.clients, self.null_rows, strict=True):
+            if any(z):
+                groups.setdefault(z, []).append(client)
+        return [tuple(g) for g in groups.values() if len(g) > 1]
+
+    @property
+    def hidden(self) -> list[int]:
+        """Local indices of the clients that are not individually recoverable."""
+        return [k for k, z in enumerate(self.null_rows) if any(z)]
+
+
+def _solve(clients: list[int], rows: Sequence[frozenset[int]]) -> _Component:
+    local = {c: k for k, c in enumerate(clients)}
+    basis = integer_rref(([local[c] for c in row] for row in rows), len(clients))
+    return _Component(tuple(clients), len(basis), tuple(null_space_rows(basis, len(clients))))
+
+
+def _fingerprints(null_rows: Sequence[tuple[int, ...]]) -> np.ndarray:
+    """Σ_j Z_ij w_j mod p for fixed pseudo-random weights w_j ∈ [1, p)."""
+    width = len(null_rows[0]) if null_rows else 0
+    gen = np.random.default_rng(_FINGERPRINT_SEED)
+    weights = [int(w) for w in gen.integers(1, FINGERPRINT_PRIME, size=width)]
+    values = [sum(z * w for z, w in zip(row, weights, strict=True)) for row in null_rows]
+    return np.array([v % FINGERPRINT_PRIME for v in values], dtype=np.uint64)
+
+
+def _subset_sums(fp: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """All ``size``-subsets of positions of ``fp`` (lexicographic rows) and their sums mod p."""
+    flat = chain.from_iterable(combinations(range(len(fp)), size))
+    subsets = np.fromiter(flat, dtype=np.intp).reshape(-1, size)
+    sums = np.zeros(len(subsets), dtype=np.uint64)
+    prime = np.uint64(FINGERPRINT_PRIME)
+    for col in range(size):
+        sums = (sums + fp[subsets[:, col]]) % prime
+    return subsets, sums
+
+
+class _Budget:
+    """A countdown of examined subsets shared by all components and sizes."""
+
+    def __init__(self, limit: int) -> None:
+        self.left = limit
+
+    def spend(self, amount: int) -> bool:
+        """Deduct ``amount`` and return True if it fits, else leave the budget and say no."""
+        if amount > self.left:
+            return False
+        self.left -= amount
+        return True
+
+
+def _zero_sum_subsets(
+    comp: _Component, size: int, found: list[frozenset[int]], budget: _Budget
+) -> list[frozenset[int]] | None:
+    """New minimal zero-sum sets of exactly ``size`` hidden clients (local indices) of
+    ``comp``, given the smaller ones in ``found``; None if the budget does not suffice.
+
+    Meet in the middle: S = U ∪ T with U the first ⌊size/2⌋ elements of S and T the rest,
+    matched by fingerprint (fp(U) + fp(T) ≡ 0 mod p, max U < min T), then checked exactly.
+    """
+    hidden = comp.hidden
+    if len(hidden) < size:
+        return []
+    a, b = size // 2, size - size // 2
+    if not budget.spend(math.comb(len(hidden), a) + (math.comb(len(hidden), b) if b != a else 0)):
+        return None
+    rows = [comp.null_rows[k] for k in hidden]
+    fp = _fingerprints(rows)
+    left, left_sums = _subset_sums(fp, a)
+    right, right_sums = (left, left_sums) if b == a else _subset_sums(fp, b)
+    order = np.argsort(left_sums, kind="stable")
+    sorted_sums = left_sums[order]
+    targets = (np.uint64(FINGERPRINT_PRIME) - right_sums) % np.uint64(FINGERPRINT_PRIME)
+    lo = np.searchsorted(sorted_sums, targets, side="left")
+    hi = np.searchsorted(sorted_sums, targets, side="right")
+    if not budget.spend(int((hi - lo).sum())):
+        return None
+    new: list[frozenset[int]] = []
+    for t in np.flatnonzero(hi > lo):
+        t_set = right[t]
+        for u in order[lo[t] : hi[t]]:
+            u_set = left[u]
+            if u_set[-1] >= t_set[0]:
+                continue
+            members = [int(k) for k in chain(u_set, t_set)]
+            if not all(sum(col) == 0 for col in zip(*(rows[k] for k in members), strict=True)):
+                continue
+            subset = frozenset(hidden[k] for k in members)
+            if not any(smaller <= subset for smaller in found):
+                new.append(subset)
+    return new
+
+
+def _small_sums(
+    components: Sequence[_Component], min_sum_size: int, budget: _Budget
+) -> tuple[list[tuple[int, ...]], int, bool]:
+    """Minimal recoverable sets of 2..min_sum_size−1 clients over all components.
+
+    Sizes are searched in increasing order (so minimality can be checked against the
+    smaller sets already found). Returns the sets as sorted id tuples, the largest size
+    searched completely, and whether the search was complete.
+    """
+    found: list[list[frozenset[int]]] = [[] for _ in components]
+    largest = max((len(c.hidden) for c in components), default=0)
+    for size in range(2, min(min_sum_size, largest + 1)):
+        for comp, known in zip(components, found, strict=True):
+            new = _zero_sum_subsets(comp, size, known, budget)
+            if new is None:
+                return _as_ids(components, found), size - 1, False
+            known.extend(new)
+    return _as_ids(components, found), max(min_sum_size - 1, 0), True
+
+
+def _as_ids(
+    components: Sequence[_Component], found: Sequence[Sequence[frozenset[int]]]
+) -> list[tuple[int, ...]]:
+    sets = [
+        tuple(sorted(comp.clients[k] for k in subset))
+        for comp, subsets in zip(components, found, strict=True)
+        for subset in subsets
+    ]
+    return sorted(sets, key=lambda s: (len(s), s))
+
+
+# ----------------------------------------------------------------------------- the audit
+
+
+def audit(
+    clusterings: Sequence[Clustering],
+    *,
+    client_ids: Sequence[int] | None = None,
+    dropouts: Sequence[Collection[int]] | None = None,
+    min_sum_size: int | None = None,
+    search_budget: int = DEFAULT_SEARCH_BUDGET,
+) -> LeakageReport:
+    """Exactly what the server can recover from the cluster sums of ``clusterings``.
+
+    Args:
+        clusterings: The R reclusterings of one round, all over the same updates.
+        client_ids: The unknowns; default: every client of some clustering. Clients listed
+            here but never clustered contribute nothing and are never recoverable.
+        dropouts: ``dropouts[r]`` are the clients whose inputs are missing from the sums of
+            ``clusterings[r]`` (one entry per clustering). Each cluster contributes the sum
+            over its survivors; a cluster with no survivor contributes nothing.
+        min_sum_size: Sums of fewer clients than this count as leaks; default: the smallest
+            cluster size in ``clusterings`` (1 if there are none).
+        search_budget: Cap on subsets and fingerprint matches examined by the small-sum
+            search; when it is exhausted the report has ``complete = False``.
+
+    Returns:
+        A :class:`LeakageReport` with the exact rank, the individually recoverable clients
+        (e_i in the row space: an exact test, never subject to the budget) and the minimal
+        recoverable sums of 2..``min_sum_size`` − 1 clients. See the module docstring for
+        the method (exact integer elimination; null-space zero-sum search).
+
+    Raises:
+        AuditError: for inconsistent input (see the class).
+    """
+    ids = _resolve_ids(clusterings, client_ids)
+    rows = _equations(clusterings, dropouts, frozenset(ids))
+    target = _resolve_min_sum_size(clusterings, min_sum_size)
+    rows_by_first: dict[int, list[frozenset[int]]] = {i: [] for i in ids}
+    for row in rows:
+        rows_by_first[min(row)].append(row)
+    components: list[_Component] = []
+    for clients in _components(ids, rows):
+        comp_rows = [row for c in clients for row in rows_by_first[c]]
+        components.append(_solve(clients, comp_rows))
+    sums, searched, complete = _small_sums(components, target, _Budget(search_budget))
+    return LeakageReport(
+        client_ids=ids,
+        num_equations=len(rows),
+        rank=sum(c.rank for c in components),
+        recoverable_clients=tuple(sorted(chain.from_iterable(c.recoverable for c in components))),
+        recoverable_small_sums=tuple(sums),
+        min_sum_size=target,
+        complete=complete,
+        searched_up_to=searched,
+        difference_classes=tuple(
+            sorted(chain.from_iterable(c.difference_classes for c in components))
+        ),
+    )
+
+
+# ------------------------------------------------------------------------- safe sampling
+
+
+def sample_safe_reclusterings(
+    client_ids: Sequence[int],
+    cluster_size: int,
+    reclusterings: int,
+    rng: RngLike = None,
+    *,
+    max_tries: int = DEFAULT_MAX_TRIES,
+    block_size: int | None = None,
+    min_sum_size: int | None = None,
+    search_budget: int = DEFAULT_SEARCH_BUDGET,
+) -> list[Clustering]:
+    """``reclusterings`` random clusterings whose cluster sums together do not leak.
+
+    Why unrestricted resampling cannot work: R independent random partitions of n clients
+    into c clusters have rank min(n, R(c − 1) + 1), so for n = 60, m = 3 the server can
+    solve for everybody from R = 4 on, and rejection sampling over whole random partitions
+    almost never finds a safe fourth one. Safe sequences must keep the row space small.
+
+    Construction (block-restricted reclustering): the clients are first split once, at
+    random, into fixed blocks of about ``block_size`` clients (default 2m; blocks are
+    formed like clusters, so each has at least ``block_size`` clients when n allows).
+    Every reclustering then partitions *each block separately* into clusters of m (or
+    m + 1) clients, so clients are only ever mixed with members of their own block. The
+    equation matrix is then block-diagonal, and the plan leaks iff some block leaks (the
+    null space is the direct sum of the blocks' null spaces, so every minimal recoverable
+    set lies in one block). A candidate reclustering is therefore assembled block by
+    block: the block's part is drawn at random and kept only if :func:`audit` of that
+    block's previously accepted parts plus the new one reports no leak (and a complete
+    search); otherwise it is redrawn, at most ``max_tries`` times. Redrawing a part already
+    accepted adds no new equation and is always safe, so for small blocks the sampler
+    practically always succeeds: a 6-block has only 10 splits into two triples, so each
+    try repeats an accepted split with probability >= 1/10 and 1000 failed tries have
+    probability < 10^-45. (Larger blocks have far more partitions, repeats become rare,
+    and :class:`SafeSamplingError` becomes possible.) The assembled plan is audited once
+    more as a whole before it is returned.
+
+    What to expect at n = 60, m = 3, R = 10: 10 blocks of 6, reclusterings that in practice
+    all differ from each other, and each block accumulates distinct splits greedily until one more
+    would leak, ending at rank 5 (nullity 1) per block, rank 50 overall.
+
+    Costs of the construction: a client only ever shares clusters with its block-mates
+    (fewer distinct mixtures for the robust aggregator than free reclustering). The
+    guarantee is exactly the audit's: no update and no sum of fewer than
+    ``min_sum_size`` clients is recoverable. Other combinations are: differences of
+    updates inside a block (see :attr:`LeakageReport.difference_classes`), and with
+    nullity 1 per block the server knows each block's updates up to one unknown
+    direction, so a single client colluding with the server exposes its whole block.
+
+    Args:
+        client_ids: The clients of the round (distinct).
+        cluster_size: m, the target cluster size.
+        reclusterings: R >= 1.
+        rng: Generator (advanced in place) or seed; the result is reproducible from a seed.
+        max_tries: Draws per block and reclustering before giving up.
+        block_size: Target block size (>= ``cluster_size``); default 2·m.
+        min_sum_size: Sums of fewer clients count as leaks; default min(m, n).
+        search_budget: Passed to :func:`audit`.
+
+    Raises:
+        ClusteringError: bad ids, ``cluster_size < 1``, ``reclusterings < 1``,
+            ``block_size < cluster_size`` or ``max_tries < 1``.
+        SafeSamplingError: a single clustering already leaks (e.g. m = 1), or a block had no
+            safe draw within ``max_tries``.
+    """
+    if reclusterings < 1 or max_tries < 1:
+        raise ClusteringError("reclusterings and max_tries must be >= 1")
+    if cluster_size < 1:
+        raise ClusteringError(f"cluster_size must be >= 1, got {cluster_size}")
+    block = 2 * cluster_size if block_size is None else block_size
+    if block < cluster_size:
+        raise ClusteringError(f"block_size {block} is smaller than cluster_size {cluster_size}")
+    gen = as_generator(rng)
+    blocks = random_clustering(client_ids, block, gen).clusters
+    ids = tuple(sorted(chain.from_iterable(blocks)))
+    target = min(cluster_size, len(ids)) if min_sum_size is None else min_sum_size
+    history: list[list[Clustering]] = [[] for _ in blocks]
+    plan: list[Clustering] = []
+    for _ in range(reclusterings):
+        parts = [
+            _safe_block_part(members, cluster_size, accepted, target, gen, max_tries, search_budget)
+            for members, accepted in zip(blocks, history, strict=True)
+        ]
+        for accepted, part in zip(history, parts, strict=True):
+            if part not in accepted:
+                accepted.append(part)
+        plan.append(Clustering(tuple(chain.from_iterable(p.clusters for p in parts))))
+    report = audit(plan, client_ids=ids, min_sum_size=target, search_budget=search_budget)
+    if report.leaks or not report.complete:  # pragma: no cover - excluded by construction
+        raise SafeSamplingError(f"assembled plan failed the final audit:\n{report}")
+    return plan
+
+
+def _safe_block_part(
+    block: Sequence[int],
+    cluster_size: int,
+    accepted: list[Clustering],
+    min_sum_size: int,
+    gen: np.random.Generator,
+    max_tries: int,
+    search_budget: int,
+) -> Clustering:
+    """A random partition of ``block`` that keeps the block's accepted parts leak-free."""
+    for _ in range(max_tries):
+        part = random_clustering(block, cluster_size, gen)
+        if part in accepted:
+            return part
+        report = audit(
+            [*accepted, part],
+            client_ids=block,
+            min_sum_size=min_sum_size,
+            search_budget=search_budget,
+        )
+        if not report.leaks and report.complete:
+            return part
+        if not accepted:
+            raise SafeSamplingError(
+                f"a single clustering of block {tuple(block)} already leaks "
+                f"(cluster sizes {part.sizes}, min_sum_size {min_sum_size}):\n{report}"
+            )
+    raise SafeSamplingError(
+        f"no leak-free partition of block {tuple(block)} in {max_tries} tries "
+        f"({len(accepted)} distinct parts accepted so far)"
+    )

@@ -1,0 +1,436 @@
+"""The client side of per-cluster secure aggregation, as a sans-IO state machine.
+
+A :class:`ClientSession` is built from the server's :class:`ClusterAssignment`, the
+client's own :class:`ClientPolicy` and its input vector (already in Z_2^b). It consumes
+server messages and returns the reply to send; it never touches sockets, threads or clocks.
+
+States: ``NEW → ADVERTISED → SHARED → MASKED → [SIGNED] → DONE``; any refusal moves it to
+``ABORTED`` (secrets dropped, nothing more revealed). The refusals that protect the client
+against a misbehaving server:
+
+- a threshold below the policy's floor, or unsigned mode when the policy demands signatures
+  (:class:`ThresholdTooLow`, :class:`InconsistentRequest`);
+- a message of another round, reclustering or cluster (:class:`ContextMismatch`);
+- a relayed advertisement that is malformed, duplicated, substituted or not signed by its
+  owner (:class:`BadAdvertisement`);
+- survivor lists that are not subsets of earlier lists, that have fewer than t members,
+  or survivor/dropped lists that overlap (both secrets of one peer), and any second unmask
+  request (:class:`InconsistentRequest`);
+- in signed mode, fewer than t valid signatures on the exact survivor list this client saw
+  (:class:`ConsistencyCheckFailed`).
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from sharefl.crypto import aead, shamir
+from sharefl.crypto.errors import CryptoError, DecryptionError, SignatureError
+from sharefl.crypto.kdf import KEY_BYTES, Purpose, X25519KeyPair, pairwise_key
+from sharefl.crypto.prg import combine_masks, ring_dtype
+from sharefl.crypto.signatures import (
+    IdentityKey,
+    advertised_keys_message,
+    client_list_message,
+    verify,
+)
+from sharefl.protocol.bundles import BundleError, SharePair, seed_commitment
+from sharefl.protocol.errors import (
+    BadAdvertisement,
+    ClientRefusal,
+    ConfigurationError,
+    ConsistencyCheckFailed,
+    ContextMismatch,
+    InconsistentRequest,
+    ThresholdTooLow,
+)
+from sharefl.protocol.messages import (
+    AdvertiseKeys,
+    ClusterAssignment,
+    ConsistencyRequest,
+    ConsistencySignature,
+    EncryptedShares,
+    KeysBroadcast,
+    MaskedInput,
+    MaskingRequest,
+    ServerMessage,
+    UnmaskRequest,
+    UnmaskResponse,
+)
+
+SURVIVORS_LABEL = "survivors"
+
+
+class ClientState(enum.Enum):
+    NEW = "new"
+    ADVERTISED = "advertised"
+    SHARED = "shared"
+    MASKED = "masked"
+    SIGNED = "signed"
+    DONE = "done"
+    ABORTED = "aborted"
+
+
+def threshold_floor(holders: int, fraction: float) -> int:
+    """Smallest threshold a client accepts for ``holders`` share holders: ⌊fraction·holders⌋+1,
+    at least 2 (a threshold of 1 would hand every secret to any single holder)."""
+    return max(2, int(fraction * holders) + 1)
+
+
+@dataclass(frozen=True)
+class ClientPolicy:
+    """What the client insists on, whatever the server asks.
+
+    Attributes:
+        threshold_fraction: the threshold must exceed this fraction of the share holders
+            (default 1/2: no minority of a cluster can reconstruct a member's secrets).
+        identity: this client's Ed25519 identity (needed in signed mode).
+        directory: the peers' Ed25519 public keys, from a source the server does not
+            control (needed in signed mode).
+        require_signed: refuse assignments in unsigned (trusted-server) mode.
+    """
+
+    threshold_fraction: float = 0.5
+    identity: IdentityKey | None = None
+    directory: Mapping[int, bytes] | None = None
+    require_signed: bool = False
+
+
+class ClientSession:
+    """One client's run of the protocol in one cluster of one (round, reclustering).
+
+    Args:
+        client_id: this client's id (a member of ``assignment.members``).
+        assignment: the server's cluster assignment (validated here against ``policy``).
+        vector: this client's input, a 1-D uint32/uint64 array of ``assignment.length``
+            elements (use :mod:`sharefl.crypto.encoding` for floats). Not modified.
+        policy: the client's own requirements.
+        randbytes: source of secret randomness (keys, seeds, Shamir coefficients).
+
+    Raises:
+        ThresholdTooLow, InconsistentRequest: the assignment violates the policy.
+        ConfigurationError: the input does not match the assignment.
+    """
+
+    def __init__(
+        self,
+        client_id: int,
+        assignment: ClusterAssignment,
+        vector: np.ndarray,
+        policy: ClientPolicy | None = None,
+        *,
+        randbytes: Callable[[int], bytes] = os.urandom,
+    ) -> None:
+        self.id = client_id
+        self.assignment = assignment
+        self.policy = policy or ClientPolicy()
+        self.context = assignment.context
+        self.state = ClientState.NEW
+        self._randbytes = randbytes
+        self._check_assignment()
+        dtype = ring_dtype(assignment.bits)
+        if not isinstance(vector, np.ndarray) or vector.dtype != dtype or vector.shape != (
+            assignment.length,
+        ):
+            raise ConfigurationError(
+                f"client {client_id}: input must be a 1-D {dtype} array of length "
+                f"{assignment.length}; got {getattr(vector, 'dtype', type(vector).__name__)} "
+                f"{getattr(vector, 'shape', '')}"
+            )
+        self._vector = vector
+        self._neighbours = assignment.neighbours_of(client_id)
+        self._x = {m: i + 1 for i, m in enumerate(assignment.members)}
+        self._survivors: tuple[int, ...] = ()
+        self._signed_survivors: tuple[int, ...] | None = None
+        self._held: dict[int, SharePair] = {}
+
+    # -- validation helpers ---------------------------------------------------------------
+
+    def _check_assignment(self) -> None:
+        a, p = self.assignment, self.policy
+        if self.id not in a.members:
+            raise InconsistentRequest(f"client {self.id} is not a member of {a.members}")
+        if len(set(a.members)) != len(a.members):
+            raise InconsistentRequest("the cluster's member list has duplicates")
+        holders = len(a.neighbours_of(self.id)) + 1
+        floor = threshold_floor(holders, p.threshold_fraction)
+        if a.threshold < floor:
+            raise ThresholdTooLow(
+                f"client {self.id}: threshold {a.threshold} is below this client's floor "
+                f"{floor} for {holders} share holders; the server must ask for t >= {floor}"
+            )
+        if a.threshold > holders:
+            raise InconsistentRequest(
+                f"threshold {a.threshold} exceeds the {holders} holders of client {self.id}'s "
+                "shares: its secrets could never be reconstructed"
+            )
+        if p.require_signed and not a.signed:
+            raise InconsistentRequest(
+                "this client requires signed mode (untrusted server); the assignment is unsigned"
+            )
+        if a.signed and (p.identity is None or p.directory is None):
+            raise ConfigurationError("signed mode needs policy.identity and policy.directory")
+
+    def _check_context(self, message: ServerMessage) -> None:
+        if message.context != self.context:
+            raise ContextMismatch(
+                f"client {self.id}: message for {message.context} replayed into {self.context}"
+            )
+
+    def _check_survivors(self, survivors: tuple[int, ...], superset: set[int], what: str) -> None:
+        if len(set(survivors)) != len(survivors):
+            raise InconsistentRequest(f"{what} list has duplicates")
+        if self.id not in survivors:
+            raise InconsistentRequest(f"{what} list omits this client {self.id}")
+        if not set(survivors) <= superset:
+            raise InconsistentRequest(
+                f"{what} list names clients that did not complete the previous stage: "
+                f"{sorted(set(survivors) - superset)}"
+            )
+        if len(survivors) < self.assignment.threshold:
+            raise InconsistentRequest(
+                f"{what} list has {len(survivors)} clients, fewer than t = "
+                f"{self.assignment.threshold}"
+            )
+
+    # -- transitions ----------------------------------------------------------------------
+
+    def advertise(self) -> AdvertiseKeys:
+        """Stage 1: fresh key pairs and seed; returns the (signed) advertisement."""
+        self._expect(ClientState.NEW)
+        self._enc = X25519KeyPair.from_private(self._randbytes(KEY_BYTES))
+        self._mask = X25519KeyPair.from_private(self._randbytes(KEY_BYTES))
+        self._seed = self._randbytes(KEY_BYTES)
+        commitment = seed_commitment(self.context, self.id, self._seed)
+        signature = b""
+        if self.assignment.signed:
+            assert self.policy.identity is not None
+            signature = self.policy.identity.sign(
+                advertised_keys_message(
+                    self.id, self.context, self._enc.public, self._mask.public, commitment
+                )
+            )
+        self._advert = AdvertiseKeys(
+            self.id, self.context, self._enc.public, self._mask.public, commitment, signature
+        )
+        self.state = ClientState.ADVERTISED
+        return self._advert
+
+    def handle(self, message: ServerMessage):
+        """Consume one server message and return the reply to send.
+
+        Raises a :class:`ClientRefusal` (and aborts the session) when the message would
+        hurt this client's privacy or contradicts what it saw before.
+        """
+        handlers = {
+            KeysBroadcast: (ClientState.ADVERTISED, self._on_keys),
+            MaskingRequest: (ClientState.SHARED, self._on_masking),
+            ConsistencyRequest: (ClientState.MASKED, self._on_consistency),
+            UnmaskRequest: (
+                ClientState.SIGNED if self.assignment.signed else ClientState.MASKED,
+                self._on_unmask,
+            ),
+        }
+        try:
+            if type(message) not in handlers:
+                raise InconsistentRequest(f"unknown message type {type(message).__name__}")
+            state, handler = handlers[type(message)]
+            if self.state is not state:
+                raise InconsistentRequest(
+                    f"client {self.id}: unexpected {type(message).__name__} in state "
+                    f"{self.state.value}"
+                )
+            self._check_context(message)
+            return handler(message)
+        except ClientRefusal:
+            self._abort()
+            raise
+
+    def _expect(self, state: ClientState) -> None:
+        if self.state is not state:
+            raise InconsistentRequest(f"client {self.id} is in state {self.state.value}")
+
+    def _abort(self) -> None:
+        self.state = ClientState.ABORTED
+        self._held.clear()
+        for name in ("_enc", "_mask", "_seed", "_vector"):
+            self.__dict__.pop(name, None)
+
+    def _on_keys(self, message: KeysBroadcast) -> EncryptedShares:
+        adverts: dict[int, AdvertiseKeys] = {}
+        for advert in message.advertisements:
+            if advert.sender in adverts:
+                raise BadAdvertisement(f"two advertisements for client {advert.sender}")
+            if advert.sender not in self.assignment.members or advert.context != self.context:
+                raise BadAdvertisement(f"advertisement of {advert.sender} is not for this cluster")
+            if len(advert.encryption_public) != KEY_BYTES or len(advert.mask_public) != KEY_BYTES:
+                raise BadAdvertisement(f"client {advert.sender} advertised malformed keys")
+            if self.assignment.signed:
+                self._verify_advert(advert)
+            adverts[advert.sender] = advert
+        if adverts.get(self.id) != self._advert:
+            raise BadAdvertisement(f"the server relayed a different advertisement for {self.id}")
+        keys = [a.encryption_public for a in adverts.values()]
+        keys += [a.mask_public for a in adverts.values()]
+        if len(set(keys)) != len(keys):
+            raise BadAdvertisement("two advertised public keys are equal")
+        self._adverts = adverts
+        holders = sorted((self._neighbours & adverts.keys()) | {self.id})
+        if len(holders) < self.assignment.threshold:
+            raise InconsistentRequest(
+                f"only {len(holders)} holders advertised, fewer than t = "
+                f"{self.assignment.threshold}"
+            )
+        key_shares, seed_shares = shamir.split_many(
+            [self._mask.private, self._seed],
+            self.assignment.threshold,
+            [self._x[h] for h in holders],
+            randbytes=self._randbytes,
+        )
+        bundles: dict[int, bytes] = {}
+        for holder, key_share, seed_share in zip(holders, key_shares, seed_shares, strict=True):
+            pair = SharePair(key_share, seed_share)
+            if holder == self.id:
+                self._held[self.id] = pair
+                continue
+            key = self._share_key(holder)
+            envelope = aead.Envelope(self.id, holder, self.context)
+            bundles[holder] = aead.encrypt(key, pair.to_plaintext(self.id, holder), envelope)
+        self.state = ClientState.SHARED
+        return EncryptedShares(self.id, self.context, bundles)
+
+    def _verify_advert(self, advert: AdvertiseKeys) -> None:
+        directory = self.policy.directory or {}
+        if advert.sender not in directory:
+            raise BadAdvertisement(f"no identity key known for client {advert.sender}")
+        message = advertised_keys_message(
+            advert.sender,
+            advert.context,
+            advert.encryption_public,
+            advert.mask_public,
+            advert.commitment,
+        )
+        try:
+            verify(directory[advert.sender], message, advert.signature)
+        except SignatureError as exc:
+            raise BadAdvertisement(
+                f"advertisement of client {advert.sender} is not signed by its identity key "
+                "(substituted key?)"
+            ) from exc
+
+    def _share_key(self, peer: int) -> bytes:
+        return pairwise_key(
+            self._enc.private,
+            self._adverts[peer].encryption_public,
+            self.context,
+            Purpose.SHARE_ENCRYPTION,
+            self.id,
+            peer,
+        )
+
+    def _on_masking(self, message: MaskingRequest) -> MaskedInput:
+        if message.receiver != self.id:
+            raise InconsistentRequest(f"masking request for {message.receiver} sent to {self.id}")
+        self._check_survivors(message.survivors, set(self._adverts), "share-stage survivor")
+        survivors = set(message.survivors)
+        unexpected = set(message.bundles) - (survivors & self._neighbours)
+        if unexpected:
+            raise InconsistentRequest(f"bundles from non-neighbours {sorted(unexpected)}")
+        complaints = []
+        for peer in sorted(survivors & self._neighbours):
+            sealed = message.bundles.get(peer)
+            try:
+                if sealed is None:
+                    raise BundleError(f"no bundle from {peer}")
+                envelope = aead.Envelope(peer, self.id, self.context)
+                plain = aead.decrypt(self._share_key(peer), sealed, envelope)
+                self._held[peer] = SharePair.from_plaintext(plain, peer, self.id)
+            except (DecryptionError, BundleError, CryptoError):
+                complaints.append(peer)
+        self._survivors = message.survivors
+        masks = [(self._seed, +1)]
+        for peer in sorted(survivors & self._neighbours - set(complaints)):
+            seed = pairwise_key(
+                self._mask.private,
+                self._adverts[peer].mask_public,
+                self.context,
+                Purpose.MASK_SEED,
+                self.id,
+                peer,
+            )
+            masks.append((seed, +1 if peer > self.id else -1))
+        vector = combine_masks(np.empty_like(self._vector), [self._vector], masks)
+        self.state = ClientState.MASKED
+        return MaskedInput(self.id, self.context, vector, tuple(complaints))
+
+    def _on_consistency(self, message: ConsistencyRequest) -> ConsistencySignature:
+        if not self.assignment.signed:
+            raise InconsistentRequest("consistency check requested in unsigned mode")
+        self._check_survivors(message.survivors, set(self._survivors), "masked-stage survivor")
+        self._signed_survivors = tuple(sorted(message.survivors))
+        assert self.policy.identity is not None
+        signature = self.policy.identity.sign(
+            client_list_message(self.context, self._signed_survivors, SURVIVORS_LABEL)
+        )
+        self.state = ClientState.SIGNED
+        return ConsistencySignature(self.id, self.context, signature)
+
+    def _on_unmask(self, message: UnmaskRequest) -> UnmaskResponse:
+        survivors, dropped = set(message.survivors), set(message.dropped)
+        if survivors & dropped:
+            raise InconsistentRequest(
+                f"clients {sorted(survivors & dropped)} are both survivors and dropped: "
+                "revealing both of their secrets would expose their inputs"
+            )
+        if len(dropped) != len(message.dropped):
+            raise InconsistentRequest("dropped list has duplicates")
+        self._check_survivors(message.survivors, set(self._survivors), "unmask survivor")
+        if survivors | dropped != set(self._survivors):
+            raise InconsistentRequest(
+                "survivor and dropped lists do not account exactly for the clients that "
+                "completed key sharing"
+            )
+        if self.assignment.signed:
+            self._check_signatures(message)
+        seed_shares = {
+            peer: self._held[peer].seed_share.to_bytes()
+            for peer in sorted(survivors)
+            if peer in self._held
+        }
+        key_shares = {
+            peer: self._held[peer].key_share.to_bytes()
+            for peer in sorted(dropped)
+            if peer in self._held
+        }
+        self.state = ClientState.DONE
+        self._held.clear()
+        return UnmaskResponse(self.id, self.context, seed_shares, key_shares)
+
+    def _check_signatures(self, message: UnmaskRequest) -> None:
+        survivors = tuple(sorted(message.survivors))
+        if survivors != self._signed_survivors:
+            raise ConsistencyCheckFailed(
+                f"the unmask request's survivors {survivors} differ from the list this client "
+                f"signed {self._signed_survivors}"
+            )
+        statement = client_list_message(self.context, survivors, SURVIVORS_LABEL)
+        directory = self.policy.directory or {}
+        valid = 0
+        for signer, signature in message.signatures.items():
+            if signer not in message.survivors or signer not in directory:
+                continue
+            try:
+                verify(directory[signer], statement, signature)
+                valid += 1
+            except SignatureError:
+                continue
+        if valid < self.assignment.threshold:
+            raise ConsistencyCheckFailed(
+                f"only {valid} valid signatures on the survivor list, fewer than t = "
+                f"{self.assignment.threshold}: the server may have shown different lists"
+            )

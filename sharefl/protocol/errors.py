@@ -1,0 +1,69 @@
+"""Named exceptions of :mod:`sharefl.protocol`.
+
+Two families:
+
+- :class:`ClientRefusal` — an honest client refuses a server request that would hurt its
+  privacy (both secrets of one peer, overlapping lists, a lowered threshold, a replayed or
+  unsigned message, inconsistent survivor lists). The client's session is then aborted and
+  reveals nothing more.
+- :class:`RejectedMessage` — the server rejects one client's message (wrong stage, wrong
+  round or cluster, wrong length, unknown sender, bad signature). The server keeps serving
+  the others; the sender is treated as dropped.
+"""
+
+from __future__ import annotations
+
+
+class ProtocolError(Exception):
+    """Base class of every error raised by :mod:`sharefl.protocol`."""
+
+
+class ConfigurationError(ProtocolError, ValueError):
+    """A cluster or session configuration that cannot run (say what to change)."""
+
+
+class ClientRefusal(ProtocolError):
+    """An honest client refuses a server request; its session is aborted."""
+
+
+class ThresholdTooLow(ClientRefusal):
+    """The server asked for a threshold below the client's floor."""
+
+
+class ContextMismatch(ClientRefusal):
+    """A message belongs to another round, reclustering or cluster (replay)."""
+
+
+class InconsistentRequest(ClientRefusal):
+    """Overlapping survivor/dropped lists, lists that grew, too few members, or a request
+    that would reveal both secrets of one peer."""
+
+
+class ConsistencyCheckFailed(ClientRefusal):
+    """Fewer than t valid signatures on the survivor list this client saw (the server
+    showed different lists to different clients, or forged signatures)."""
+
+
+class BadAdvertisement(ClientRefusal):
+    """A relayed key advertisement is malformed, duplicated or not signed by its owner."""
+
+
+class RejectedMessage(ProtocolError):
+    """The server rejects one client's message; it keeps serving the other clients.
+
+    Attributes:
+        sender: the claimed sender id (may be ``None`` if it could not be read).
+    """
+
+    def __init__(self, message: str, sender: int | None = None) -> None:
+        super().__init__(message)
+        self.sender = sender
+
+
+class StageError(ProtocolError):
+    """A method was called in a state where it is not allowed (a driver bug)."""
+
+
+class LeakageError(ProtocolError):
+    """The planned clusterings let the server solve for individual updates or for sums of
+    fewer than m clients; pass ``allow_leakage=True`` only if that is acceptable."""

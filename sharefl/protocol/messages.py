@@ -1,0 +1,158 @@
+"""Typed messages of the per-cluster secure-aggregation protocol (Bonawitz et al. 2017).
+
+Every message carries the :class:`~sharefl.crypto.kdf.KeyContext` (version, round,
+reclustering, cluster) it belongs to; both sides refuse messages of another context.
+Server → client messages are named ``*Request`` / ``*Broadcast``; client → server
+messages are named after what they carry. The gRPC layer converts these to protobuf in one
+place; the state machines see only these types.
+
+Stage by stage (U1 ⊇ U2 ⊇ U3 ⊇ U5 are the clients that completed each stage):
+
+0. server → all: :class:`ClusterAssignment` (members, threshold, neighbour graph, length).
+1. client → server: :class:`AdvertiseKeys`; server → U1: :class:`KeysBroadcast`.
+2. client → server: :class:`EncryptedShares`; server → U2: :class:`MaskingRequest` with the
+   share bundles addressed to that client.
+3. client → server: :class:`MaskedInput` (y_u, plus complaints about undecryptable shares).
+4. untrusted mode only: server → U3: :class:`ConsistencyRequest`; client → server:
+   :class:`ConsistencySignature`.
+5. server → U3: :class:`UnmaskRequest`; client → server: :class:`UnmaskResponse`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from sharefl.crypto.kdf import KeyContext
+
+
+@dataclass(frozen=True)
+class ClusterAssignment:
+    """What the server tells every member before stage 1.
+
+    Attributes:
+        context: where in the protocol (round, reclustering, cluster).
+        members: ids of the cluster's clients, sorted, no duplicates.
+        threshold: t; at least t clients must complete every stage.
+        length: the number of ring elements in every input vector.
+        bits: ring width b (32 or 64).
+        neighbours: for sparse masking (SecAgg+), each member's neighbours; ``None``
+            means every member is a neighbour of every other (complete graph).
+        signed: untrusted-server mode: advertisements and the survivor list are signed.
+    """
+
+    context: KeyContext
+    members: tuple[int, ...]
+    threshold: int
+    length: int
+    bits: int = 32
+    neighbours: dict[int, frozenset[int]] | None = None
+    signed: bool = False
+
+    def neighbours_of(self, client_id: int) -> frozenset[int]:
+        """The peers ``client_id`` masks with and shares with (never itself)."""
+        if self.neighbours is None:
+            return frozenset(m for m in self.members if m != client_id)
+        return self.neighbours.get(client_id, frozenset())
+
+
+@dataclass(frozen=True)
+class AdvertiseKeys:
+    """Stage 1: a client's two fresh X25519 public keys and a commitment to its self-mask
+    seed b_u; ``signature`` is its Ed25519 signature over all of it (signed mode)."""
+
+    sender: int
+    context: KeyContext
+    encryption_public: bytes
+    mask_public: bytes
+    commitment: bytes
+    signature: bytes = b""
+
+
+@dataclass(frozen=True)
+class KeysBroadcast:
+    """Stage 1 reply: the advertisements of U1, relayed to every member of U1."""
+
+    context: KeyContext
+    advertisements: tuple[AdvertiseKeys, ...]
+
+
+@dataclass(frozen=True)
+class EncryptedShares:
+    """Stage 2: the sender's Shamir shares of (mask secret key, b_u), one AES-GCM bundle per
+    receiver (its neighbours in U1, and itself)."""
+
+    sender: int
+    context: KeyContext
+    bundles: dict[int, bytes]
+
+
+@dataclass(frozen=True)
+class MaskingRequest:
+    """Stage 2 reply: U2, and the bundles addressed to this client by members of U2."""
+
+    context: KeyContext
+    receiver: int
+    survivors: tuple[int, ...]
+    bundles: dict[int, bytes]
+
+
+@dataclass(frozen=True)
+class MaskedInput:
+    """Stage 3: y_u = x_u + PRG(b_u) + Σ_{v>u} PRG(s_uv) − Σ_{v<u} PRG(s_uv) (mod 2^b).
+
+    ``complaints`` names the peers whose share bundle for this client did not decrypt or
+    parse; this client did not mask with them, and the server excludes them.
+    """
+
+    sender: int
+    context: KeyContext
+    vector: np.ndarray
+    complaints: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class ConsistencyRequest:
+    """Stage 4 (signed mode): the survivor list U3 the server claims to have."""
+
+    context: KeyContext
+    survivors: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ConsistencySignature:
+    """Stage 4 reply: the client's Ed25519 signature over the survivor list it saw."""
+
+    sender: int
+    context: KeyContext
+    signature: bytes
+
+
+@dataclass(frozen=True)
+class UnmaskRequest:
+    """Stage 5: reveal b-shares of ``survivors`` and mask-key shares of ``dropped``.
+
+    ``signatures`` (signed mode) are the consistency signatures the server collected over
+    ``survivors``: the client checks at least t of them before revealing anything.
+    """
+
+    context: KeyContext
+    survivors: tuple[int, ...]
+    dropped: tuple[int, ...]
+    signatures: dict[int, bytes] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class UnmaskResponse:
+    """Stage 5 reply: serialized Shamir shares held by the sender, keyed by the peer whose
+    secret they are a share of (b_u for survivors, mask secret key for dropped peers)."""
+
+    sender: int
+    context: KeyContext
+    seed_shares: dict[int, bytes]
+    key_shares: dict[int, bytes]
+
+
+ClientMessage = AdvertiseKeys | EncryptedShares | MaskedInput | ConsistencySignature | UnmaskResponse
+ServerMessage = KeysBroadcast | MaskingRequest | ConsistencyRequest | UnmaskRequest

@@ -1,0 +1,463 @@
+"""The server side of per-cluster secure aggregation, as a sans-IO state machine.
+
+A :class:`ServerSession` runs one cluster of one (round, reclustering). The driver feeds it
+client messages with :meth:`ServerSession.receive` and calls :meth:`ServerSession.advance`
+when a stage is complete or its deadline passed; ``advance`` returns the message for each
+client still in the protocol. Clients that did not answer in time are dropped, and the
+double-masking recovery carries the cluster as long as t clients reach the end.
+
+States: ``ADVERTISE → SHARE → MASK → [CONSISTENCY] → UNMASK → DONE`` or ``FAILED`` (fewer
+than t clients at some stage, or a secret that cannot be reconstructed). A rejected
+message raises :class:`RejectedMessage` and changes nothing else: the server keeps serving
+the other clients, and the sender counts as dropped unless it sends a valid message in time.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from sharefl.crypto import shamir
+from sharefl.crypto.errors import ShamirError, ShareVerificationError, SignatureError
+from sharefl.crypto.kdf import KEY_BYTES, Purpose, pairwise_key, x25519_public_key
+from sharefl.crypto.prg import combine_masks, ring_dtype
+from sharefl.crypto.signatures import advertised_keys_message, client_list_message, verify
+from sharefl.protocol.bundles import SEALED_BYTES, seed_commitment
+from sharefl.protocol.client import SURVIVORS_LABEL
+from sharefl.protocol.errors import ConfigurationError, RejectedMessage, StageError
+from sharefl.protocol.messages import (
+    AdvertiseKeys,
+    ClientMessage,
+    ClusterAssignment,
+    ConsistencyRequest,
+    ConsistencySignature,
+    EncryptedShares,
+    KeysBroadcast,
+    MaskedInput,
+    MaskingRequest,
+    ServerMessage,
+    UnmaskRequest,
+    UnmaskResponse,
+)
+
+
+class ServerState(enum.Enum):
+    ADVERTISE = "advertise"
+    SHARE = "share"
+    MASK = "mask"
+    CONSISTENCY = "consistency"
+    UNMASK = "unmask"
+    DONE = "done"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class ClusterSum:
+    """A successful cluster: the exact sum mod 2^b of the inputs of ``members``.
+
+    Attributes:
+        cluster: the cluster id (``context.cluster``).
+        members: clients whose inputs are in ``sum`` (sorted).
+        sum: the sum in the inputs' domain: the ring sum for integer inputs, the decoded
+            float64 sum when the driver encoded float inputs.
+        ring_sum: the exact sum in Z_2^b (1-D uint32/uint64 array).
+        dropped: assigned clients whose inputs are not in the sum (any stage).
+        excluded: clients excluded because peers complained about their share bundles.
+        bad_shares: (holder, owner) pairs: shares that did not match the owner's secret.
+    """
+
+    cluster: int
+    members: tuple[int, ...]
+    sum: np.ndarray
+    ring_sum: np.ndarray
+    dropped: tuple[int, ...] = ()
+    excluded: tuple[int, ...] = ()
+    bad_shares: tuple[tuple[int, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class FailedCluster:
+    """A cluster that could not produce a sum; no partial result is released.
+
+    Attributes:
+        cluster: the cluster id.
+        members: every client assigned to the cluster.
+        stage: the stage at which it failed.
+        reason: why (which count fell below t, or which secret could not be rebuilt).
+    """
+
+    cluster: int
+    members: tuple[int, ...]
+    stage: str
+    reason: str
+
+
+@dataclass
+class _Collected:
+    adverts: dict[int, AdvertiseKeys] = field(default_factory=dict)
+    bundles: dict[int, dict[int, bytes]] = field(default_factory=dict)
+    masked: dict[int, MaskedInput] = field(default_factory=dict)
+    signatures: dict[int, bytes] = field(default_factory=dict)
+    unmasked: dict[int, UnmaskResponse] = field(default_factory=dict)
+
+
+class ServerSession:
+    """The server's run of one cluster.
+
+    Args:
+        assignment: the cluster assignment sent to the members.
+        directory: members' Ed25519 public keys; in signed mode, advertisements and
+            consistency signatures are checked on receipt (an invalid one is rejected early).
+    """
+
+    def __init__(
+        self, assignment: ClusterAssignment, directory: Mapping[int, bytes] | None = None
+    ) -> None:
+        if assignment.threshold < 2 or assignment.threshold > len(assignment.members):
+            raise ConfigurationError(
+                f"threshold {assignment.threshold} must be in [2, {len(assignment.members)}]"
+            )
+        self.assignment = assignment
+        self.context = assignment.context
+        self.state = ServerState.ADVERTISE
+        self._directory = dict(directory or {})
+        self._dtype = ring_dtype(assignment.bits)
+        self._x = {m: i + 1 for i, m in enumerate(assignment.members)}
+        self._got = _Collected()
+        self._u1: tuple[int, ...] = ()
+        self._u2: tuple[int, ...] = ()
+        self._u3: tuple[int, ...] = ()
+        self._excluded: tuple[int, ...] = ()
+        self._recipients: tuple[int, ...] = ()
+        self.outcome: ClusterSum | FailedCluster | None = None
+
+    # -- receiving ------------------------------------------------------------------------
+
+    def receive(self, message: ClientMessage) -> None:
+        """Validate and store one client message.
+
+        Raises :class:`RejectedMessage` (naming the sender) for a message of the wrong
+        stage, context, sender or shape; nothing is stored then.
+        """
+        expected = {
+            ServerState.ADVERTISE: (AdvertiseKeys, self.assignment.members, self._on_advert),
+            ServerState.SHARE: (EncryptedShares, self._u1, self._on_shares),
+            ServerState.MASK: (MaskedInput, self._u2, self._on_masked),
+            ServerState.CONSISTENCY: (ConsistencySignature, self._u3, self._on_signature),
+            ServerState.UNMASK: (UnmaskResponse, self._recipients, self._on_unmask),
+        }
+        sender = getattr(message, "sender", None)
+        if self.state not in expected:
+            raise RejectedMessage(f"cluster {self.context.cluster} is {self.state.value}", sender)
+        kind, allowed, handler = expected[self.state]
+        if not isinstance(message, kind):
+            raise RejectedMessage(
+                f"expected {kind.__name__} in stage {self.state.value}, got "
+                f"{type(message).__name__}",
+                sender,
+            )
+        if message.context != self.context:
+            raise RejectedMessage(
+                f"message for {message.context} sent to {self.context}: wrong round, "
+                "reclustering or cluster",
+                sender,
+            )
+        if sender not in allowed:
+            raise RejectedMessage(
+                f"client {sender} may not send {kind.__name__} in stage {self.state.value}",
+                sender,
+            )
+        handler(message)
+
+    def _first(self, store: dict, sender: int) -> None:
+        if sender in store:
+            raise RejectedMessage(f"duplicate message from client {sender}", sender)
+
+    def _on_advert(self, m: AdvertiseKeys) -> None:
+        self._first(self._got.adverts, m.sender)
+        if len(m.encryption_public) != KEY_BYTES or len(m.mask_public) != KEY_BYTES:
+            raise RejectedMessage(f"client {m.sender}: public keys must be 32 bytes", m.sender)
+        if len(m.commitment) != 32:
+            raise RejectedMessage(f"client {m.sender}: commitment must be 32 bytes", m.sender)
+        if self.assignment.signed and m.sender in self._directory:
+            statement = advertised_keys_message(
+                m.sender, m.context, m.encryption_public, m.mask_public, m.commitment
+            )
+            try:
+                verify(self._directory[m.sender], statement, m.signature)
+            except SignatureError as exc:
+                raise RejectedMessage(
+                    f"client {m.sender}: advertisement signature does not verify", m.sender
+                ) from exc
+        self._got.adverts[m.sender] = m
+
+    def _on_shares(self, m: EncryptedShares) -> None:
+        self._first(self._got.bundles, m.sender)
+        expected = self.assignment.neighbours_of(m.sender) & set(self._u1)
+        if set(m.bundles) != expected:
+            raise RejectedMessage(
+                f"client {m.sender}: bundles must go to exactly its neighbours that advertised "
+                f"{sorted(expected)}; got {sorted(m.bundles)}",
+                m.sender,
+            )
+        wrong = [r for r, b in m.bundles.items() if len(b) != SEALED_BYTES]
+        if wrong:
+            raise RejectedMessage(
+                f"client {m.sender}: bundles for {wrong} are not {SEALED_BYTES} bytes", m.sender
+            )
+        self._got.bundles[m.sender] = dict(m.bundles)
+
+    def _on_masked(self, m: MaskedInput) -> None:
+        self._first(self._got.masked, m.sender)
+        v = m.vector
+        if not isinstance(v, np.ndarray) or v.dtype != self._dtype or v.shape != (
+            self.assignment.length,
+        ):
+            raise RejectedMessage(
+                f"client {m.sender}: masked vector must be a 1-D {self._dtype} array of length "
+                f"{self.assignment.length}; got {getattr(v, 'dtype', type(v).__name__)} "
+                f"{getattr(v, 'shape', '')}",
+                m.sender,
+            )
+        bad = set(m.complaints) - (self.assignment.neighbours_of(m.sender) & set(self._u2))
+        if bad or len(set(m.complaints)) != len(m.complaints):
+            raise RejectedMessage(
+                f"client {m.sender}: complaints about non-neighbours {sorted(bad)}", m.sender
+            )
+        self._got.masked[m.sender] = m
+
+    def _on_signature(self, m: ConsistencySignature) -> None:
+        self._first(self._got.signatures, m.sender)
+        if m.sender in self._directory:
+            statement = client_list_message(self.context, self._u3, SURVIVORS_LABEL)
+            try:
+                verify(self._directory[m.sender], statement, m.signature)
+            except SignatureError as exc:
+                raise RejectedMessage(
+                    f"client {m.sender}: consistency signature does not verify", m.sender
+                ) from exc
+        self._got.signatures[m.sender] = m.signature
+
+    def _on_unmask(self, m: UnmaskResponse) -> None:
+        self._first(self._got.unmasked, m.sender)
+        dropped = set(self._u2) - set(self._u3)
+        if not set(m.seed_shares) <= set(self._u3) or not set(m.key_shares) <= dropped:
+            raise RejectedMessage(
+                f"client {m.sender}: shares for clients outside the survivor/dropped lists",
+                m.sender,
+            )
+        try:
+            for blob in (*m.seed_shares.values(), *m.key_shares.values()):
+                share = shamir.Share.from_bytes(blob)
+                if share.x != self._x[m.sender]:
+                    raise ShamirError(f"share x = {share.x} is not the sender's coordinate")
+        except ShamirError as exc:
+            raise RejectedMessage(f"client {m.sender}: malformed share: {exc}", m.sender) from exc
+        self._got.unmasked[m.sender] = m
+
+    # -- advancing ------------------------------------------------------------------------
+
+    def expected_senders(self) -> tuple[int, ...]:
+        """Clients the server is waiting for in the current stage (sorted)."""
+        return {
+            ServerState.ADVERTISE: self.assignment.members,
+            ServerState.SHARE: self._u1,
+            ServerState.MASK: self._u2,
+            ServerState.CONSISTENCY: self._u3,
+            ServerState.UNMASK: self._recipients,
+        }.get(self.state, ())
+
+    def advance(self) -> dict[int, ServerMessage]:
+        """Close the current stage (all messages in, or the deadline passed).
+
+        Returns the next message for every client still in the protocol: empty when the
+        cluster finished (see :attr:`outcome`) or failed. Raises :class:`StageError` when
+        called after the end.
+        """
+        steps: dict[ServerState, Callable[[], dict[int, ServerMessage]]] = {
+            ServerState.ADVERTISE: self._close_advertise,
+            ServerState.SHARE: self._close_share,
+            ServerState.MASK: self._close_mask,
+            ServerState.CONSISTENCY: self._close_consistency,
+            ServerState.UNMASK: self._close_unmask,
+        }
+        if self.state not in steps:
+            raise StageError(f"cluster {self.context.cluster} already {self.state.value}")
+        return steps[self.state]()
+
+    def _fail(self, stage: ServerState, reason: str) -> dict[int, ServerMessage]:
+        self.state = ServerState.FAILED
+        self.outcome = FailedCluster(
+            self.context.cluster, self.assignment.members, stage.value, reason
+        )
+        return {}
+
+    def _enough(self, stage: ServerState, clients: tuple[int, ...], what: str) -> bool:
+        if len(clients) >= self.assignment.threshold:
+            return True
+        self._fail(
+            stage,
+            f"{len(clients)} clients {what}, fewer than t = {self.assignment.threshold}",
+        )
+        return False
+
+    def _close_advertise(self) -> dict[int, ServerMessage]:
+        self._u1 = tuple(sorted(self._got.adverts))
+        if not self._enough(ServerState.ADVERTISE, self._u1, "advertised keys"):
+            return {}
+        broadcast = KeysBroadcast(self.context, tuple(self._got.adverts[u] for u in self._u1))
+        self.state = ServerState.SHARE
+        return dict.fromkeys(self._u1, broadcast)
+
+    def _close_share(self) -> dict[int, ServerMessage]:
+        self._u2 = tuple(sorted(self._got.bundles))
+        if not self._enough(ServerState.SHARE, self._u2, "shared keys"):
+            return {}
+        self.state = ServerState.MASK
+        return {
+            v: MaskingRequest(
+                self.context,
+                v,
+                self._u2,
+                {w: self._got.bundles[w][v] for w in self._u2 if v in self._got.bundles[w]},
+            )
+            for v in self._u2
+        }
+
+    def _close_mask(self) -> dict[int, ServerMessage]:
+        complained = {c for m in self._got.masked.values() for c in m.complaints}
+        self._excluded = tuple(sorted(complained))
+        self._u3 = tuple(sorted(set(self._got.masked) - complained))
+        if not self._enough(ServerState.MASK, self._u3, "sent masked inputs"):
+            return {}
+        if self.assignment.signed:
+            self.state = ServerState.CONSISTENCY
+            return dict.fromkeys(self._u3, ConsistencyRequest(self.context, self._u3))
+        return self._request_unmask(self._u3, {})
+
+    def _close_consistency(self) -> dict[int, ServerMessage]:
+        signers = tuple(sorted(self._got.signatures))
+        if not self._enough(ServerState.CONSISTENCY, signers, "signed the survivor list"):
+            return {}
+        return self._request_unmask(signers, dict(self._got.signatures))
+
+    def _request_unmask(
+        self, recipients: tuple[int, ...], signatures: dict[int, bytes]
+    ) -> dict[int, ServerMessage]:
+        self._recipients = recipients
+        dropped = tuple(sorted(set(self._u2) - set(self._u3)))
+        request = UnmaskRequest(self.context, self._u3, dropped, signatures)
+        self.state = ServerState.UNMASK
+        return dict.fromkeys(recipients, request)
+
+    def _close_unmask(self) -> dict[int, ServerMessage]:
+        responders = tuple(sorted(self._got.unmasked))
+        if not self._enough(ServerState.UNMASK, responders, "answered the unmask request"):
+            return {}
+        dropped = tuple(sorted(set(self._u2) - set(self._u3)))
+        # Dropped clients matter only if some survivor masked with them.
+        masked_with = {
+            v: (self.assignment.neighbours_of(v) & set(self._u2))
+            - set(self._got.masked[v].complaints)
+            for v in self._u3
+        }
+        needed_keys = [w for w in dropped if any(w in masked_with[v] for v in self._u3)]
+        try:
+            bad: list[tuple[int, int]] = []
+            seeds = self._reconstruct(self._u3, "seed_shares", self._seed_ok, bad)
+            keys = self._reconstruct(needed_keys, "key_shares", self._key_ok, bad)
+        except ShareVerificationError as exc:
+            return self._fail(ServerState.UNMASK, str(exc))
+        masks = [(seeds[v], -1) for v in self._u3]
+        for w in needed_keys:
+            for v in self._u3:
+                if w in masked_with[v]:
+                    seed = pairwise_key(
+                        keys[w],
+                        self._got.adverts[v].mask_public,
+                        self.context,
+                        Purpose.MASK_SEED,
+                        w,
+                        v,
+                    )
+                    # v added +PRG(s_vw) if w > v, else subtracted it: undo exactly that.
+                    masks.append((seed, -1 if w > v else +1))
+        total = combine_masks(
+            np.empty(self.assignment.length, dtype=self._dtype),
+            [self._got.masked[v].vector for v in self._u3],
+            masks,
+        )
+        self.state = ServerState.DONE
+        self.outcome = ClusterSum(
+            cluster=self.context.cluster,
+            members=self._u3,
+            sum=total,
+            ring_sum=total,
+            dropped=tuple(sorted(set(self.assignment.members) - set(self._u3))),
+            excluded=self._excluded,
+            bad_shares=tuple(sorted(bad)),
+        )
+        return {}
+
+    def _seed_ok(self, owner: int, secret: bytes) -> bool:
+        return seed_commitment(self.context, owner, secret) == self._got.adverts[owner].commitment
+
+    def _key_ok(self, owner: int, secret: bytes) -> bool:
+        return x25519_public_key(secret) == self._got.adverts[owner].mask_public
+
+    def _reconstruct(
+        self,
+        owners: list[int] | tuple[int, ...],
+        field_name: str,
+        check: Callable[[int, bytes], bool],
+        bad: list[tuple[int, int]],
+    ) -> dict[int, bytes]:
+        """Rebuild one secret per owner from the responders' shares.
+
+        Fast path: the first t shares of each owner, grouped by holder set so one Lagrange
+        computation serves all owners with the same holders; each result is checked
+        (commitment or public key). A secret that fails the check is rebuilt with verified
+        Shamir over all its shares, which names the bad shares (recorded in ``bad``).
+        Raises :class:`ShareVerificationError` when an owner's secret cannot be rebuilt.
+        """
+        t = self.assignment.threshold
+        by_x = {self._x[h]: h for h in self._got.unmasked}
+        shares: dict[int, list[shamir.Share]] = {}
+        for owner in owners:
+            shares[owner] = [
+                shamir.Share.from_bytes(getattr(self._got.unmasked[h], field_name)[owner])
+                for h in sorted(self._got.unmasked)
+                if owner in getattr(self._got.unmasked[h], field_name)
+            ]
+            if len(shares[owner]) < t:
+                raise ShareVerificationError(
+                    f"only {len(shares[owner])} shares of client {owner}'s "
+                    f"{field_name.split('_')[0]} arrived, fewer than t = {t}"
+                )
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for owner in owners:
+            groups.setdefault(tuple(s.x for s in shares[owner][:t]), []).append(owner)
+        secrets: dict[int, bytes] = {}
+        for xs, members in groups.items():
+            rebuilt = shamir.Reconstructor(xs, t).reconstruct_many(
+                [[s.y for s in shares[o][:t]] for o in members]
+            )
+            for owner, value in zip(members, rebuilt, strict=True):
+                secret = value.to_bytes(33, "big")[1:] if value < 2**256 else None
+                if secret is not None and check(owner, secret):
+                    secrets[owner] = secret
+                    continue
+                try:
+                    verified = shamir.reconstruct_verified(
+                        shares[owner], t, lambda s, o=owner: check(o, s)
+                    )
+                except ShareVerificationError as exc:
+                    raise ShareVerificationError(
+                        f"cannot rebuild client {owner}'s {field_name.split('_')[0]}: {exc}"
+                    ) from exc
+                secrets[owner] = verified.secret
+                bad.extend((by_x[x], owner) for x in verified.bad)
+        return secrets

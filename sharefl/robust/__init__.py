@@ -1,0 +1,1 @@
+"""Byzantine-robust aggregators (not yet implemented)."""

@@ -1,0 +1,1 @@
+"""Datasets, models, attacks and training loops (not yet implemented)."""

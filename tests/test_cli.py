@@ -1,0 +1,27 @@
+"""The ``sharefl`` console script."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from sharefl.cli import main
+
+
+def test_help_works_as_a_console_script():
+    out = subprocess.run(
+        [sys.executable, "-m", "sharefl.cli", "--help"], capture_output=True, text=True, check=True
+    )
+    assert "usage: sharefl" in out.stdout
+
+
+def test_info_json(capsys):
+    assert main(["info", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["cores"] >= 1 and "cpu" in info and "cryptography" in info
+
+
+def test_no_subcommand_prints_help_and_fails(capsys):
+    assert main([]) == 2
+    assert "usage: sharefl" in capsys.readouterr().out

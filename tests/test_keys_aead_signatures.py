@@ -1,0 +1,175 @@
+"""Key agreement + HKDF context binding, AES-GCM envelopes, Ed25519 statements."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sharefl.crypto.aead import Envelope, decrypt, encrypt
+from sharefl.crypto.errors import DecryptionError, InvalidKeyError, SignatureError
+from sharefl.crypto.kdf import KeyContext, Purpose, X25519KeyPair, agree, derive_key, pairwise_key
+from sharefl.crypto.signatures import (
+    IdentityKey,
+    advertised_keys_message,
+    client_list_message,
+    verify,
+)
+
+CTX = KeyContext(round=3, reclustering=1, cluster=2)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return X25519KeyPair.generate(), X25519KeyPair.generate()
+
+
+def test_both_sides_derive_the_same_key(pair):
+    a, b = pair
+    for purpose in Purpose:
+        k_ab = pairwise_key(a.private, b.public, CTX, purpose, 7, 11)
+        k_ba = pairwise_key(b.private, a.public, CTX, purpose, 11, 7)
+        assert k_ab == k_ba and len(k_ab) == 32
+
+
+def test_every_context_field_and_purpose_changes_the_key(pair):
+    a, b = pair
+    secret = agree(a.private, b.public)
+    base = derive_key(secret, CTX, Purpose.MASK_SEED, 7, 11)
+    variants = [
+        derive_key(secret, CTX, Purpose.SHARE_ENCRYPTION, 7, 11),
+        derive_key(secret, KeyContext(round=4, reclustering=1, cluster=2), Purpose.MASK_SEED, 7, 11),
+        derive_key(secret, KeyContext(round=3, reclustering=2, cluster=2), Purpose.MASK_SEED, 7, 11),
+        derive_key(secret, KeyContext(round=3, reclustering=1, cluster=3), Purpose.MASK_SEED, 7, 11),
+        derive_key(secret, KeyContext(round=3, reclustering=1, cluster=2, version=2), Purpose.MASK_SEED, 7, 11),
+        derive_key(secret, CTX, Purpose.MASK_SEED, 7, 12),
+    ]
+    assert len({base, *variants}) == len(variants) + 1
+
+
+def test_low_order_public_key_is_refused(pair):
+    a, _ = pair
+    with pytest.raises(InvalidKeyError, match="low-order"):
+        agree(a.private, bytes(32))  # the all-zero point has order 1
+
+
+@pytest.mark.parametrize("bad", [b"", bytes(31), bytes(33)])
+def test_wrong_key_lengths(pair, bad):
+    a, _ = pair
+    with pytest.raises(InvalidKeyError):
+        agree(a.private, bad)
+    with pytest.raises(InvalidKeyError):
+        X25519KeyPair.from_private(bad)
+
+
+def test_context_validation_and_self_pair(pair):
+    with pytest.raises(ValueError):
+        KeyContext(round=-1)
+    with pytest.raises(ValueError):
+        KeyContext(round=0, cluster=2**32)
+    a, b = pair
+    with pytest.raises(ValueError, match="distinct"):
+        pairwise_key(a.private, b.public, CTX, Purpose.MASK_SEED, 5, 5)
+
+
+def test_private_key_not_in_repr(pair):
+    a, _ = pair
+    assert a.private.hex() not in repr(a)
+    ident = IdentityKey.generate()
+    assert ident.private.hex() not in repr(ident)
+
+
+# --- AEAD ---------------------------------------------------------------------------------
+
+KEY = bytes(range(32))
+ENV = Envelope(sender=1, receiver=2, context=CTX)
+
+
+@settings(max_examples=30, deadline=None)
+@given(plaintext=st.binary(max_size=300))
+def test_roundtrip(plaintext):
+    sealed = encrypt(KEY, plaintext, ENV)
+    assert len(sealed) == len(plaintext) + 28
+    assert decrypt(KEY, sealed, ENV) == plaintext
+
+
+@settings(max_examples=30, deadline=None)
+@given(plaintext=st.binary(min_size=1, max_size=100), data=st.data())
+def test_any_flipped_bit_is_detected(plaintext, data):
+    sealed = bytearray(encrypt(KEY, plaintext, ENV))
+    i = data.draw(st.integers(0, len(sealed) - 1))
+    sealed[i] ^= 1 << data.draw(st.integers(0, 7))
+    with pytest.raises(DecryptionError):
+        decrypt(KEY, bytes(sealed), ENV)
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        Envelope(sender=1, receiver=3, context=CTX),  # redirected to another receiver
+        Envelope(sender=4, receiver=2, context=CTX),  # claimed to come from someone else
+        Envelope(sender=1, receiver=2, context=KeyContext(round=4, reclustering=1, cluster=2)),
+        Envelope(sender=1, receiver=2, context=KeyContext(round=3, reclustering=0, cluster=2)),
+        Envelope(sender=1, receiver=2, context=KeyContext(round=3, reclustering=1, cluster=9)),
+    ],
+)
+def test_wrong_receiver_or_replay_is_refused(other):
+    sealed = encrypt(KEY, b"shares", ENV)
+    with pytest.raises(DecryptionError):
+        decrypt(KEY, sealed, other)
+
+
+def test_wrong_key_truncation_and_bad_key_length():
+    sealed = encrypt(KEY, b"shares", ENV)
+    with pytest.raises(DecryptionError):
+        decrypt(bytes(32), sealed, ENV)
+    with pytest.raises(DecryptionError, match="shorter"):
+        decrypt(KEY, sealed[:20], ENV)
+    with pytest.raises(InvalidKeyError):
+        encrypt(b"k" * 16, b"x", ENV)
+
+
+# --- signatures ---------------------------------------------------------------------------
+
+
+def test_advertised_keys_signature_binds_every_field():
+    ident = IdentityKey.generate()
+    enc, mask = X25519KeyPair.generate().public, X25519KeyPair.generate().public
+    message = advertised_keys_message(5, CTX, enc, mask, b"commit")
+    sig = ident.sign(message)
+    verify(ident.public, message, sig)
+    forged = [
+        advertised_keys_message(6, CTX, enc, mask, b"commit"),
+        advertised_keys_message(5, KeyContext(round=4, reclustering=1, cluster=2), enc, mask, b"commit"),
+        advertised_keys_message(5, CTX, mask, enc, b"commit"),  # swapped keys
+        advertised_keys_message(5, CTX, enc, bytes(32), b"commit"),  # substituted key
+        advertised_keys_message(5, CTX, enc, mask, b""),
+    ]
+    for other in forged:
+        with pytest.raises(SignatureError):
+            verify(ident.public, other, sig)
+    with pytest.raises(SignatureError):
+        verify(IdentityKey.generate().public, message, sig)
+
+
+def test_client_list_signature():
+    ident = IdentityKey.generate()
+    message = client_list_message(CTX, [3, 1, 2], "survivors")
+    assert message == client_list_message(CTX, [1, 2, 3], "survivors")
+    sig = ident.sign(message)
+    verify(ident.public, message, sig)
+    for other in (
+        client_list_message(CTX, [1, 2], "survivors"),
+        client_list_message(CTX, [1, 2, 3], "dropped"),
+        client_list_message(KeyContext(round=9), [1, 2, 3], "survivors"),
+    ):
+        with pytest.raises(SignatureError):
+            verify(ident.public, other, sig)
+    with pytest.raises(ValueError):
+        client_list_message(CTX, [1, 1], "survivors")
+
+
+@pytest.mark.parametrize("public,sig", [(bytes(31), bytes(64)), (bytes(32), bytes(63)), (bytes(32), bytes(64))])
+def test_malformed_signature_material(public, sig):
+    with pytest.raises(SignatureError):
+        verify(public, b"m", sig)

@@ -1,0 +1,162 @@
+"""End-to-end properties of the in-process secure aggregation (driver + state machines)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sharefl.protocol import secure_sum
+from sharefl.protocol.client import threshold_floor
+from sharefl.protocol.errors import ConfigurationError, LeakageError
+
+STAGE_ORDER = ("advertise", "share", "mask", "unmask")
+
+
+def _inputs(rng: np.random.Generator, n: int, length: int, bits: int) -> dict[int, np.ndarray]:
+    dtype = np.uint32 if bits == 32 else np.uint64
+    return {
+        cid: rng.integers(0, np.iinfo(dtype).max, size=length, dtype=dtype, endpoint=True)
+        for cid in range(n)
+    }
+
+
+def _expected_survivors(members, t, drops):
+    """Who is left after each stage, and whether the cluster must succeed."""
+    alive = set(members)
+    counts = []
+    for stage in STAGE_ORDER:
+        alive -= set(drops.get(stage, ()))
+        counts.append(len(alive))
+    u3 = set(members)
+    for stage in STAGE_ORDER[:3]:
+        u3 -= set(drops.get(stage, ()))
+    return u3, all(c >= t for c in counts)
+
+
+@st.composite
+def scenarios(draw):
+    n = draw(st.integers(2, 60))
+    m = draw(st.integers(1, n))
+    length = draw(st.one_of(st.integers(0, 64), st.integers(0, 10_000)))
+    bits = draw(st.sampled_from([32, 64]))
+    seed = draw(st.integers(0, 2**32 - 1))
+    # Each client drops at most once, at a random stage (or never).
+    stage_of = draw(
+        st.lists(st.sampled_from([None, None, None, *STAGE_ORDER]), min_size=n, max_size=n)
+    )
+    drops: dict[str, list[int]] = {}
+    for cid, stage in enumerate(stage_of):
+        if stage is not None:
+            drops.setdefault(stage, []).append(cid)
+    extra_t = draw(st.integers(0, 3))
+    return n, m, length, bits, seed, drops, extra_t
+
+
+@settings(
+    max_examples=500,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(scenarios())
+def test_every_released_sum_is_exact_and_failures_are_reported(scenario):
+    n, m, length, bits, seed, drops, extra_t = scenario
+    inputs = _inputs(np.random.default_rng(seed), n, length, bits)
+    clusters = max(1, n // m)
+    smallest, largest = n // clusters, -(-n // clusters)
+    t = None
+    if smallest > 1:
+        t = min(threshold_floor(largest, 0.5) + extra_t, smallest)
+    result = secure_sum(inputs, cluster_size=m, threshold=t, dropouts=drops, seed=seed)
+    dtype = np.uint32 if bits == 32 else np.uint64
+    accounted = set()
+    released = {c.cluster: c for c in result.clusters}
+    failed = {f.cluster: f for f in result.failed}
+    for index, members in enumerate(result.reclusterings[0].clustering.clusters):
+        accounted.add(index)
+        if len(members) == 1:
+            (cid,) = members
+            dropped = any(cid in ids for ids in drops.values())
+            assert (index in failed) == dropped
+            if not dropped:
+                np.testing.assert_array_equal(released[index].sum, inputs[cid])
+            continue
+        cluster_t = t if t is not None else threshold_floor(len(members), 0.5)
+        survivors, should_succeed = _expected_survivors(members, cluster_t, drops)
+        if should_succeed:
+            got = released[index]
+            assert set(got.members) == survivors
+            expected = np.zeros(length, dtype=dtype)
+            for cid in survivors:
+                expected += inputs[cid]  # wraps mod 2^b, as the protocol's sum
+            np.testing.assert_array_equal(got.sum, expected)
+            assert got.sum.dtype == dtype
+        else:
+            assert index not in released
+            assert failed[index].members == tuple(members)
+    assert accounted == set(released) | set(failed)
+    assert not set(released) & set(failed)
+
+
+def test_reclusterings_each_sum_the_same_inputs():
+    inputs = _inputs(np.random.default_rng(1), 12, 100, 32)
+    result = secure_sum(inputs, cluster_size=6, reclusterings=2, seed=3)
+    total = sum(inputs.values())
+    for rec in result.reclusterings:
+        np.testing.assert_array_equal(sum(c.sum for c in rec.clusters), total)
+    assert result.clusters == result.reclusterings[0].clusters
+
+
+def test_float_inputs_are_encoded_and_decoded_within_the_bound():
+    rng = np.random.default_rng(5)
+    inputs = {cid: rng.normal(0, 0.3, size=257).astype(np.float32) for cid in range(9)}
+    result = secure_sum(inputs, cluster_size=3, clip=1.0, seed=2)
+    bound = result.encoding.sum_error_bound(3)
+    for cluster in result.clusters:
+        exact = sum(np.clip(inputs[c].astype(np.float64), -1, 1) for c in cluster.members)
+        assert np.max(np.abs(cluster.sum - exact)) <= bound
+        assert cluster.ring_sum.dtype == np.uint32
+
+
+def test_float_inputs_need_a_clip():
+    with pytest.raises(ConfigurationError, match="clip"):
+        secure_sum({0: np.zeros(3), 1: np.zeros(3)}, cluster_size=2)
+
+
+def test_signed_mode_with_dropouts_at_every_stage():
+    inputs = _inputs(np.random.default_rng(2), 10, 50, 32)
+    drops = {"share": [1], "mask": [2], "consistency": [3], "unmask": [4]}
+    result = secure_sum(inputs, cluster_size=10, threshold=6, dropouts=drops, signed=True)
+    (cluster,) = result.clusters
+    # 3 dropped at the consistency stage: its masked input is in the sum.
+    assert set(cluster.members) == set(range(10)) - {1, 2}
+    np.testing.assert_array_equal(cluster.sum, sum(inputs[c] for c in cluster.members))
+
+
+def test_secagg_plus_sparse_graph_with_dropouts():
+    inputs = _inputs(np.random.default_rng(4), 20, 300, 32)
+    drops = {"mask": [0, 7], "unmask": [3]}
+    result = secure_sum(
+        inputs, cluster_size=20, threshold=4, neighbour_degree=6, dropouts=drops, seed=9
+    )
+    (cluster,) = result.clusters
+    assert set(cluster.members) == set(range(20)) - {0, 7}
+    np.testing.assert_array_equal(cluster.sum, sum(inputs[c] for c in cluster.members))
+
+
+def test_paper_default_reclustering_is_refused_as_leaking():
+    inputs = _inputs(np.random.default_rng(0), 60, 4, 32)
+    with pytest.raises(LeakageError, match="LEAKS"):
+        secure_sum(inputs, cluster_size=3, reclusterings=10, seed=0)
+    result = secure_sum(inputs, cluster_size=3, reclusterings=10, seed=0, allow_leakage=True)
+    assert len(result.planned_audit.recoverable_clients) == 60
+    safe = secure_sum(inputs, cluster_size=3, reclusterings=1, seed=0)
+    assert not safe.planned_audit.leaks
+
+
+def test_realised_audit_sees_dropouts_shrinking_a_sum():
+    inputs = _inputs(np.random.default_rng(0), 6, 4, 32)
+    result = secure_sum(inputs, cluster_size=3, threshold=2, dropouts={"mask": [0]}, seed=1)
+    assert not result.planned_audit.leaks
+    assert result.realised_audit.leaks  # a sum of 2 < m = 3 clients was released
