@@ -38,10 +38,22 @@ def test_every_context_field_and_purpose_changes_the_key(pair):
     base = derive_key(secret, CTX, Purpose.MASK_SEED, 7, 11)
     variants = [
         derive_key(secret, CTX, Purpose.SHARE_ENCRYPTION, 7, 11),
-        derive_key(secret, KeyContext(round=4, reclustering=1, cluster=2), Purpose.MASK_SEED, 7, 11),
-        derive_key(secret, KeyContext(round=3, reclustering=2, cluster=2), Purpose.MASK_SEED, 7, 11),
-        derive_key(secret, KeyContext(round=3, reclustering=1, cluster=3), Purpose.MASK_SEED, 7, 11),
-        derive_key(secret, KeyContext(round=3, reclustering=1, cluster=2, version=2), Purpose.MASK_SEED, 7, 11),
+        derive_key(
+            secret, KeyContext(round=4, reclustering=1, cluster=2), Purpose.MASK_SEED, 7, 11
+        ),
+        derive_key(
+            secret, KeyContext(round=3, reclustering=2, cluster=2), Purpose.MASK_SEED, 7, 11
+        ),
+        derive_key(
+            secret, KeyContext(round=3, reclustering=1, cluster=3), Purpose.MASK_SEED, 7, 11
+        ),
+        derive_key(
+            secret,
+            KeyContext(round=3, reclustering=1, cluster=2, version=2),
+            Purpose.MASK_SEED,
+            7,
+            11,
+        ),
         derive_key(secret, CTX, Purpose.MASK_SEED, 7, 12),
     ]
     assert len({base, *variants}) == len(variants) + 1
@@ -140,7 +152,9 @@ def test_advertised_keys_signature_binds_every_field():
     verify(ident.public, message, sig)
     forged = [
         advertised_keys_message(6, CTX, enc, mask, b"commit"),
-        advertised_keys_message(5, KeyContext(round=4, reclustering=1, cluster=2), enc, mask, b"commit"),
+        advertised_keys_message(
+            5, KeyContext(round=4, reclustering=1, cluster=2), enc, mask, b"commit"
+        ),
         advertised_keys_message(5, CTX, mask, enc, b"commit"),  # swapped keys
         advertised_keys_message(5, CTX, enc, bytes(32), b"commit"),  # substituted key
         advertised_keys_message(5, CTX, enc, mask, b""),
@@ -169,7 +183,9 @@ def test_client_list_signature():
         client_list_message(CTX, [1, 1], "survivors")
 
 
-@pytest.mark.parametrize("public,sig", [(bytes(31), bytes(64)), (bytes(32), bytes(63)), (bytes(32), bytes(64))])
+@pytest.mark.parametrize(
+    "public,sig", [(bytes(31), bytes(64)), (bytes(32), bytes(63)), (bytes(32), bytes(64))]
+)
 def test_malformed_signature_material(public, sig):
     with pytest.raises(SignatureError):
         verify(public, b"m", sig)

@@ -49,7 +49,9 @@ def test_expand_matches_reference_and_is_deterministic(seed, length, bits):
 @given(seed=seeds, length=lengths, bits=st.sampled_from([32, 64]), data=st.data())
 def test_add_then_subtract_is_identity(seed, length, bits, data):
     dtype = np.uint32 if bits == 32 else np.uint64
-    start = np.frombuffer(data.draw(st.binary(min_size=length * bits // 8, max_size=length * bits // 8)), dtype=dtype).copy()
+    start = np.frombuffer(
+        data.draw(st.binary(min_size=length * bits // 8, max_size=length * bits // 8)), dtype=dtype
+    ).copy()
     acc = start.copy()
     expander = MaskExpander(bits, block_bytes=1024)
     expander.accumulate(acc, seed, +1)
@@ -139,7 +141,10 @@ def test_misuse_raises_prg_error(call):
 def test_combine_equals_sum_of_vectors_and_signed_masks(length, bits, nvec, signs, seed):
     dtype = np.uint32 if bits == 32 else np.uint64
     rng = np.random.default_rng(seed)
-    vectors = [rng.integers(0, np.iinfo(dtype).max, length, dtype=dtype, endpoint=True) for _ in range(nvec)]
+    vectors = [
+        rng.integers(0, np.iinfo(dtype).max, length, dtype=dtype, endpoint=True)
+        for _ in range(nvec)
+    ]
     masks = [(rng.bytes(32), s) for s in signs]
     expected = np.zeros(length, dtype)
     for v in vectors:

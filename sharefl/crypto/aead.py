@@ -46,7 +46,9 @@ def _aesgcm(key: bytes) -> AESGCM:
     return AESGCM(bytes(key))
 
 
-def encrypt(key: bytes, plaintext: bytes, envelope: Envelope, *, nonce: bytes | None = None) -> bytes:
+def encrypt(
+    key: bytes, plaintext: bytes, envelope: Envelope, *, nonce: bytes | None = None
+) -> bytes:
     """Encrypt ``plaintext`` under a 32-byte ``key`` bound to ``envelope``.
 
     ``nonce`` defaults to 12 random bytes; pass one only in tests (a repeated nonce under one
@@ -72,7 +74,9 @@ def decrypt(key: bytes, sealed: bytes, envelope: Envelope) -> bytes:
         )
     aesgcm = _aesgcm(key)
     try:
-        return aesgcm.decrypt(sealed[:NONCE_BYTES], sealed[NONCE_BYTES:], envelope.associated_data())
+        return aesgcm.decrypt(
+            sealed[:NONCE_BYTES], sealed[NONCE_BYTES:], envelope.associated_data()
+        )
     except InvalidTag as exc:
         raise DecryptionError(
             f"share bundle from client {envelope.sender} to client {envelope.receiver} does "

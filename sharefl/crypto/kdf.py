@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import enum
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
@@ -71,7 +71,7 @@ class KeyContext:
         _check_u32("version", self.version)
 
     def to_bytes(self) -> bytes:
-        """Canonical 24-byte big-endian encoding (version u32, round u64, recl. u32, cluster u32)."""
+        """Canonical 24 bytes, big-endian: version u32, round u64, reclustering u32, cluster u32."""
         return struct.pack(">IQII", self.version, self.round, self.reclustering, self.cluster)
 
     def kdf_info(self, purpose: Purpose, client_a: int, client_b: int) -> bytes:
@@ -82,10 +82,15 @@ class KeyContext:
 
 @dataclass(frozen=True, repr=False)
 class X25519KeyPair:
-    """An X25519 key pair as raw 32-byte values. ``repr`` never shows the private key."""
+    """An X25519 key pair as raw 32-byte values. ``repr`` never shows the private key.
+
+    Pass the pair itself (not ``pair.private``) to :func:`agree` / :func:`pairwise_key`
+    when agreeing with many peers: it keeps the parsed key, which saves a parse per peer.
+    """
 
     private: bytes
     public: bytes
+    _key: X25519PrivateKey | None = field(default=None, compare=False)
 
     @classmethod
     def generate(cls) -> X25519KeyPair:
@@ -97,13 +102,16 @@ class X25519KeyPair:
     @classmethod
     def from_private(cls, private: bytes) -> X25519KeyPair:
         """The key pair of a raw 32-byte private key; raises :class:`InvalidKeyError`."""
-        return cls(private=bytes(private), public=x25519_public_key(private))
+        key = _private_key(private)
+        return cls(bytes(private), key.public_key().public_bytes_raw(), key)
 
     def __repr__(self) -> str:
         return f"X25519KeyPair(public={self.public.hex()[:16]}…)"
 
 
-def _private_key(private: bytes) -> X25519PrivateKey:
+def _private_key(private: bytes | X25519KeyPair) -> X25519PrivateKey:
+    if isinstance(private, X25519KeyPair):
+        return private._key or _private_key(private.private)
     if not isinstance(private, bytes | bytearray) or len(private) != KEY_BYTES:
         raise InvalidKeyError(f"an X25519 private key is {KEY_BYTES} raw bytes")
     return X25519PrivateKey.from_private_bytes(bytes(private))
@@ -123,7 +131,7 @@ def x25519_public_key(private: bytes) -> bytes:
     return _private_key(private).public_key().public_bytes_raw()
 
 
-def agree(private: bytes, peer_public: bytes) -> bytes:
+def agree(private: bytes | X25519KeyPair, peer_public: bytes) -> bytes:
     """Raw X25519 shared secret (32 bytes) of our private key and a peer's public key.
 
     Raises :class:`InvalidKeyError` for keys of the wrong length and for a peer public key
@@ -161,7 +169,7 @@ def derive_key(
 
 
 def pairwise_key(
-    private: bytes,
+    private: bytes | X25519KeyPair,
     peer_public: bytes,
     context: KeyContext,
     purpose: Purpose,

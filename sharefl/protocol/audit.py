@@ -313,6 +313,7 @@ class _Component:
     clients: tuple[int, ...]
     rank: int
     null_rows: tuple[tuple[int, ...], ...]
+    num_rows: int = 0
 
     @property
     def recoverable(self) -> list[int]:
@@ -336,7 +337,9 @@ class _Component:
 def _solve(clients: list[int], rows: Sequence[frozenset[int]]) -> _Component:
     local = {c: k for k, c in enumerate(clients)}
     basis = integer_rref(([local[c] for c in row] for row in rows), len(clients))
-    return _Component(tuple(clients), len(basis), tuple(null_space_rows(basis, len(clients))))
+    return _Component(
+        tuple(clients), len(basis), tuple(null_space_rows(basis, len(clients))), len(rows)
+    )
 
 
 def _fingerprints(null_rows: Sequence[tuple[int, ...]]) -> np.ndarray:
@@ -425,9 +428,17 @@ def _small_sums(
     searched completely, and whether the search was complete.
     """
     found: list[list[frozenset[int]]] = [[] for _ in components]
-    largest = max((len(c.hidden) for c in components), default=0)
+    # A component covered by one equation (a cluster seen once) reveals exactly that sum:
+    # its only minimal zero-sum set is the whole component, so it needs no search.
+    searched = [c for c in components if c.num_rows != 1]
+    for comp, known in zip(components, found, strict=True):
+        if comp.num_rows == 1 and 2 <= len(comp.clients) < min_sum_size:
+            known.append(frozenset(range(len(comp.clients))))
+    largest = max((len(c.hidden) for c in searched), default=0)
     for size in range(2, min(min_sum_size, largest + 1)):
         for comp, known in zip(components, found, strict=True):
+            if comp.num_rows == 1:
+                continue
             new = _zero_sum_subsets(comp, size, known, budget)
             if new is None:
                 return _as_ids(components, found), size - 1, False

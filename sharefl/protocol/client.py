@@ -134,8 +134,10 @@ class ClientSession:
         self._randbytes = randbytes
         self._check_assignment()
         dtype = ring_dtype(assignment.bits)
-        if not isinstance(vector, np.ndarray) or vector.dtype != dtype or vector.shape != (
-            assignment.length,
+        if (
+            not isinstance(vector, np.ndarray)
+            or vector.dtype != dtype
+            or vector.shape != (assignment.length,)
         ):
             raise ConfigurationError(
                 f"client {client_id}: input must be a 1-D {dtype} array of length "
@@ -325,7 +327,7 @@ class ClientSession:
 
     def _share_key(self, peer: int) -> bytes:
         return pairwise_key(
-            self._enc.private,
+            self._enc,
             self._adverts[peer].encryption_public,
             self.context,
             Purpose.SHARE_ENCRYPTION,
@@ -356,7 +358,7 @@ class ClientSession:
         masks = [(self._seed, +1)]
         for peer in sorted(survivors & self._neighbours - set(complaints)):
             seed = pairwise_key(
-                self._mask.private,
+                self._mask,
                 self._adverts[peer].mask_public,
                 self.context,
                 Purpose.MASK_SEED,

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from sharefl.crypto.encoding import RingEncoding, choose_encoding, decode, encode
+from sharefl.crypto.kdf import KeyContext
 from sharefl.crypto.signatures import IdentityKey
 from sharefl.protocol.audit import LeakageReport, audit
 from sharefl.protocol.client import ClientPolicy, ClientSession, threshold_floor
@@ -33,7 +34,6 @@ from sharefl.protocol.messages import (
     UnmaskRequest,
 )
 from sharefl.protocol.server import ClusterSum, FailedCluster, ServerSession, ServerState
-from sharefl.crypto.kdf import KeyContext
 
 STAGES = ("advertise", "share", "mask", "consistency", "unmask")
 """Drop-out points: a client listed under a stage vanishes before sending that stage's
@@ -294,7 +294,8 @@ def secure_sum(
     if len(plan) != reclusterings or any(set(c.members) != set(ids) for c in plan):
         raise ConfigurationError("each clustering must partition exactly the input clients")
     planned = audit(plan, client_ids=ids)
-    if planned.leaks and not allow_leakage:
+    by_design = min(min(c.sizes) for c in plan) == 1  # m = 1: no secure aggregation asked
+    if planned.leaks and not by_design and not allow_leakage:
         raise LeakageError(
             f"{planned.summary()}\nUse fewer reclusterings or larger clusters, draw them with "
             "sharefl.protocol.audit.sample_safe_reclusterings, or pass allow_leakage=True."
@@ -304,7 +305,9 @@ def secure_sum(
     length = next(iter(vectors.values())).shape[0]
     identities = {cid: IdentityKey.generate() for cid in ids} if signed else {}
     directory = {cid: key.public for cid, key in identities.items()}
-    policies = {cid: ClientPolicy(identity=key, directory=directory) for cid, key in identities.items()}
+    policies = {
+        cid: ClientPolicy(identity=key, directory=directory) for cid, key in identities.items()
+    }
     results = []
     for r, (clustering, drops) in enumerate(
         zip(plan, _per_reclustering_dropouts(dropouts, reclusterings), strict=True)
@@ -321,22 +324,21 @@ def secure_sum(
                 else:
                     sums.append(ClusterSum(index, members, vectors[cid], vectors[cid]))
                 continue
-            floor = threshold_floor(len(members), ClientPolicy().threshold_fraction)
-            t = threshold if threshold is not None else floor
-            if not floor <= t <= len(members):
-                raise ConfigurationError(
-                    f"threshold {t} does not fit cluster {index} of {len(members)} clients: "
-                    f"clients accept t in [{floor}, {len(members)}]"
-                )
             graph = None
             if neighbour_degree is not None:
                 try:
                     graph = random_regular_graph(members, neighbour_degree, rng)
                 except ClusteringError as exc:
                     raise ConfigurationError(str(exc)) from exc
-            assignment = ClusterAssignment(
-                context, tuple(members), t, length, width, graph, signed
-            )
+            holders = len(members) if graph is None else neighbour_degree + 1
+            floor = threshold_floor(holders, ClientPolicy().threshold_fraction)
+            t = threshold if threshold is not None else floor
+            if not floor <= t <= holders:
+                raise ConfigurationError(
+                    f"threshold {t} does not fit cluster {index}: with {holders} share holders "
+                    f"per client, clients accept t in [{floor}, {holders}]"
+                )
+            assignment = ClusterAssignment(context, tuple(members), t, length, width, graph, signed)
             outcome, events[index] = run_cluster(
                 assignment,
                 {cid: vectors[cid] for cid in members},
@@ -347,9 +349,7 @@ def secure_sum(
             )
             (sums if isinstance(outcome, ClusterSum) else failed).append(outcome)
         if used_encoding is not None:
-            sums = [
-                replace(s, sum=decode(s.ring_sum, used_encoding, len(s.members))) for s in sums
-            ]
+            sums = [replace(s, sum=decode(s.ring_sum, used_encoding, len(s.members))) for s in sums]
         results.append(ReclusteringResult(r, clustering, sums, failed, events))
     realised = audit(
         plan,

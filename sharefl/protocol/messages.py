@@ -154,5 +154,7 @@ class UnmaskResponse:
     key_shares: dict[int, bytes]
 
 
-ClientMessage = AdvertiseKeys | EncryptedShares | MaskedInput | ConsistencySignature | UnmaskResponse
+ClientMessage = (
+    AdvertiseKeys | EncryptedShares | MaskedInput | ConsistencySignature | UnmaskResponse
+)
 ServerMessage = KeysBroadcast | MaskingRequest | ConsistencyRequest | UnmaskRequest

@@ -213,8 +213,10 @@ class ServerSession:
     def _on_masked(self, m: MaskedInput) -> None:
         self._first(self._got.masked, m.sender)
         v = m.vector
-        if not isinstance(v, np.ndarray) or v.dtype != self._dtype or v.shape != (
-            self.assignment.length,
+        if (
+            not isinstance(v, np.ndarray)
+            or v.dtype != self._dtype
+            or v.shape != (self.assignment.length,)
         ):
             raise RejectedMessage(
                 f"client {m.sender}: masked vector must be a 1-D {self._dtype} array of length "
