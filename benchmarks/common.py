@@ -39,6 +39,39 @@ def timeit(fn: Callable[[], object], *, repeat: int = 30, warmup: int = 2) -> di
     return {"best_s": min(times), "median_s": statistics.median(times)}
 
 
+def compare(
+    fn: Callable[[], object],
+    baseline: Callable[[], object],
+    *,
+    repeat: int = 30,
+    warmup: int = 2,
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Time ``fn`` and ``baseline`` interleaved (fn, baseline, fn, baseline, ...).
+
+    On a shared machine the speed drifts over seconds; alternating the two puts both under
+    the same conditions, so the ratio of their best times is meaningful. Returns the
+    :func:`timeit`-style summaries of ``fn`` and of ``baseline``.
+    """
+    for _ in range(warmup):
+        fn()
+        baseline()
+    times: tuple[list[float], list[float]] = ([], [])
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(repeat):
+            for sink, call in zip(times, (fn, baseline), strict=True):
+                start = time.perf_counter()
+                call()
+                sink.append(time.perf_counter() - start)
+    finally:
+        if enabled:
+            gc.enable()
+    return tuple(  # type: ignore[return-value]
+        {"best_s": min(t), "median_s": statistics.median(t)} for t in times
+    )
+
+
 def emit(record: dict[str, Any]) -> None:
     """Print one JSON line and flush (so a piped consumer sees results as they come)."""
     print(json.dumps(record, sort_keys=False), flush=True)

@@ -132,17 +132,12 @@ def test_rounding_is_exact_against_integer_reference(bits, clip):
     x[:4] = [4.0, -4.0, 0.0, 2.0**-29]
     r = encode(x, enc, 77).view(np.int32 if bits == 32 else np.int64)
     y = [Fraction(float(v)) * 2**enc.frac_bits for v in clip_values(x, enc)]
-    if bits == 32:  # round(y + (w + 1/2) / 2**32), w the keystream word as int32
-        w = keystream_words(77, x.size, "=i4")
-        expected = [
-            round(yj + Fraction(2 * int(wj) + 1, 2**33)) for yj, wj in zip(y, w, strict=True)
-        ]
-    else:  # floor(y) + [U < frac(y) * 2**32]
-        u = keystream_words(77, x.size, "=u4")
-        expected = [
-            math.floor(yj) + (int(uj) < (yj - math.floor(yj)) * 2**32)
-            for yj, uj in zip(y, u, strict=True)
-        ]
+    # floor(y) + [U < frac(y) * 2**32], U the keystream word as uint32, for both widths
+    u = keystream_words(77, x.size, "=u4")
+    expected = [
+        math.floor(yj) + (int(uj) < (yj - math.floor(yj)) * 2**32)
+        for yj, uj in zip(y, u, strict=True)
+    ]
     assert r.tolist() == expected
 
 
@@ -153,11 +148,8 @@ def test_long_vectors_match_the_reference_across_blocks(bits):
     x = np.random.default_rng(8).integers(-2000, 2000, n) / 16  # some beyond the clip
     r = encode(x, enc, 99).view(np.int32 if bits == 32 else np.int64)
     y = np.clip(x, -100, 100) * 4  # quarters: the float64 reference below is exact
-    if bits == 32:
-        expected = np.rint(y + (keystream_words(99, n, "=i4") + 0.5) / 2**32)  # half to even
-    else:
-        frac = y - np.floor(y)
-        expected = np.floor(y) + (keystream_words(99, n, "=u4") < frac * 2**32)
+    frac = y - np.floor(y)
+    expected = np.floor(y) + (keystream_words(99, n, "=u4") < frac * 2**32)
     assert np.array_equal(r, expected)
 
 

@@ -13,10 +13,10 @@ turns the ring sum back into floats. Encoding one vector:
 3. **Unbiased stochastic rounding** of ``y = value * 2**f`` (ring units of ``2**-f``):
    ``r = floor(y + u)``, ``u`` uniform in ``[0, 1)``, so ``E[r] = y``. ``u`` has 32 random
    bits and ``y + u`` is never rounded to float64 precision (which would lose bits of ``u``
-   once ``|y| > 2**21``), so ``|r - y| <= 1`` and ``|E[r] - y| <= 2**-32 + 2**-52`` units,
-   except on the fast path for float32 inputs without L2 rescaling (b = 32), whose ``y``
-   has at most 24 significant bits: there the bias is at most ``2**-30`` units for
-   ``2**21 <= |y| < 2**23`` and ``2**-32`` elsewhere.
+   once ``|y| > 2**21``): ``r = floor(y) + [U < frac(y) * 2**32]`` with ``U`` a uniform
+   32-bit integer, so ``|r - y| <= 1`` and ``|E[r] - y| <= 2**-32 + 2**-52`` units. Float32
+   inputs without L2 rescaling (b = 32) take a faster path in float32/int32 arithmetic,
+   exact because their ``y`` has at most 24 significant bits.
 4. ``r`` is stored in two's complement mod ``2**b`` (``np.uint32`` or ``np.uint64``).
 
 **No wrap-around.** ``|r| <= c * 2**f + 1``, so a sum of ``k`` encodings stays within
@@ -66,13 +66,6 @@ MAX_FRAC_BITS: Final = 1023 - 32
 
 _BLOCK: Final = 1 << 17  # elements per block: the scratch buffers stay in cache
 _ZEROS: Final = bytes(4 * _BLOCK)  # AES-CTR encrypts zeros into the keystream itself
-#: ``v + _MAGIC_HI`` rounds ``v`` to a multiple of ``2**32`` (to nearest, ties to even) for
-#: ``|v| < 2**83``; the float64 bit pattern of ``_MAGIC_HI`` ends in 32 zero bits, so the low
-#: 32 bits of ``v + _MAGIC_HI`` are ``round(v / 2**32) mod 2**32``.
-_MAGIC_HI: Final = 1.5 * 2.0**84
-#: ``v + _MAGIC_LO`` rounds ``v`` to an integer for ``|v| < 2**51``; the low 32 bits of its
-#: bit pattern are ``round(v) mod 2**32``.
-_MAGIC_LO: Final = 1.5 * 2.0**52
 
 
 @dataclass(frozen=True)
@@ -445,6 +438,9 @@ class _Scratch:
         self.a = np.empty(_BLOCK)
         self.u = np.empty(_BLOCK)
         self.f32 = np.empty(_BLOCK, dtype=np.float32)
+        self.f32b = np.empty(_BLOCK, dtype=np.float32)
+        self.u32 = np.empty(_BLOCK, dtype=np.uint32)
+        self.i64 = np.empty(_BLOCK, dtype=np.int64)
         self.carry = np.empty(_BLOCK, dtype=bool)
         self.keystream = np.empty(_BLOCK, dtype=np.uint32)
         self.keystream_bytes = memoryview(self.keystream).cast("B")
@@ -470,17 +466,17 @@ def _encode_flat(flat: np.ndarray, encoding: RingEncoding, rng: RngLike, out: np
     cipher = Cipher(algorithms.AES(key_and_nonce[:16]), modes.CTR(key_and_nonce[16:]))
     keystream = cipher.encryptor()
     scratch = _scratch()
-    if encoding.bits == 64:
-        encode_block = _encode_block_64
-    elif _short_significands(flat, encoding, factor, clip):
-        encode_block = _encode_block_32_short
-    else:
-        encode_block = _encode_block_32
+    short = encoding.bits == 32 and _short_significands(flat, encoding, factor, clip)
     with np.errstate(over="ignore"):  # huge finite values may scale to inf, then clip
         for i in range(0, flat.size, _BLOCK):
             n = min(_BLOCK, flat.size - i)
             keystream.update_into(memoryview(_ZEROS)[: 4 * n], scratch.keystream_bytes)
-            encode_block(flat[i : i + n], encoding, factor, clip, scratch, out[i : i + n])
+            if short:
+                _encode_block_float32(flat[i : i + n], encoding, clip, scratch, out[i : i + n])
+            else:
+                _encode_block_float64(
+                    flat[i : i + n], encoding, factor, clip, scratch, out[i : i + n]
+                )
 
 
 def _clipped_scaled(
@@ -504,72 +500,56 @@ def _clipped_scaled(
     return v
 
 
-def _encode_block_32(
-    x: np.ndarray, encoding: RingEncoding, factor: float, clip: bool, s: _Scratch, out: np.ndarray
-) -> None:
-    """b = 32: exact stochastic rounding in float64 arithmetic.
-
-    ``floor(y + u)`` rounded naively in float64 loses the low bits of ``u`` once
-    ``|y| > 2**21`` and ``y`` has more than 24 significant bits. Instead, in units of
-    ``2**-(f+32)``: ``v = y * 2**32`` (``|v| < 2**63``) is split exactly into
-    ``a = round(v / 2**32) * 2**32`` and ``p = v - a`` (``|p| <= 2**31``); ``w + 1/2``,
-    with ``w`` the keystream word as int32, is added to ``p`` exactly, and
-    ``a + (p + w + 1/2)`` is rounded to a multiple of ``2**32`` with ``_MAGIC_HI``:
-    ``r = round(y + w')`` with ``w' = (w + 1/2) / 2**32`` uniform on a grid symmetric about
-    0 inside ``(-1/2, 1/2)``, i.e. ``floor(y + u)`` for a uniform ``u`` with 32 random bits.
-    Exact ties (probability <= ``2**-32``) round to even.
-    """
-    v = _clipped_scaled(x, encoding, factor, clip, 32, s)
-    a, w = s.a[: x.size], s.u[: x.size]
-    np.add(v, _MAGIC_HI, out=a)
-    np.subtract(a, _MAGIC_HI, out=a)  # a = round(v / 2**32) * 2**32
-    np.subtract(v, a, out=v)  # p, exact
-    np.add(a, _MAGIC_HI, out=a)  # back to magic form, exact
-    np.add(s.keystream[: x.size].view(np.int32), 0.5, out=w)
-    np.add(v, w, out=v)  # p + w + 1/2, exact down to 2**-20 (|p + w| < 2**32)
-    np.add(v, a, out=v)  # _MAGIC_HI + r * 2**32
-    np.copyto(out, v.view(np.uint64), casting="unsafe")  # low 32 bits: r mod 2**32
-
-
 def _short_significands(x: np.ndarray, encoding: RingEncoding, factor: float, clip: bool) -> bool:
-    """True when every ``y`` has at most 24 significant bits: float32 input, no L2 rescaling,
-    and clipping (if any) to a bound that float32 represents (so it clips in float32)."""
+    """True when ``y = clip(x) * 2**f`` is exact in float32: float32 input, no L2 rescaling,
+    clipping (if any) to a bound that float32 represents, and ``2**f`` in float32 range."""
     c = encoding.coordinate_bound
-    return x.dtype == np.float32 and factor == 1.0 and (not clip or float(np.float32(c)) == c)
+    return (
+        x.dtype == np.float32
+        and factor == 1.0
+        and encoding.frac_bits <= 100
+        and (not clip or float(np.float32(c)) == c)
+    )
 
 
-def _encode_block_32_short(
-    x: np.ndarray, encoding: RingEncoding, factor: float, clip: bool, s: _Scratch, out: np.ndarray
+def _encode_block_float32(
+    x: np.ndarray, encoding: RingEncoding, clip: bool, s: _Scratch, out: np.ndarray
 ) -> None:
-    """b = 32 for ``y`` of at most 24 significant bits (see :func:`_short_significands`).
+    """b = 32 when :func:`_short_significands` holds, in 4-byte arithmetic throughout.
 
-    ``r = round(y + w')`` with ``w' = (w + 1/2) / 2**32``, ``w`` the keystream word as int32:
-    ``w'`` is uniform on a grid symmetric about 0 inside ``(-1/2, 1/2)``, so ``r`` is
-    ``floor(y + u)`` for a uniform ``u`` with 32 random bits, in seven passes. The sum
-    ``y + w'`` is exact in float64 for ``|y| < 2**20``; above, ``y`` is a multiple of
-    ``2**-2`` (or an integer for ``|y| >= 2**23``) and the float64 rounding of the sum can
-    only move it onto a half-integer, which round-half-to-even then resolves: for integer
-    ``y`` the two directions are equally likely (the grid of ``w'`` is symmetric), so no
-    bias; otherwise the bias is at most ``2**-30`` units. ``+ _MAGIC_LO`` rounds to an
-    integer (``|y| < 2**31``) whose low 32 bits are ``r mod 2**32``.
+    ``y = x * 2**f`` and its clipping are exact in float32 (scaling by a power of two; the
+    bound ``c * 2**f`` is a float32), so are ``floor(y)`` and ``frac(y) * 2**32``; the
+    latter is truncated to ``T`` (uint32), exactly when ``|y| >= 2**-8``, else off by less
+    than one unit of ``2**-32``. Then ``r = floor(y) + [U < T]`` as in
+    :func:`_encode_block_float64`.
     """
-    v = _clipped_scaled(x, encoding, factor, clip, 0, s)
-    w = s.u[: x.size]
-    np.multiply(s.keystream[: x.size].view(np.int32), 2.0**-32, out=w)
-    np.add(w, 2.0**-33, out=w)  # exact: w' has 33 significant bits at most
-    np.add(v, w, out=v)
-    np.add(v, _MAGIC_LO, out=v)
-    np.copyto(out, v.view(np.uint64), casting="unsafe")
+    n = x.size
+    y, floor = s.f32[:n], s.f32b[:n]
+    np.multiply(x, np.float32(encoding.scale), out=y)
+    if clip:
+        bound = np.float32(encoding.coordinate_bound * encoding.scale)
+        np.clip(y, -bound, bound, out=y)
+    np.floor(y, out=floor)
+    np.subtract(y, floor, out=y)
+    np.multiply(y, np.float32(2.0**32), out=y)
+    threshold = s.u32[:n]
+    np.copyto(threshold, y, casting="unsafe")  # < 2**32: frac(y) <= 1 - 2**-24
+    carry = s.carry[:n]
+    np.less(s.keystream[:n], threshold, out=carry)
+    signed = out.view(np.int32)
+    np.copyto(signed, floor, casting="unsafe")  # |floor(y)| < 2**31 by the safety check
+    np.add(signed, carry, out=signed)
 
 
-def _encode_block_64(
+def _encode_block_float64(
     x: np.ndarray, encoding: RingEncoding, factor: float, clip: bool, s: _Scratch, out: np.ndarray
 ) -> None:
-    """b = 64: ``r = floor(y) + [U < frac(y) * 2**32]`` with ``U`` a uniform 32-bit integer.
+    """Any input, b = 32 or 64: ``r = floor(y) + [U < frac(y) * 2**32]``, ``U`` the keystream
+    word as uint32, so ``P(r = floor(y) + 1) = ceil(frac(y) * 2**32) / 2**32``.
 
     ``floor(y)`` is exact and fits int64 (``|y| < 2**63``); ``frac(y) * 2**32`` is exact but
-    for ``-1 < y < 0`` (error <= ``2**-22``, i.e. ``2**-54`` units); the carry has
-    probability ``ceil(frac(y) * 2**32) / 2**32``.
+    for ``-1 < y < 0`` (error <= ``2**-22``, i.e. ``2**-54`` units). For b = 32 the int64
+    result is narrowed to its low 32 bits (two's complement).
     """
     y = _clipped_scaled(x, encoding, factor, clip, 0, s)
     floor, u, carry = s.a[: x.size], s.u[: x.size], s.carry[: x.size]
@@ -578,6 +558,8 @@ def _encode_block_64(
     np.multiply(y, 2.0**32, out=y)
     np.copyto(u, s.keystream[: x.size])
     np.less(u, y, out=carry)
-    signed = out.view(np.int64)
+    signed = out.view(np.int64) if encoding.bits == 64 else s.i64[: x.size]
     np.copyto(signed, floor, casting="unsafe")
     np.add(signed, carry, out=signed)
+    if encoding.bits == 32:
+        np.copyto(out, signed, casting="unsafe")
