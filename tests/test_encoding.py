@@ -428,3 +428,13 @@ def test_torch_tensors_encode_like_numpy_arrays(bits):
     bad[1] = float("nan")
     with pytest.raises(EncodingError, match="1 non-finite"):
         encode(bad, enc, 0)
+
+
+@pytest.mark.parametrize("bits", [32, 64])
+def test_tiny_negative_values_round_up_almost_surely(bits):
+    # y = x * 2**f in (-2**-25, 0): floor(y) = -1 but r must be 0 with probability 1 - |y|.
+    enc = RingEncoding(bits, 10, 1.0, 1)
+    x = np.full(4096, -(2.0**-40), dtype=np.float32)
+    r = encode(x, enc, 3).view(np.int32 if bits == 32 else np.int64)
+    assert np.count_nonzero(r == 0) >= 4090
+    assert set(np.unique(r).tolist()) <= {-1, 0}

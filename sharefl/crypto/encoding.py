@@ -66,6 +66,7 @@ MAX_FRAC_BITS: Final = 1023 - 32
 
 _BLOCK: Final = 1 << 17  # elements per block: the scratch buffers stay in cache
 _ZEROS: Final = bytes(4 * _BLOCK)  # AES-CTR encrypts zeros into the keystream itself
+_BELOW_2_32: Final = np.float32(2.0**32 - 2.0**8)  # the largest float32 below 2**32
 
 
 @dataclass(frozen=True)
@@ -520,7 +521,7 @@ def _encode_block_float32(
     ``y = x * 2**f`` and its clipping are exact in float32 (scaling by a power of two; the
     bound ``c * 2**f`` is a float32), so are ``floor(y)`` and ``frac(y) * 2**32``; the
     latter is truncated to ``T`` (uint32), exactly when ``|y| >= 2**-8``, else off by less
-    than one unit of ``2**-32``. Then ``r = floor(y) + [U < T]`` as in
+    than one unit of ``2**-32`` (or by < ``2**-24`` for ``-2**-25 < y < 0``). Then ``r = floor(y) + [U < T]`` as in
     :func:`_encode_block_float64`.
     """
     n = x.size
@@ -532,8 +533,12 @@ def _encode_block_float32(
     np.floor(y, out=floor)
     np.subtract(y, floor, out=y)
     np.multiply(y, np.float32(2.0**32), out=y)
+    # For -2**-25 < y < 0, y - floor(y) = 1 + y rounds to 1.0 and the product to 2**32,
+    # which uint32 cannot hold: clamp to the largest float32 below 2**32 (the true value is
+    # above it, so the carry probability is off by < 2**-24 units, only for such y).
+    np.minimum(y, _BELOW_2_32, out=y)
     threshold = s.u32[:n]
-    np.copyto(threshold, y, casting="unsafe")  # < 2**32: frac(y) <= 1 - 2**-24
+    np.copyto(threshold, y, casting="unsafe")
     carry = s.carry[:n]
     np.less(s.keystream[:n], threshold, out=carry)
     signed = out.view(np.int32)
