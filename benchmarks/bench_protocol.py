@@ -45,7 +45,7 @@ def keystream_seconds(nbytes: int, repeat: int) -> float:
     return timeit(run, repeat=repeat)["best_s"]
 
 
-def run_scenario(name, n, d, cluster_size, threshold, drop_fraction, repeat, floor_one):
+def run_scenario(name, n, d, cluster_size, threshold, drop_fraction, floor_one):
     rng = np.random.default_rng(0)
     inputs = {cid: rng.integers(0, 2**32, size=d, dtype=np.uint32) for cid in range(n)}
     dropped = sorted(rng.choice(n, size=int(drop_fraction * n), replace=False).tolist())
@@ -93,7 +93,7 @@ def run_scenario(name, n, d, cluster_size, threshold, drop_fraction, repeat, flo
     advert = 3 * 32  # two X25519 public keys and the seed commitment (unsigned mode)
     bundles = peers * SEALED_BYTES
     unmask = peers * SHARE_BYTES + SHARE_BYTES
-    upload = advert + bundles + 4 * d + unmask
+    upload = int(advert + bundles + 4 * d + unmask)
     return {
         "name": name,
         "n": n,
@@ -112,7 +112,6 @@ def run_scenario(name, n, d, cluster_size, threshold, drop_fraction, repeat, flo
         "upload_over_d_b_8": upload / (4 * d),
         "aead_overhead_bytes": OVERHEAD_BYTES,
         "stage_seconds": {k: sum(v) for k, v in sorted(times.items())},
-        "repeat": repeat,
     }
 
 
@@ -133,7 +132,7 @@ def main() -> None:
         }
     )
     records = []
-    r = run_scenario("clusters_of_8", 100, args.d, 8, None, 0.10, 1, floor_one)
+    r = run_scenario("clusters_of_8", 100, args.d, 8, None, 0.10, floor_one)
     r.update(
         target="client mask <= 2x floor and <= 0.012 s; server unmask <= 0.2 s; round <= 2 s",
         **{
@@ -146,7 +145,7 @@ def main() -> None:
     records.append(r)
     emit(r)
     if not args.quick:
-        r = run_scenario("plain_secagg", 100, args.d, 100, 51, 0.10, 1, floor_one)
+        r = run_scenario("plain_secagg", 100, args.d, 100, 51, 0.10, floor_one)
         r.update(target="server unmask <= 3 s", **{"pass": r["server_unmask_s"] <= 3.0})
         records.append(r)
         emit(r)

@@ -521,8 +521,8 @@ def _encode_block_float32(
     ``y = x * 2**f`` and its clipping are exact in float32 (scaling by a power of two; the
     bound ``c * 2**f`` is a float32), so are ``floor(y)`` and ``frac(y) * 2**32``; the
     latter is truncated to ``T`` (uint32), exactly when ``|y| >= 2**-8``, else off by less
-    than one unit of ``2**-32`` (or by < ``2**-24`` for ``-2**-25 < y < 0``). Then ``r = floor(y) + [U < T]`` as in
-    :func:`_encode_block_float64`.
+    than one unit of ``2**-32`` (or by < ``2**-24`` for ``-2**-25 < y < 0``). Then
+    ``r = floor(y) + [U < T]`` as in :func:`_encode_block_float64`.
     """
     n = x.size
     y, floor = s.f32[:n], s.f32b[:n]
