@@ -1,8 +1,8 @@
 """The ``sharefl`` command.
 
-Subcommands available now: ``info``. The deployment and experiment commands (``serve``,
-``client``, ``launch``, ``keygen``, ``simulate``, ``report``) are added by the issues that
-build them; ``sharefl --help`` lists what this installation has.
+Subcommands: ``info`` (versions and machine), ``keygen`` (certificates and identities),
+``serve`` (the aggregation server), ``client`` (one client process), ``launch`` (a server and
+N clients on loopback). ``sharefl COMMAND --help`` documents each.
 """
 
 from __future__ import annotations
@@ -26,6 +26,74 @@ def _cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_keygen(args: argparse.Namespace) -> int:
+    from sharefl.protocol.keygen import keygen
+
+    folder = keygen(args.out, range(args.clients), args.hosts.split(","))
+    print(f"wrote keys for {args.clients} clients to {folder}")
+    return 0
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from sharefl.protocol.run import run_server
+
+    return run_server(args.config, address=args.address, clients=args.clients, out=args.out)
+
+
+def _cmd_client(args: argparse.Namespace) -> int:
+    from sharefl.protocol.run import run_client
+
+    return run_client(
+        args.id,
+        args.server,
+        trainer=args.trainer,
+        keys=args.keys,
+        retries=args.retries,
+        exit_before=args.exit_before,
+    )
+
+
+def _cmd_launch(args: argparse.Namespace) -> int:
+    from sharefl.protocol.run import launch
+
+    return launch(args.config, args.clients, trainer=args.trainer, out=args.out)
+
+
+def _add_deployment_commands(sub) -> None:
+    keygen = sub.add_parser("keygen", help="write a CA, server/client certificates, identities")
+    keygen.add_argument("--out", required=True, help="folder to create (must not hold keys)")
+    keygen.add_argument("--clients", type=int, required=True, help="client ids 0..N-1")
+    keygen.add_argument("--hosts", default="127.0.0.1,localhost", help="server names/IPs")
+    keygen.set_defaults(func=_cmd_keygen)
+
+    serve = sub.add_parser("serve", help="run the aggregation server (gRPC)")
+    serve.add_argument("--config", required=True, help="deployment TOML (see README)")
+    serve.add_argument("--address", help="override [server] address, e.g. 0.0.0.0:50051")
+    serve.add_argument("--clients", type=int, help="override [server] clients")
+    serve.add_argument("--out", help="folder for result.json and model.npy")
+    serve.set_defaults(func=_cmd_serve)
+
+    client = sub.add_parser("client", help="run one client process")
+    client.add_argument("--server", required=True, help="host:port of the server")
+    client.add_argument("--id", type=int, required=True, help="this client's id")
+    client.add_argument(
+        "--trainer",
+        default="sharefl.protocol.grpc_client:demo_trainer",
+        help="module:function called as f(model, round=..., client_id=...) -> update",
+    )
+    client.add_argument("--keys", help="keygen folder: TLS CA/certificate and identity")
+    client.add_argument("--retries", type=int, default=5, help="connection attempts")
+    client.add_argument("--exit-before", help=argparse.SUPPRESS)  # testing: vanish at a stage
+    client.set_defaults(func=_cmd_client)
+
+    launch = sub.add_parser("launch", help="start a server and N clients on loopback")
+    launch.add_argument("--config", required=True, help="deployment TOML")
+    launch.add_argument("--clients", type=int, required=True, help="number of client processes")
+    launch.add_argument("--trainer", default="sharefl.protocol.grpc_client:demo_trainer")
+    launch.add_argument("--out", help="folder for the server's result.json and model.npy")
+    launch.set_defaults(func=_cmd_launch)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``sharefl`` command (one sub-parser per subcommand)."""
     parser = argparse.ArgumentParser(
@@ -40,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     info.add_argument("--json", action="store_true", help="one JSON object instead of a table")
     info.set_defaults(func=_cmd_info)
+    _add_deployment_commands(sub)
     return parser
 
 

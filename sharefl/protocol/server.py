@@ -272,6 +272,17 @@ class ServerSession:
             ServerState.UNMASK: self._recipients,
         }.get(self.state, ())
 
+    def waiting_for(self) -> frozenset[int]:
+        """Expected senders of the current stage whose message has not arrived yet."""
+        received = {
+            ServerState.ADVERTISE: self._got.adverts,
+            ServerState.SHARE: self._got.bundles,
+            ServerState.MASK: self._got.masked,
+            ServerState.CONSISTENCY: self._got.signatures,
+            ServerState.UNMASK: self._got.unmasked,
+        }.get(self.state, {})
+        return frozenset(self.expected_senders()) - received.keys()
+
     def advance(self) -> dict[int, ServerMessage]:
         """Close the current stage (all messages in, or the deadline passed).
 

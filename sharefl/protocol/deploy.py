@@ -1,0 +1,176 @@
+"""Configuration of a deployment: one aggregation server and its clients over gRPC.
+
+A TOML file with four tables; every key is optional except where noted::
+
+    [server]
+    address = "127.0.0.1:50051"
+    clients = 8               # clients to wait for before the first round
+    rounds = 2
+    connect_timeout_s = 60.0  # how long to wait for the clients
+    stage_timeout_s = 30.0    # a client that misses a stage deadline counts as dropped
+
+    [model]
+    dim = 1000                # length of the model / update vector
+    learning_rate = 1.0       # model += learning_rate * aggregate
+    aggregator = "mean"       # "sum" or "mean" (per client) of the released cluster sums
+
+    [secure_aggregation]
+    cluster_size = 4          # m >= 2
+    threshold = 0             # minimum t; raised to the clients' floor, floor(size/2) + 1
+    reclusterings = 1
+    bits = 32
+    clip = 1.0                # per-coordinate bound of the updates
+    signed = false            # untrusted-server mode (needs [tls] identities)
+    neighbour_degree = 0      # > 0: SecAgg+ sparse masking
+    allow_leakage = false
+    seed = 0
+
+    [tls]
+    cert = "keys/server.pem"  # all three empty: plaintext (loopback testing only)
+    key = "keys/server.key"
+    client_ca = ""            # set: clients must present a certificate from this CA
+    directory = "keys/directory.json"  # client id -> Ed25519 public key; empty: any identity
+
+Unknown keys and bad values raise :class:`ConfigurationError` naming the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sharefl.protocol.errors import ConfigurationError
+
+
+@dataclass(frozen=True)
+class ServerSection:
+    address: str = "127.0.0.1:50051"
+    clients: int = 8
+    rounds: int = 1
+    connect_timeout_s: float = 60.0
+    stage_timeout_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        _require(self.clients >= 2, "server.clients must be >= 2")
+        _require(self.rounds >= 1, "server.rounds must be >= 1")
+        _require(self.connect_timeout_s > 0, "server.connect_timeout_s must be > 0")
+        _require(self.stage_timeout_s > 0, "server.stage_timeout_s must be > 0")
+
+
+@dataclass(frozen=True)
+class ModelSection:
+    dim: int = 1000
+    learning_rate: float = 1.0
+    aggregator: str = "mean"
+
+    def __post_init__(self) -> None:
+        _require(self.dim >= 1, "model.dim must be >= 1")
+        _require(self.aggregator in ("sum", "mean"), 'model.aggregator must be "sum" or "mean"')
+
+
+@dataclass(frozen=True)
+class SecureAggregationSection:
+    cluster_size: int = 4
+    threshold: int = 0
+    reclusterings: int = 1
+    bits: int = 32
+    clip: float = 1.0
+    signed: bool = False
+    neighbour_degree: int = 0
+    allow_leakage: bool = False
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _require(self.cluster_size >= 2, "secure_aggregation.cluster_size must be >= 2")
+        _require(self.threshold >= 0, "secure_aggregation.threshold must be >= 0 (0: auto)")
+        _require(self.reclusterings >= 1, "secure_aggregation.reclusterings must be >= 1")
+        _require(self.bits in (32, 64), "secure_aggregation.bits must be 32 or 64")
+        _require(self.clip > 0, "secure_aggregation.clip must be > 0")
+        _require(self.neighbour_degree >= 0, "secure_aggregation.neighbour_degree >= 0")
+
+
+@dataclass(frozen=True)
+class TLSSection:
+    cert: str = ""
+    key: str = ""
+    client_ca: str = ""
+    directory: str = ""
+
+    def __post_init__(self) -> None:
+        _require(bool(self.cert) == bool(self.key), "tls.cert and tls.key go together")
+        _require(not self.client_ca or bool(self.cert), "tls.client_ca needs tls.cert/key")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.cert)
+
+
+@dataclass(frozen=True)
+class DeploymentConfig:
+    """A whole deployment; build with :func:`load_config` or directly."""
+
+    server: ServerSection = field(default_factory=ServerSection)
+    model: ModelSection = field(default_factory=ModelSection)
+    secure_aggregation: SecureAggregationSection = field(default_factory=SecureAggregationSection)
+    tls: TLSSection = field(default_factory=TLSSection)
+
+    def __post_init__(self) -> None:
+        _require(
+            not self.secure_aggregation.signed or bool(self.tls.directory),
+            "secure_aggregation.signed needs tls.directory (the clients' identity keys)",
+        )
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ConfigurationError(message)
+
+
+def _section(cls: type, table: Any, name: str, base: Path) -> Any:
+    if not isinstance(table, dict):
+        raise ConfigurationError(f"[{name}] must be a table")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(table) - set(fields))
+    if unknown:
+        raise ConfigurationError(f"unknown key(s) in [{name}]: {unknown}; known: {sorted(fields)}")
+    values = {}
+    for key, value in table.items():
+        default = fields[key].default
+        widened = isinstance(default, float) and isinstance(value, int)
+        same_type = isinstance(value, type(default)) or widened
+        if isinstance(default, bool) != isinstance(value, bool) or not same_type:
+            raise ConfigurationError(
+                f"{name}.{key} must be a {type(default).__name__}, got {value!r}"
+            )
+        if cls is TLSSection and value:
+            value = str((base / value).resolve())  # paths relative to the config file
+        values[key] = float(value) if isinstance(default, float) else value
+    return cls(**values)
+
+
+def load_config(path: str | Path) -> DeploymentConfig:
+    """Read a deployment TOML file; raises :class:`ConfigurationError` on any problem."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigurationError(f"cannot read config {path}: {exc}") from exc
+    sections = {f.name: f.type for f in dataclasses.fields(DeploymentConfig)}
+    unknown = sorted(set(data) - set(sections))
+    if unknown:
+        raise ConfigurationError(f"unknown table(s) {unknown}; known: {sorted(sections)}")
+    classes = {
+        "server": ServerSection,
+        "model": ModelSection,
+        "secure_aggregation": SecureAggregationSection,
+        "tls": TLSSection,
+    }
+    return DeploymentConfig(
+        **{
+            name: _section(cls, data.get(name, {}), name, path.parent)
+            for name, cls in classes.items()
+        }
+    )

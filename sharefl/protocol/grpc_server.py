@@ -1,0 +1,512 @@
+"""The aggregation server over gRPC: one bidirectional stream per client (grpc.aio).
+
+The service authenticates each stream (a signed Hello against the identity directory,
+optionally TLS client certificates), converts messages with :mod:`sharefl.protocol.wire`
+and hands them to the :class:`Coordinator`, which drives the sans-IO
+:class:`~sharefl.protocol.server.ServerSession` of every cluster stage by stage with a
+deadline per stage. A client that misses a deadline or disconnects counts as dropped; a
+client whose message is malformed or out of place gets its stream ended with
+``INVALID_ARGUMENT`` or ``FAILED_PRECONDITION`` and a message, and also counts as dropped.
+Either way the other clients' rounds continue through the protocol's drop-out recovery.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import numpy as np
+
+from sharefl import __version__
+from sharefl.crypto.encoding import RingEncoding, choose_encoding, decode
+from sharefl.crypto.errors import SignatureError
+from sharefl.crypto.kdf import KeyContext
+from sharefl.crypto.signatures import verify
+from sharefl.proto import sharefl_pb2 as pb
+from sharefl.proto import sharefl_pb2_grpc as pb_grpc
+from sharefl.protocol import wire
+from sharefl.protocol.audit import audit
+from sharefl.protocol.client import ClientPolicy, threshold_floor
+from sharefl.protocol.clustering import as_generator, random_clustering, random_regular_graph
+from sharefl.protocol.deploy import DeploymentConfig
+from sharefl.protocol.errors import ConfigurationError, LeakageError, RejectedMessage
+from sharefl.protocol.messages import ClusterAssignment
+from sharefl.protocol.server import ClusterSum, FailedCluster, ServerSession
+
+HELLO_TAG = b"sharefl/hello\x00"
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+
+
+def hello_statement(nonce: bytes, client_id: int) -> bytes:
+    """What a client signs to authenticate its stream."""
+    return HELLO_TAG + nonce + client_id.to_bytes(8, "big")
+
+
+class StreamError(Exception):
+    """Ends one client's stream with a gRPC status code and a message."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class ClientLink:
+    """One authenticated client stream."""
+
+    client_id: int
+    outbox: asyncio.Queue = field(default_factory=asyncio.Queue)
+    alive: bool = True
+    bytes_in: int = 0
+    bytes_out: int = 0
+    error: StreamError | None = None
+    pending: tuple[pb.MaskedInput, wire.VectorAssembler] | None = None
+
+    def send(self, message: pb.ServerMessage) -> None:
+        if self.alive:
+            self.bytes_out += message.ByteSize()
+            self.outbox.put_nowait(message)
+
+    def send_vector(self, header_message: pb.ServerMessage, chunks) -> None:
+        self.send(header_message)
+        for chunk in chunks:
+            self.send(pb.ServerMessage(chunk=chunk))
+
+    def close(self, error: StreamError | None = None) -> None:
+        if self.alive:
+            self.alive = False
+            self.error = error
+            self.outbox.put_nowait(None)
+
+
+@dataclass
+class RoundReport:
+    """What one round released: cluster sums, failures, who dropped, traffic."""
+
+    round: int
+    participants: list[int]
+    clusters: list[dict]
+    failed: list[dict]
+    contributors: int
+    seconds: float
+    total: np.ndarray | None = None
+
+
+@dataclass
+class RunResult:
+    """The outcome of a server run: one report per round and the final model."""
+
+    reports: list[RoundReport]
+    model: np.ndarray
+
+
+Log = Callable[[str], None]
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+class Coordinator:
+    """Runs the training rounds: model broadcast, clusters, stages, aggregation."""
+
+    def __init__(self, config: DeploymentConfig, log: Log = _stderr) -> None:
+        self.config = config
+        self.log = log
+        self.links: dict[int, ClientLink] = {}
+        self.accepting = True
+        self.changed = asyncio.Event()
+        self.sessions: dict[int, ServerSession] = {}  # cluster index -> session
+        self.cluster_of: dict[int, int] = {}
+        self.context: KeyContext | None = None
+        self.rng = as_generator(config.secure_aggregation.seed)
+        self.model = np.zeros(config.model.dim, dtype=np.float32)
+        self.reports: list[RoundReport] = []
+
+    # -- links ------------------------------------------------------------------------------
+
+    def register(self, client_id: int) -> ClientLink:
+        old = self.links.get(client_id)
+        if old is not None and old.alive:
+            raise StreamError(grpc.StatusCode.ALREADY_EXISTS, f"client {client_id} is connected")
+        if not self.accepting and old is None:
+            raise StreamError(
+                grpc.StatusCode.FAILED_PRECONDITION, "the run has started; new clients are closed"
+            )
+        link = ClientLink(client_id)
+        self.links[client_id] = link
+        self.changed.set()
+        return link
+
+    def disconnect(self, link: ClientLink) -> None:
+        link.close(link.error)
+        self.changed.set()
+
+    def alive(self) -> list[int]:
+        return sorted(cid for cid, link in self.links.items() if link.alive)
+
+    # -- incoming ---------------------------------------------------------------------------
+
+    def on_message(self, link: ClientLink, envelope: pb.ClientMessage) -> None:
+        """Route one client message; raises :class:`StreamError` for a bad one."""
+        link.bytes_in += envelope.ByteSize()
+        kind = envelope.WhichOneof("body")
+        try:
+            if kind == "chunk":
+                self._on_chunk(link, envelope.chunk)
+            elif link.pending is not None:
+                raise wire.WireError("a vector's chunks were interrupted by another message")
+            elif kind == "masked":
+                self._on_masked_header(link, envelope.masked)
+            elif kind == "refusal":
+                self.log(f"client {link.client_id} refused: {envelope.refusal.reason}")
+            else:
+                converters = {
+                    "advertise": wire.advert_from_proto,
+                    "shares": wire.shares_from_proto,
+                    "consistency": wire.signature_from_proto,
+                    "unmask": wire.unmask_response_from_proto,
+                }
+                if kind not in converters:
+                    raise wire.WireError(f"unexpected message {kind!r} after the Hello")
+                self._deliver(link, converters[kind](getattr(envelope, kind)))
+        except wire.WireError as exc:
+            raise StreamError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
+        except RejectedMessage as exc:
+            raise StreamError(grpc.StatusCode.FAILED_PRECONDITION, str(exc)) from exc
+
+    def _session_for(self, link: ClientLink, context: KeyContext) -> ServerSession:
+        if self.context is None or (context.round, context.reclustering) != (
+            self.context.round,
+            self.context.reclustering,
+        ):
+            raise RejectedMessage(
+                f"message for round {context.round} reclustering {context.reclustering}; the "
+                f"server is at {self.context}",
+                link.client_id,
+            )
+        cluster = self.cluster_of.get(link.client_id)
+        if cluster is None or cluster != context.cluster:
+            raise RejectedMessage(
+                f"client {link.client_id} is not in cluster {context.cluster}", link.client_id
+            )
+        return self.sessions[cluster]
+
+    def _deliver(self, link: ClientLink, message) -> None:
+        if message.sender != link.client_id:
+            raise RejectedMessage(
+                f"stream of client {link.client_id} sent a message as client {message.sender}",
+                link.client_id,
+            )
+        self._session_for(link, message.context).receive(message)
+        self.changed.set()
+
+    def _on_masked_header(self, link: ClientLink, header: pb.MaskedInput) -> None:
+        context = wire.context_from_proto(header.context)
+        session = self._session_for(link, context)
+        dtype = np.uint32 if session.assignment.bits == 32 else np.uint64
+        assembler = wire.VectorAssembler(header.vector, session.assignment.length, dtype)
+        link.pending = (header, assembler)
+        if assembler.complete:
+            self._finish_masked(link)
+
+    def _on_chunk(self, link: ClientLink, chunk: pb.VectorChunk) -> None:
+        if link.pending is None:
+            raise wire.WireError("a vector chunk without a vector header")
+        if link.pending[1].add(chunk):
+            self._finish_masked(link)
+
+    def _finish_masked(self, link: ClientLink) -> None:
+        header, assembler = link.pending  # type: ignore[misc]
+        link.pending = None
+        self._deliver(link, wire.masked_from_parts(header, assembler.result()))
+
+    # -- the run ----------------------------------------------------------------------------
+
+    async def wait_for_clients(self) -> None:
+        wanted = self.config.server.clients
+        deadline = time.monotonic() + self.config.server.connect_timeout_s
+        while len(self.alive()) < wanted and time.monotonic() < deadline:
+            self.changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.changed.wait(), deadline - time.monotonic())
+        self.accepting = False
+        have = len(self.alive())
+        self.log(f"{have} of {wanted} clients connected")
+        if have < 2:
+            raise ConfigurationError(f"only {have} clients connected; need at least 2")
+
+    async def run(self) -> list[RoundReport]:
+        await self.wait_for_clients()
+        for round_index in range(self.config.server.rounds):
+            self.reports.append(await self._round(round_index))
+        self._finish()
+        return self.reports
+
+    def _encoding(self, largest_cluster: int) -> RingEncoding:
+        sa = self.config.secure_aggregation
+        return choose_encoding(sa.clip, largest_cluster, bits=sa.bits)
+
+    async def _round(self, round_index: int) -> RoundReport:
+        start = time.monotonic()
+        sa = self.config.secure_aggregation
+        participants = self.alive()
+        header, chunks = wire.vector_to_proto(self.model)
+        chunk_list = list(chunks)
+        for cid in participants:
+            self.links[cid].send_vector(
+                pb.ServerMessage(
+                    round_start=pb.RoundStart(
+                        round=round_index, model=header, reclusterings=sa.reclusterings
+                    )
+                ),
+                chunk_list,
+            )
+        plan = [
+            random_clustering(participants, sa.cluster_size, self.rng)
+            for _ in range(sa.reclusterings)
+        ]
+        report = audit(plan, client_ids=participants)
+        if report.leaks and not sa.allow_leakage:
+            raise LeakageError(f"{report.summary()}\nset allow_leakage = true to run anyway")
+        aggregates, clusters, failed = [], [], []
+        contributors = 0
+        for r, clustering in enumerate(plan):
+            outcomes = await self._reclustering(round_index, r, clustering)
+            sums = [o for o in outcomes if isinstance(o, ClusterSum)]
+            failed += [vars(o) for o in outcomes if isinstance(o, FailedCluster)]
+            encoding = self._encoding(max(clustering.sizes))
+            total = np.zeros(self.config.model.dim)
+            members = 0
+            for s in sums:
+                total += decode(s.ring_sum, encoding, len(s.members))
+                members += len(s.members)
+                clusters.append(
+                    {
+                        "reclustering": r,
+                        "cluster": s.cluster,
+                        "members": list(s.members),
+                        "dropped": list(s.dropped),
+                        "excluded": list(s.excluded),
+                    }
+                )
+            if members:
+                aggregates.append(
+                    total / members if self.config.model.aggregator == "mean" else total
+                )
+            contributors = max(contributors, members)
+        step = np.mean(aggregates, axis=0) if aggregates else np.zeros(self.config.model.dim)
+        self.model = (self.model + self.config.model.learning_rate * step).astype(np.float32)
+        for cid in self.alive():
+            self.links[cid].send(
+                pb.ServerMessage(
+                    round_end=pb.RoundEnd(
+                        round=round_index, clusters_ok=len(clusters), clusters_failed=len(failed)
+                    )
+                )
+            )
+        seconds = time.monotonic() - start
+        self.log(
+            f"round {round_index + 1}/{self.config.server.rounds}: {len(participants)} clients, "
+            f"{len(clusters)} clusters ok, {len(failed)} failed, {contributors} contributions, "
+            f"{seconds:.2f} s, bytes in {sum(lk.bytes_in for lk in self.links.values())}"
+        )
+        total = np.mean(aggregates, axis=0) if aggregates else None
+        return RoundReport(
+            round_index, participants, clusters, failed, contributors, seconds, total
+        )
+
+    async def _reclustering(self, round_index: int, r: int, clustering) -> list:
+        sa = self.config.secure_aggregation
+        encoding = self._encoding(max(clustering.sizes))
+        self.sessions, self.cluster_of = {}, {}
+        self.context = KeyContext(round=round_index, reclustering=r, cluster=0)
+        for index, members in enumerate(clustering.clusters):
+            graph = None
+            holders = len(members)
+            if sa.neighbour_degree:
+                graph = random_regular_graph(members, sa.neighbour_degree, self.rng)
+                holders = sa.neighbour_degree + 1
+            floor = threshold_floor(holders, ClientPolicy().threshold_fraction)
+            threshold = max(sa.threshold, floor)  # clusters grow when clients drop out
+            if threshold > holders:
+                raise ConfigurationError(
+                    f"threshold {threshold} exceeds the {holders} share holders per client"
+                )
+            context = KeyContext(round=round_index, reclustering=r, cluster=index)
+            assignment = ClusterAssignment(
+                context, tuple(members), threshold, self.config.model.dim, sa.bits, graph, sa.signed
+            )
+            self.sessions[index] = ServerSession(assignment)
+            message = pb.ServerMessage(assignment=wire.assignment_to_proto(assignment, encoding))
+            for cid in members:
+                self.cluster_of[cid] = index
+                self.links[cid].send(message)
+        while any(s.outcome is None for s in self.sessions.values()):
+            await self._wait_stage()
+            for session in self.sessions.values():
+                if session.outcome is not None:
+                    continue
+                for cid, message in session.advance().items():
+                    if cid in self.links:
+                        self.links[cid].send(wire.server_message_to_proto(message))
+        return [self.sessions[i].outcome for i in sorted(self.sessions)]
+
+    async def _wait_stage(self) -> None:
+        deadline = time.monotonic() + self.config.server.stage_timeout_s
+        while time.monotonic() < deadline:
+            waiting = {
+                cid
+                for s in self.sessions.values()
+                if s.outcome is None
+                for cid in s.waiting_for()
+                if cid in self.links and self.links[cid].alive
+            }
+            if not waiting:
+                return
+            self.changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.changed.wait(), deadline - time.monotonic())
+
+    def _finish(self) -> None:
+        header, chunks = wire.vector_to_proto(self.model)
+        chunk_list = list(chunks)
+        for cid in self.alive():
+            link = self.links[cid]
+            link.send_vector(
+                pb.ServerMessage(finished=pb.Finished(rounds=len(self.reports), model=header)),
+                chunk_list,
+            )
+            link.close()
+
+
+class AggregationService(pb_grpc.AggregationServicer):
+    """The gRPC face of a :class:`Coordinator`."""
+
+    def __init__(self, coordinator: Coordinator, directory: dict[int, bytes] | None) -> None:
+        self.coordinator = coordinator
+        self.directory = directory
+
+    async def Session(self, request_iterator, context):
+        incoming = request_iterator.__aiter__()
+        nonce = os.urandom(32)
+        await context.write(
+            pb.ServerMessage(challenge=pb.Challenge(nonce=nonce, server_version=__version__))
+        )
+        try:
+            link = self.coordinator.register(await self._authenticate(incoming, nonce))
+        except StreamError as exc:
+            await context.abort(exc.code, str(exc))
+            return
+        reader = asyncio.create_task(self._read(link, incoming))
+        try:
+            while (message := await link.outbox.get()) is not None:
+                await context.write(message)
+        finally:
+            reader.cancel()
+            self.coordinator.disconnect(link)
+        if link.error is not None:
+            await context.abort(link.error.code, str(link.error))
+
+    async def _authenticate(self, incoming, nonce: bytes) -> int:
+        try:
+            first = await asyncio.wait_for(incoming.__anext__(), 30)
+        except (StopAsyncIteration, TimeoutError) as exc:
+            raise StreamError(grpc.StatusCode.INVALID_ARGUMENT, "expected a Hello") from exc
+        if first.WhichOneof("body") != "hello":
+            raise StreamError(grpc.StatusCode.INVALID_ARGUMENT, "the first message must be Hello")
+        hello = first.hello
+        client_id = int(hello.client_id)
+        if self.directory is not None:
+            known = self.directory.get(client_id)
+            if known is None or known != bytes(hello.identity_public):
+                raise StreamError(
+                    grpc.StatusCode.PERMISSION_DENIED, f"client {client_id} is not in the directory"
+                )
+        try:
+            verify(bytes(hello.identity_public), hello_statement(nonce, client_id), hello.signature)
+        except SignatureError as exc:
+            raise StreamError(
+                grpc.StatusCode.UNAUTHENTICATED, f"client {client_id}: Hello signature invalid"
+            ) from exc
+        return client_id
+
+    async def _read(self, link: ClientLink, incoming) -> None:
+        try:
+            async for envelope in incoming:
+                self.coordinator.on_message(link, envelope)
+        except StreamError as exc:
+            self.coordinator.log(f"client {link.client_id}: {exc.code.name}: {exc}")
+            link.close(exc)
+        except (grpc.aio.AioRpcError, asyncio.CancelledError):
+            link.close()
+        else:
+            link.close()
+        finally:
+            self.coordinator.changed.set()
+
+
+def load_directory(path: str) -> dict[int, bytes] | None:
+    """``{client id: Ed25519 public key}`` from a keygen ``directory.json`` (None if unset)."""
+    if not path:
+        return None
+    data = json.loads(Path(path).read_text())
+    return {int(cid): bytes.fromhex(key) for cid, key in data["identities"].items()}
+
+
+def server_credentials(config: DeploymentConfig) -> grpc.ServerCredentials | None:
+    tls = config.tls
+    if not tls.enabled:
+        return None
+    pair = [(Path(tls.key).read_bytes(), Path(tls.cert).read_bytes())]
+    if tls.client_ca:
+        return grpc.ssl_server_credentials(
+            pair, root_certificates=Path(tls.client_ca).read_bytes(), require_client_auth=True
+        )
+    return grpc.ssl_server_credentials(pair)
+
+
+async def serve(
+    config: DeploymentConfig, *, log: Log = _stderr, ready: asyncio.Event | None = None
+) -> RunResult:
+    """Run the server until the configured rounds are done.
+
+    ``ready`` is set once the port is bound (for in-process tests). Raises
+    :class:`ConfigurationError` / :class:`LeakageError` for an unusable configuration.
+    """
+    coordinator = Coordinator(config, log)
+    directory = load_directory(config.tls.directory)
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ]
+    )
+    pb_grpc.add_AggregationServicer_to_server(AggregationService(coordinator, directory), server)
+    credentials = server_credentials(config)
+    address = config.server.address
+    port = (
+        server.add_secure_port(address, credentials)
+        if credentials
+        else server.add_insecure_port(address)
+    )
+    if port == 0:
+        raise ConfigurationError(f"cannot bind {address}")
+    await server.start()
+    mode = "TLS" if credentials else "plaintext"
+    log(f"sharefl server {__version__} listening on {address} ({mode})")
+    if ready is not None:
+        ready.set()
+    try:
+        reports = await coordinator.run()
+        return RunResult(reports, coordinator.model)
+    finally:
+        await server.stop(grace=2.0)

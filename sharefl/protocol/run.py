@@ -1,0 +1,198 @@
+"""Process-level entry points behind ``sharefl serve``, ``sharefl client``, ``sharefl launch``.
+
+Each returns a process exit status and handles SIGINT/SIGTERM by cancelling its asyncio
+task, so the gRPC server stops cleanly and a client closes its stream.
+
+Exit statuses: 0 done; 2 bad configuration (message on stderr); 3 server unreachable;
+4 refused by the server (identity, certificate, malformed message); 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+
+from sharefl.protocol.client import ClientPolicy
+from sharefl.protocol.deploy import load_config
+from sharefl.protocol.errors import ConfigurationError, LeakageError
+from sharefl.protocol.grpc_client import ClientRuntime, ConnectionLost, load_trainer, read_tls
+from sharefl.protocol.grpc_server import RunResult, load_directory, serve
+from sharefl.protocol.keygen import load_identity
+
+
+def _run_cancellable(coroutine: Coroutine[Any, Any, Any]) -> Any:
+    """Run ``coroutine``; SIGINT/SIGTERM cancel it (KeyboardInterrupt is raised then)."""
+
+    async def main() -> Any:
+        task = asyncio.ensure_future(coroutine)
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, task.cancel)
+        try:
+            return await task
+        except asyncio.CancelledError as exc:
+            raise KeyboardInterrupt from exc
+
+    return asyncio.run(main())
+
+
+def _error(message: str) -> None:
+    print(f"sharefl: {message}", file=sys.stderr, flush=True)
+
+
+def write_results(out: str | Path, result: RunResult) -> Path:
+    """``result.json`` (rounds, clusters, failures) and ``.npy`` vectors under ``out``."""
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    rounds = []
+    for report in result.reports:
+        rounds.append({k: v for k, v in dataclasses.asdict(report).items() if k != "total"})
+        if report.total is not None:
+            np.save(folder / f"round-{report.round}-aggregate.npy", report.total)
+    np.save(folder / "model.npy", result.model)
+    (folder / "result.json").write_text(json.dumps({"rounds": rounds}, indent=1))
+    return folder
+
+
+def run_server(
+    config_path: str,
+    *,
+    address: str | None = None,
+    clients: int | None = None,
+    out: str | None = None,
+) -> int:
+    """``sharefl serve``: run all rounds, write results, return an exit status."""
+    try:
+        config = load_config(config_path)
+        server = dataclasses.replace(
+            config.server,
+            address=address or config.server.address,
+            clients=clients or config.server.clients,
+        )
+        result = _run_cancellable(serve(dataclasses.replace(config, server=server)))
+    except (ConfigurationError, LeakageError) as exc:
+        _error(str(exc))
+        return 2
+    except KeyboardInterrupt:
+        _error("server interrupted")
+        return 130
+    if out:
+        print(f"results in {write_results(out, result)}", file=sys.stderr)
+    return 0
+
+
+def client_runtime(
+    client_id: int,
+    address: str,
+    *,
+    trainer: str = "sharefl.protocol.grpc_client:demo_trainer",
+    keys: str | None = None,
+    retries: int = 5,
+    exit_before: str | None = None,
+) -> ClientRuntime:
+    """Build a client from CLI-style arguments; ``keys`` is a ``sharefl keygen`` folder."""
+    identity = tls = None
+    policy = None
+    if keys:
+        folder = Path(keys)
+        identity = load_identity(folder / f"client-{client_id}.identity")
+        cert, key = folder / f"client-{client_id}.pem", folder / f"client-{client_id}.key"
+        tls = read_tls(str(folder / "ca.pem"), str(cert), str(key))
+        directory = load_directory(str(folder / "directory.json"))
+        policy = ClientPolicy(identity=identity, directory=directory)
+    return ClientRuntime(
+        client_id,
+        address,
+        trainer=load_trainer(trainer),
+        identity=identity,
+        policy=policy,
+        tls=tls,
+        retries=retries,
+        exit_before=exit_before,
+    )
+
+
+def run_client(client_id: int, address: str, **kwargs: Any) -> int:
+    """``sharefl client``: take part until the server finishes; return an exit status."""
+    try:
+        runtime = client_runtime(client_id, address, **kwargs)
+        report = _run_cancellable(runtime.run())
+    except (ValueError, OSError) as exc:
+        _error(str(exc))
+        return 2
+    except ConnectionLost as exc:
+        _error(str(exc))
+        return 3
+    except grpc.aio.AioRpcError as exc:
+        _error(f"client {client_id}: the server refused: {exc.code().name}: {exc.details()}")
+        return 4
+    except KeyboardInterrupt:
+        _error(f"client {client_id} interrupted")
+        return 130
+    print(
+        f"client {client_id}: {report.rounds} rounds, {report.bytes_sent} bytes sent"
+        + (f", refused {len(report.refusals)} requests" if report.refusals else ""),
+        file=sys.stderr,
+    )
+    return 0
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def launch(config_path: str, clients: int, *, trainer: str, out: str | None = None) -> int:
+    """``sharefl launch``: a server and ``clients`` client processes on loopback.
+
+    The server's progress goes to stderr as it happens; returns the server's exit status
+    (clients still running when it ends are terminated).
+    """
+    try:
+        config = load_config(config_path)
+    except ConfigurationError as exc:
+        _error(str(exc))
+        return 2
+    address = f"127.0.0.1:{free_port()}"
+    keys = str(Path(config.tls.cert).parent) if config.tls.enabled else None
+    python = [sys.executable, "-m", "sharefl.cli"]
+    serve_cmd = [*python, "serve", "--config", config_path, "--address", address]
+    serve_cmd += ["--clients", str(clients)] + (["--out", out] if out else [])
+    server = subprocess.Popen(serve_cmd)
+    procs = []
+    try:
+        time.sleep(0.3)
+        for cid in range(clients):
+            cmd = [*python, "client", "--server", address, "--id", str(cid), "--trainer", trainer]
+            procs.append(subprocess.Popen(cmd + (["--keys", keys] if keys else [])))
+        status = server.wait()
+    except KeyboardInterrupt:
+        server.terminate()
+        status = server.wait()
+    finally:
+        deadline = time.monotonic() + 10
+        for proc in procs:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.terminate()
+    failed = sum(1 for p in procs if p.returncode not in (0, None))
+    print(
+        f"launch: server exited {status}; {clients - failed} of {clients} clients exited cleanly",
+        file=sys.stderr,
+    )
+    return status

@@ -1,0 +1,394 @@
+"""The one conversion layer between protobuf (``sharefl.proto``) and the protocol's types.
+
+Everything the gRPC runtime receives passes through here first: fields are range-checked,
+lengths verified, and large vectors reassembled from ordered chunks whose total length and
+SHA-256 must match their header. Malformed input raises :class:`WireError` (the server maps
+it to ``INVALID_ARGUMENT``); no protocol logic lives here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Iterator, Sequence
+
+import numpy as np
+
+from sharefl.crypto.encoding import RingEncoding
+from sharefl.crypto.errors import EncodingError
+from sharefl.crypto.kdf import KeyContext
+from sharefl.proto import sharefl_pb2 as pb
+from sharefl.protocol import messages as m
+
+CHUNK_BYTES = 1 << 20
+"""Payload bytes per VectorChunk (1 MiB, far below gRPC's 4 MiB message limit)."""
+
+_DTYPES = {
+    pb.DTYPE_FLOAT32: np.dtype("<f4"),
+    pb.DTYPE_UINT32: np.dtype("<u4"),
+    pb.DTYPE_UINT64: np.dtype("<u8"),
+}
+_CODES = {np.dtype(np.float32): pb.DTYPE_FLOAT32, np.dtype(np.uint32): pb.DTYPE_UINT32}
+_CODES[np.dtype(np.uint64)] = pb.DTYPE_UINT64
+
+
+class WireError(ValueError):
+    """A protobuf message is malformed: missing fields, values out of range, vectors whose
+    chunks arrive out of order or do not match their header's length or digest."""
+
+
+# ---- vectors ------------------------------------------------------------------------------
+
+
+def vector_to_proto(vector: np.ndarray) -> tuple[pb.VectorHeader, Iterator[pb.VectorChunk]]:
+    """A header and the chunk messages that carry ``vector`` (1-D float32/uint32/uint64)."""
+    if vector.dtype not in _CODES or vector.ndim != 1:
+        raise WireError(f"cannot send a {vector.dtype} array of shape {vector.shape}")
+    payload = np.ascontiguousarray(vector, dtype=vector.dtype.newbyteorder("<")).data.cast("B")
+    chunks = max(1, -(-len(payload) // CHUNK_BYTES)) if len(payload) else 0
+    header = pb.VectorHeader(
+        length=vector.shape[0],
+        dtype=_CODES[vector.dtype],
+        chunks=chunks,
+        sha256=hashlib.sha256(payload).digest(),
+    )
+
+    def chunk_messages() -> Iterator[pb.VectorChunk]:
+        for index in range(chunks):
+            start = index * CHUNK_BYTES
+            yield pb.VectorChunk(index=index, data=bytes(payload[start : start + CHUNK_BYTES]))
+
+    return header, chunk_messages()
+
+
+class VectorAssembler:
+    """Reassembles a vector from its header and chunks, checking everything.
+
+    Args:
+        header: the announced vector.
+        length: the length the receiver expects (a header that disagrees is refused).
+        dtype: the dtype the receiver expects.
+
+    Raises :class:`WireError` on a header that disagrees with the expectation, a chunk out
+    of order, too many bytes, or a digest mismatch at the end.
+    """
+
+    def __init__(self, header: pb.VectorHeader, length: int, dtype: np.dtype) -> None:
+        if header.dtype not in _DTYPES or _DTYPES[header.dtype] != np.dtype(dtype).newbyteorder(
+            "<"
+        ):
+            raise WireError(f"vector dtype code {header.dtype} is not the expected {dtype}")
+        if header.length != length:
+            raise WireError(f"vector of length {header.length} announced, expected {length}")
+        self._dtype = _DTYPES[header.dtype]
+        self._size = length * self._dtype.itemsize
+        expected_chunks = -(-self._size // CHUNK_BYTES) if self._size else 0
+        if header.chunks != expected_chunks:
+            raise WireError(f"{header.chunks} chunks announced for {self._size} bytes")
+        if len(header.sha256) != 32:
+            raise WireError("vector digest must be 32 bytes (SHA-256)")
+        self._header = header
+        self._buffer = bytearray(self._size)
+        self._filled = 0
+        self._next = 0
+
+    @property
+    def complete(self) -> bool:
+        """True once every announced chunk has arrived."""
+        return self._next == self._header.chunks
+
+    def add(self, chunk: pb.VectorChunk) -> bool:
+        """Append one chunk; returns :attr:`complete`. Raises :class:`WireError`."""
+        if self.complete:
+            raise WireError("chunk after the vector was complete")
+        if chunk.index != self._next:
+            raise WireError(f"chunk {chunk.index} arrived, expected chunk {self._next}")
+        last = self._next == self._header.chunks - 1
+        want = self._size - self._filled if last else CHUNK_BYTES
+        if len(chunk.data) != want:
+            raise WireError(f"chunk {chunk.index} has {len(chunk.data)} bytes, expected {want}")
+        self._buffer[self._filled : self._filled + want] = chunk.data
+        self._filled += want
+        self._next += 1
+        return self.complete
+
+    def result(self) -> np.ndarray:
+        """The vector (native byte order); raises :class:`WireError` if incomplete or the
+        digest does not match."""
+        if not self.complete:
+            raise WireError(f"vector incomplete: {self._next} of {self._header.chunks} chunks")
+        if hashlib.sha256(self._buffer).digest() != self._header.sha256:
+            raise WireError("vector digest mismatch: corrupted or tampered chunks")
+        return np.frombuffer(self._buffer, dtype=self._dtype).astype(
+            self._dtype.newbyteorder("="), copy=False
+        )
+
+
+# ---- scalars and small messages -----------------------------------------------------------
+
+
+def context_to_proto(c: KeyContext) -> pb.Context:
+    return pb.Context(
+        version=c.version, round=c.round, reclustering=c.reclustering, cluster=c.cluster
+    )
+
+
+def context_from_proto(c: pb.Context) -> KeyContext:
+    """Raises :class:`WireError` for a missing or out-of-range context."""
+    try:
+        return KeyContext(
+            round=c.round, reclustering=c.reclustering, cluster=c.cluster, version=c.version
+        )
+    except ValueError as exc:
+        raise WireError(f"bad context: {exc}") from exc
+
+
+def _ids(values: Iterable[int], what: str) -> tuple[int, ...]:
+    ids = tuple(int(v) for v in values)
+    if len(set(ids)) != len(ids):
+        raise WireError(f"{what} has duplicate client ids")
+    return ids
+
+
+def _bytes(value: bytes, size: int | None, what: str) -> bytes:
+    if size is not None and len(value) != size:
+        raise WireError(f"{what} must be {size} bytes, got {len(value)}")
+    return bytes(value)
+
+
+def _peer_map(entries: Sequence, what: str, field: str) -> dict[int, bytes]:
+    result: dict[int, bytes] = {}
+    for entry in entries:
+        peer = int(entry.peer if hasattr(entry, "peer") else entry.signer)
+        if peer in result:
+            raise WireError(f"{what} names client {peer} twice")
+        result[peer] = bytes(getattr(entry, field))
+    return result
+
+
+def encoding_to_proto(e: RingEncoding) -> pb.Encoding:
+    return pb.Encoding(
+        bits=e.bits,
+        frac_bits=e.frac_bits,
+        clip=e.clip,
+        max_summands=e.max_summands,
+        l2_clip=e.l2_clip or 0.0,
+    )
+
+
+def encoding_from_proto(e: pb.Encoding) -> RingEncoding:
+    """Raises :class:`WireError` for parameters the encoding refuses (e.g. unsafe)."""
+    try:
+        return RingEncoding(e.bits, e.frac_bits, e.clip, e.max_summands, e.l2_clip or None)
+    except (EncodingError, TypeError) as exc:
+        raise WireError(f"bad encoding: {exc}") from exc
+
+
+def assignment_to_proto(a: m.ClusterAssignment, encoding: RingEncoding) -> pb.ClusterAssignment:
+    neighbours = [
+        pb.Neighbours(client_id=cid, peers=sorted(peers))
+        for cid, peers in sorted((a.neighbours or {}).items())
+    ]
+    return pb.ClusterAssignment(
+        context=context_to_proto(a.context),
+        members=a.members,
+        threshold=a.threshold,
+        length=a.length,
+        bits=a.bits,
+        neighbours=neighbours,
+        signed=a.signed,
+        encoding=encoding_to_proto(encoding),
+    )
+
+
+def assignment_from_proto(p: pb.ClusterAssignment) -> tuple[m.ClusterAssignment, RingEncoding]:
+    neighbours = None
+    if p.neighbours:
+        neighbours = {}
+        for entry in p.neighbours:
+            if entry.client_id in neighbours:
+                raise WireError(f"neighbours of {entry.client_id} listed twice")
+            neighbours[int(entry.client_id)] = frozenset(_ids(entry.peers, "neighbour list"))
+    if p.bits not in (32, 64):
+        raise WireError(f"ring width must be 32 or 64, got {p.bits}")
+    assignment = m.ClusterAssignment(
+        context=context_from_proto(p.context),
+        members=tuple(sorted(_ids(p.members, "member list"))),
+        threshold=int(p.threshold),
+        length=int(p.length),
+        bits=int(p.bits),
+        neighbours=neighbours,
+        signed=bool(p.signed),
+    )
+    encoding = encoding_from_proto(p.encoding)
+    if encoding.bits != assignment.bits:
+        raise WireError("encoding and assignment disagree on the ring width")
+    return assignment, encoding
+
+
+def advert_to_proto(a: m.AdvertiseKeys) -> pb.Advertisement:
+    return pb.Advertisement(
+        sender=a.sender,
+        context=context_to_proto(a.context),
+        encryption_public=a.encryption_public,
+        mask_public=a.mask_public,
+        commitment=a.commitment,
+        signature=a.signature,
+    )
+
+
+def advert_from_proto(p: pb.Advertisement) -> m.AdvertiseKeys:
+    return m.AdvertiseKeys(
+        sender=int(p.sender),
+        context=context_from_proto(p.context),
+        encryption_public=_bytes(p.encryption_public, 32, "encryption public key"),
+        mask_public=_bytes(p.mask_public, 32, "mask public key"),
+        commitment=_bytes(p.commitment, 32, "seed commitment"),
+        signature=_bytes(p.signature, None, "signature"),
+    )
+
+
+def keys_to_proto(k: m.KeysBroadcast) -> pb.KeysBroadcast:
+    return pb.KeysBroadcast(
+        context=context_to_proto(k.context),
+        advertisements=[advert_to_proto(a) for a in k.advertisements],
+    )
+
+
+def keys_from_proto(p: pb.KeysBroadcast) -> m.KeysBroadcast:
+    return m.KeysBroadcast(
+        context_from_proto(p.context), tuple(advert_from_proto(a) for a in p.advertisements)
+    )
+
+
+def shares_to_proto(s: m.EncryptedShares) -> pb.EncryptedShares:
+    return pb.EncryptedShares(
+        sender=s.sender,
+        context=context_to_proto(s.context),
+        bundles=[pb.Bundle(peer=r, ciphertext=c) for r, c in sorted(s.bundles.items())],
+    )
+
+
+def shares_from_proto(p: pb.EncryptedShares) -> m.EncryptedShares:
+    return m.EncryptedShares(
+        int(p.sender), context_from_proto(p.context), _peer_map(p.bundles, "bundles", "ciphertext")
+    )
+
+
+def masking_to_proto(r: m.MaskingRequest) -> pb.MaskingRequest:
+    return pb.MaskingRequest(
+        context=context_to_proto(r.context),
+        receiver=r.receiver,
+        survivors=r.survivors,
+        bundles=[pb.Bundle(peer=s, ciphertext=c) for s, c in sorted(r.bundles.items())],
+    )
+
+
+def masking_from_proto(p: pb.MaskingRequest) -> m.MaskingRequest:
+    return m.MaskingRequest(
+        context_from_proto(p.context),
+        int(p.receiver),
+        _ids(p.survivors, "survivor list"),
+        _peer_map(p.bundles, "bundles", "ciphertext"),
+    )
+
+
+def masked_header_to_proto(x: m.MaskedInput) -> tuple[pb.MaskedInput, Iterator[pb.VectorChunk]]:
+    header, chunks = vector_to_proto(x.vector)
+    message = pb.MaskedInput(
+        sender=x.sender,
+        context=context_to_proto(x.context),
+        complaints=x.complaints,
+        vector=header,
+    )
+    return message, chunks
+
+
+def masked_from_parts(p: pb.MaskedInput, vector: np.ndarray) -> m.MaskedInput:
+    return m.MaskedInput(
+        int(p.sender), context_from_proto(p.context), vector, _ids(p.complaints, "complaints")
+    )
+
+
+def consistency_request_to_proto(r: m.ConsistencyRequest) -> pb.ConsistencyRequest:
+    return pb.ConsistencyRequest(context=context_to_proto(r.context), survivors=r.survivors)
+
+
+def consistency_request_from_proto(p: pb.ConsistencyRequest) -> m.ConsistencyRequest:
+    return m.ConsistencyRequest(context_from_proto(p.context), _ids(p.survivors, "survivors"))
+
+
+def signature_to_proto(s: m.ConsistencySignature) -> pb.ConsistencySignature:
+    return pb.ConsistencySignature(
+        sender=s.sender, context=context_to_proto(s.context), signature=s.signature
+    )
+
+
+def signature_from_proto(p: pb.ConsistencySignature) -> m.ConsistencySignature:
+    return m.ConsistencySignature(
+        int(p.sender), context_from_proto(p.context), _bytes(p.signature, 64, "signature")
+    )
+
+
+def unmask_request_to_proto(r: m.UnmaskRequest) -> pb.UnmaskRequest:
+    return pb.UnmaskRequest(
+        context=context_to_proto(r.context),
+        survivors=r.survivors,
+        dropped=r.dropped,
+        signatures=[
+            pb.SignatureEntry(signer=s, signature=sig) for s, sig in sorted(r.signatures.items())
+        ],
+    )
+
+
+def unmask_request_from_proto(p: pb.UnmaskRequest) -> m.UnmaskRequest:
+    return m.UnmaskRequest(
+        context_from_proto(p.context),
+        _ids(p.survivors, "survivors"),
+        _ids(p.dropped, "dropped"),
+        _peer_map(p.signatures, "signatures", "signature"),
+    )
+
+
+def unmask_response_to_proto(r: m.UnmaskResponse) -> pb.UnmaskResponse:
+    return pb.UnmaskResponse(
+        sender=r.sender,
+        context=context_to_proto(r.context),
+        seed_shares=[pb.PeerShare(peer=p, share=s) for p, s in sorted(r.seed_shares.items())],
+        key_shares=[pb.PeerShare(peer=p, share=s) for p, s in sorted(r.key_shares.items())],
+    )
+
+
+def unmask_response_from_proto(p: pb.UnmaskResponse) -> m.UnmaskResponse:
+    return m.UnmaskResponse(
+        int(p.sender),
+        context_from_proto(p.context),
+        _peer_map(p.seed_shares, "seed shares", "share"),
+        _peer_map(p.key_shares, "key shares", "share"),
+    )
+
+
+def server_message_to_proto(message: m.ServerMessage) -> pb.ServerMessage:
+    """Wrap one protocol server message in the stream envelope."""
+    if isinstance(message, m.KeysBroadcast):
+        return pb.ServerMessage(keys=keys_to_proto(message))
+    if isinstance(message, m.MaskingRequest):
+        return pb.ServerMessage(masking=masking_to_proto(message))
+    if isinstance(message, m.ConsistencyRequest):
+        return pb.ServerMessage(consistency=consistency_request_to_proto(message))
+    if isinstance(message, m.UnmaskRequest):
+        return pb.ServerMessage(unmask=unmask_request_to_proto(message))
+    raise TypeError(f"not a server message: {type(message).__name__}")
+
+
+def server_message_from_proto(envelope: pb.ServerMessage) -> m.ServerMessage:
+    """Unwrap a protocol stage request; raises :class:`WireError` for anything else."""
+    kind = envelope.WhichOneof("body")
+    converters = {
+        "keys": keys_from_proto,
+        "masking": masking_from_proto,
+        "consistency": consistency_request_from_proto,
+        "unmask": unmask_request_from_proto,
+    }
+    if kind not in converters:
+        raise WireError(f"not a protocol stage message: {kind}")
+    return converters[kind](getattr(envelope, kind))

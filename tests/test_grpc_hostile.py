@@ -1,0 +1,289 @@
+"""Hostile clients against the real server, a hostile server against the real client."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+
+import grpc
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sharefl.crypto.encoding import choose_encoding
+from sharefl.crypto.kdf import KeyContext
+from sharefl.proto import sharefl_pb2 as pb
+from sharefl.proto import sharefl_pb2_grpc as pb_grpc
+from sharefl.protocol import wire
+from sharefl.protocol.client import ClientSession
+from sharefl.protocol.deploy import (
+    DeploymentConfig,
+    ModelSection,
+    SecureAggregationSection,
+    ServerSection,
+)
+from sharefl.protocol.grpc_client import ClientRuntime, demo_trainer
+from sharefl.protocol.grpc_server import ClientLink, Coordinator, StreamError, serve
+from sharefl.protocol.messages import ClusterAssignment
+from sharefl.protocol.run import free_port
+from sharefl.protocol.server import ServerSession
+
+DIM = 64
+
+
+class HostileClient(ClientRuntime):
+    """A real client whose outgoing messages pass through ``mutate`` first."""
+
+    def __init__(self, *args, mutate, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.mutate = mutate
+
+    def _send(self, call, message):
+        return super()._send(call, self.mutate(message))
+
+
+def config(port: int, clients: int = 4) -> DeploymentConfig:
+    return DeploymentConfig(
+        server=ServerSection(
+            address=f"127.0.0.1:{port}", clients=clients, connect_timeout_s=20, stage_timeout_s=10
+        ),
+        model=ModelSection(dim=DIM, aggregator="sum"),
+        secure_aggregation=SecureAggregationSection(cluster_size=4, threshold=3),
+    )
+
+
+async def run_with_attacker(mutate):
+    port = free_port()
+    ready = asyncio.Event()
+    server = asyncio.create_task(serve(config(port), ready=ready, log=lambda _: None))
+    await ready.wait()
+    address = f"127.0.0.1:{port}"
+    honest = [ClientRuntime(cid, address) for cid in range(3)]
+    attacker = HostileClient(3, address, mutate=mutate, retries=1)
+    results = await asyncio.gather(
+        *(c.run() for c in honest), attacker.run(), return_exceptions=True
+    )
+    return await server, results
+
+
+def _mutator(kind: str, change):
+    def mutate(message: pb.ClientMessage) -> pb.ClientMessage:
+        if message.WhichOneof("body") == kind:
+            message = pb.ClientMessage.FromString(message.SerializeToString())
+            change(getattr(message, kind))
+        return message
+
+    return mutate
+
+
+def _truncate_chunk(chunk: pb.VectorChunk) -> None:
+    chunk.data = chunk.data[:-1]
+
+
+def _longer_vector(masked: pb.MaskedInput) -> None:
+    masked.vector.length += 1
+
+
+def _wrong_round(advert: pb.Advertisement) -> None:
+    advert.context.round = 7
+
+
+def _wrong_sender(shares: pb.EncryptedShares) -> None:
+    shares.sender = 0
+
+
+def _short_key(advert: pb.Advertisement) -> None:
+    advert.mask_public = b"\x01" * 5
+
+
+@pytest.mark.parametrize(
+    "kind,change,code",
+    [
+        ("chunk", _truncate_chunk, grpc.StatusCode.INVALID_ARGUMENT),
+        ("masked", _longer_vector, grpc.StatusCode.INVALID_ARGUMENT),
+        ("advertise", _wrong_round, grpc.StatusCode.FAILED_PRECONDITION),
+        ("advertise", _short_key, grpc.StatusCode.INVALID_ARGUMENT),
+        ("shares", _wrong_sender, grpc.StatusCode.FAILED_PRECONDITION),
+    ],
+)
+def test_malformed_client_messages_get_a_status_and_the_others_finish(kind, change, code):
+    result, outcomes = asyncio.run(run_with_attacker(_mutator(kind, change)))
+    *honest, attacker = outcomes
+    assert isinstance(attacker, grpc.aio.AioRpcError)
+    assert attacker.code() == code and attacker.details()
+    (report,) = result.reports
+    assert report.failed == []
+    (cluster,) = report.clusters
+    assert cluster["members"] == [0, 1, 2]
+    expected = sum(demo_trainer(np.zeros(DIM), round=0, client_id=c) for c in range(3))
+    np.testing.assert_array_equal(report.total, expected)
+    assert all(h.rounds == 1 for h in honest)
+
+
+# --- fuzz the message router with arbitrary field values -------------------------------------
+
+CTX = KeyContext(round=0, reclustering=0, cluster=0)
+KINDS = ["advertise", "shares", "masked", "chunk", "consistency", "unmask", "refusal", "hello"]
+
+
+@st.composite
+def client_messages(draw):
+    kind = draw(st.sampled_from(KINDS))
+    message = pb.ClientMessage()
+    body = getattr(message, kind)
+    body.SetInParent()
+    for descriptor in body.DESCRIPTOR.fields:
+        if draw(st.booleans()):
+            continue
+        name = descriptor.name
+        if descriptor.message_type is not None:
+            sub = descriptor.message_type.name
+            if sub == "Context":
+                target = getattr(body, name)
+                target.round = draw(st.integers(0, 3))
+                target.cluster = draw(st.integers(0, 2))
+                target.version = draw(st.sampled_from([0, 1, 1, 1]))
+            elif sub == "VectorHeader":
+                target = getattr(body, name)
+                target.length = draw(st.sampled_from([0, DIM, DIM + 1, 2**40]))
+                target.dtype = draw(st.integers(0, 3))
+                target.chunks = draw(st.integers(0, 2))
+                target.sha256 = draw(st.binary(max_size=33))
+            elif sub in ("Bundle", "PeerShare", "SignatureEntry"):
+                for _ in range(draw(st.integers(0, 3))):
+                    entry = getattr(body, name).add()
+                    setattr(entry, entry.DESCRIPTOR.fields[0].name, draw(st.integers(0, 9)))
+                    setattr(entry, entry.DESCRIPTOR.fields[1].name, draw(st.binary(max_size=140)))
+            continue
+        if descriptor.type == descriptor.TYPE_BYTES:
+            value = draw(st.binary(max_size=80))
+        elif descriptor.type == descriptor.TYPE_STRING:
+            value = draw(st.text(max_size=20))
+        else:
+            value = draw(st.one_of(st.integers(0, 4), st.integers(0, 2**32 - 1)))
+        if descriptor.is_repeated:
+            if descriptor.type in (descriptor.TYPE_UINT64, descriptor.TYPE_UINT32):
+                getattr(body, name).extend(draw(st.lists(st.integers(0, 9), max_size=5)))
+            continue
+        setattr(body, name, value)
+    return message
+
+
+def _coordinator() -> tuple[Coordinator, ClientLink]:
+    coordinator = Coordinator(config(free_port()), log=lambda _: None)
+    assignment = ClusterAssignment(CTX, (0, 1, 2, 3), 3, DIM, 32)
+    coordinator.context = CTX
+    coordinator.sessions = {0: ServerSession(assignment)}
+    coordinator.cluster_of = dict.fromkeys(range(4), 0)
+    return coordinator, ClientLink(1)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(client_messages(), min_size=1, max_size=4))
+def test_fuzzed_messages_get_invalid_argument_or_failed_precondition(messages):
+    coordinator, link = _coordinator()
+    for message in messages:
+        try:
+            coordinator.on_message(link, message)
+        except StreamError as exc:
+            assert exc.code in (
+                grpc.StatusCode.INVALID_ARGUMENT,
+                grpc.StatusCode.FAILED_PRECONDITION,
+            )
+            assert str(exc)
+            break
+
+
+# --- a hostile server against the real client ------------------------------------------------
+
+
+class HostileServer(pb_grpc.AggregationServicer):
+    """Runs the first stages honestly with two simulated peers, then asks the real client to
+    reveal both secrets of peer 101 (it claims 101 both survived and dropped)."""
+
+    def __init__(self) -> None:
+        self.received: list[pb.ClientMessage] = []
+        self.done = asyncio.Event()
+
+    async def _read(self, incoming):
+        message = await incoming.__anext__()
+        self.received.append(message)
+        return message
+
+    async def Session(self, request_iterator, context):
+        incoming = request_iterator.__aiter__()
+        await context.write(pb.ServerMessage(challenge=pb.Challenge(nonce=b"n" * 32)))
+        victim = (await self._read(incoming)).hello.client_id
+        header, chunks = wire.vector_to_proto(np.zeros(DIM, np.float32))
+        await context.write(pb.ServerMessage(round_start=pb.RoundStart(round=0, model=header)))
+        for chunk in chunks:
+            await context.write(pb.ServerMessage(chunk=chunk))
+        members = (victim, 101, 102)
+        assignment = ClusterAssignment(CTX, tuple(sorted(members)), 2, DIM, 32)
+        encoding = choose_encoding(1.0, 3)
+        await context.write(
+            pb.ServerMessage(assignment=wire.assignment_to_proto(assignment, encoding))
+        )
+        server = ServerSession(assignment)
+        fakes = {
+            cid: ClientSession(cid, assignment, np.zeros(DIM, np.uint32)) for cid in (101, 102)
+        }
+        for fake in fakes.values():
+            server.receive(fake.advertise())
+        server.receive(wire.advert_from_proto((await self._read(incoming)).advertise))
+        outgoing = server.advance()
+        for stage in ("shares", "masked"):
+            for cid, message in outgoing.items():
+                if cid in fakes:
+                    server.receive(fakes[cid].handle(message))
+                else:
+                    await context.write(wire.server_message_to_proto(message))
+            reply = await self._read(incoming)
+            if stage == "shares":
+                server.receive(wire.shares_from_proto(reply.shares))
+            else:
+                assembler = wire.VectorAssembler(reply.masked.vector, DIM, np.uint32)
+                while not assembler.complete:
+                    assembler.add((await self._read(incoming)).chunk)
+                server.receive(wire.masked_from_parts(reply.masked, assembler.result()))
+            outgoing = server.advance()
+        evil = wire.server_message_to_proto(
+            dataclasses.replace(outgoing[victim], survivors=members, dropped=(101,))
+        )
+        await context.write(evil)
+        self.received.append(await incoming.__anext__())  # the client's answer
+        honest_again = wire.server_message_to_proto(
+            dataclasses.replace(outgoing[victim], survivors=(victim, 102), dropped=(101,))
+        )
+        await context.write(honest_again)
+        with contextlib.suppress(TimeoutError, StopAsyncIteration):
+            self.received.append(await asyncio.wait_for(incoming.__anext__(), 1.0))
+        header, chunks = wire.vector_to_proto(np.zeros(DIM, np.float32))
+        await context.write(pb.ServerMessage(finished=pb.Finished(rounds=1, model=header)))
+        for chunk in chunks:
+            await context.write(pb.ServerMessage(chunk=chunk))
+        self.done.set()
+
+
+def test_hostile_server_cannot_get_both_secrets_of_a_peer():
+    async def main():
+        servicer = HostileServer()
+        server = grpc.aio.server()
+        pb_grpc.add_AggregationServicer_to_server(servicer, server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        client = ClientRuntime(7, f"127.0.0.1:{port}", retries=1)
+        report = await client.run()
+        await servicer.done.wait()
+        await server.stop(0)
+        return servicer.received, report
+
+    received, report = asyncio.run(main())
+    kinds = [m.WhichOneof("body") for m in received]
+    assert "unmask" not in kinds  # nothing was revealed, not even the survivors' seeds
+    assert kinds.count("refusal") == 1
+    refusal = next(m.refusal for m in received if m.WhichOneof("body") == "refusal")
+    assert "both" in refusal.reason
+    assert report.refusals and "InconsistentRequest" in report.refusals[0]

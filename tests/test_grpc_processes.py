@@ -1,0 +1,183 @@
+"""Real processes on 127.0.0.1: a server and client processes talking gRPC."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sharefl.protocol.grpc_client import demo_trainer
+from sharefl.protocol.keygen import keygen
+from sharefl.protocol.run import free_port
+
+PYTHON = [sys.executable, "-m", "sharefl.cli"]
+
+
+def write_config(folder: Path, *, clients: int, rounds: int = 1, dim: int = 200, **extra) -> Path:
+    sa = {"cluster_size": 4, "seed": 1, **extra.pop("secure_aggregation", {})}
+    tls = extra.pop("tls", None)
+    lines = [
+        "[server]",
+        f"clients = {clients}",
+        f"rounds = {rounds}",
+        "connect_timeout_s = 60.0",
+        "stage_timeout_s = 20.0",
+        "[model]",
+        f"dim = {dim}",
+        'aggregator = "sum"',
+        "[secure_aggregation]",
+        *(f"{k} = {json.dumps(v)}" for k, v in sa.items()),
+    ]
+    if tls:
+        lines += ["[tls]", *(f"{k} = {json.dumps(v)}" for k, v in tls.items())]
+    path = folder / "deploy.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+class Deployment:
+    """A server process and client processes; results read from the server's --out."""
+
+    def __init__(self, folder: Path, config: Path, clients: int) -> None:
+        self.folder, self.config, self.clients = folder, config, clients
+        self.address = f"127.0.0.1:{free_port()}"
+        self.out = folder / "out"
+        command = [*PYTHON, "serve", "--config", str(config), "--address", self.address]
+        self.server = subprocess.Popen(
+            [*command, "--out", str(self.out)],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.procs: dict[int, subprocess.Popen] = {}
+        self.logs: dict[int, str] = {}
+
+    def client(self, cid: int, *args: str) -> subprocess.Popen:
+        proc = subprocess.Popen(
+            [*PYTHON, "client", "--server", self.address, "--id", str(cid), *args],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.procs[cid] = proc
+        return proc
+
+    def finish(self, timeout: float = 90) -> tuple[int, str]:
+        try:
+            _, log = self.server.communicate(timeout=timeout)
+        finally:
+            for cid, proc in self.procs.items():
+                try:
+                    self.logs[cid] = proc.communicate(timeout=15)[1]
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+        return self.server.returncode, log
+
+    def result(self) -> dict:
+        return json.loads((self.out / "result.json").read_text())
+
+    def aggregate(self, round_index: int) -> np.ndarray:
+        return np.load(self.out / f"round-{round_index}-aggregate.npy")
+
+
+def clear_sum(ids, round_index: int, dim: int) -> np.ndarray:
+    return sum(demo_trainer(np.zeros(dim), round=round_index, client_id=c) for c in ids)
+
+
+def test_eight_processes_two_rounds_equal_the_clear_sum(tmp_path):
+    config = write_config(tmp_path, clients=8, rounds=2)
+    run = Deployment(tmp_path, config, 8)
+    for cid in range(8):
+        run.client(cid)
+    status, log = run.finish()
+    assert status == 0, log
+    result = run.result()
+    assert len(result["rounds"]) == 2
+    for r, record in enumerate(result["rounds"]):
+        assert record["failed"] == [] and len(record["clusters"]) == 2
+        np.testing.assert_array_equal(run.aggregate(r), clear_sum(range(8), r, 200))
+    assert all(p.returncode == 0 for p in run.procs.values())
+    assert "round 2/2" in log
+
+
+@pytest.mark.parametrize("stage", ["advertise", "share", "mask", "unmask"])
+def test_a_client_killed_at_any_stage_is_recovered(tmp_path, stage):
+    config = write_config(tmp_path, clients=8, secure_aggregation={"threshold": 3})
+    run = Deployment(tmp_path, config, 8)
+    for cid in range(8):
+        run.client(cid, *(["--exit-before", stage] if cid == 5 else []))
+    status, log = run.finish()
+    assert status == 0, log
+    assert run.procs[5].returncode == -9  # SIGKILL, as requested
+    (record,) = run.result()["rounds"]
+    assert record["failed"] == [] and len(record["clusters"]) == 2
+    contributors = {m for c in record["clusters"] for m in c["members"]}
+    # Killed before its masked input: not in the sum; killed at unmask: its input counts.
+    assert (5 in contributors) == (stage == "unmask")
+    np.testing.assert_array_equal(run.aggregate(0), clear_sum(contributors, 0, 200))
+
+
+def test_cluster_below_threshold_is_reported_and_the_server_goes_on(tmp_path):
+    config = write_config(tmp_path, clients=8, rounds=2, secure_aggregation={"threshold": 3})
+    run = Deployment(tmp_path, config, 8)
+    # Seeded clustering: find two members of one cluster by a dry run of the same seed.
+    from sharefl.protocol.clustering import as_generator, random_clustering
+
+    cluster = random_clustering(range(8), 4, as_generator(1)).clusters[0]
+    doomed = set(cluster[:2])
+    for cid in range(8):
+        run.client(cid, *(["--exit-before", "mask"] if cid in doomed else []))
+    status, log = run.finish()
+    assert status == 0, log
+    first, second = run.result()["rounds"]
+    assert len(first["failed"]) == 1 and set(first["failed"][0]["members"]) == set(cluster)
+    survivors = {m for c in first["clusters"] for m in c["members"]}
+    assert survivors == set(range(8)) - set(cluster)
+    np.testing.assert_array_equal(run.aggregate(0), clear_sum(survivors, 0, 200))
+    assert second["participants"] == sorted(set(range(8)) - doomed)
+    assert second["failed"] == []
+
+
+def test_tls_round_and_refusal_of_wrong_certificate_or_identity(tmp_path):
+    keys = keygen(tmp_path / "keys", range(4))
+    other = keygen(tmp_path / "other", range(4))
+    tls = {
+        "cert": str(keys / "server.pem"),
+        "key": str(keys / "server.key"),
+        "client_ca": str(keys / "ca.pem"),
+        "directory": str(keys / "directory.json"),
+    }
+    config = write_config(
+        tmp_path, clients=4, tls=tls, secure_aggregation={"signed": True, "cluster_size": 4}
+    )
+    run = Deployment(tmp_path, config, 4)
+    for cid in range(4):
+        run.client(cid, "--keys", str(keys))
+    # An impostor with a certificate from another CA, and one with a valid certificate but
+    # the identity key of another deployment.
+    impostor = tmp_path / "impostor"  # everything from another deployment's CA
+    impostor.mkdir()
+    for name in ("ca.pem", "directory.json"):
+        (impostor / name).write_bytes((keys / name).read_bytes())
+    for suffix in ("pem", "key", "identity"):
+        (impostor / f"client-10.{suffix}").write_bytes((other / f"client-0.{suffix}").read_bytes())
+    wrong_cert = run.client(10, "--keys", str(impostor), "--retries", "1")
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    for name in ("ca.pem", "directory.json"):
+        (mixed / name).write_bytes((keys / name).read_bytes())
+    for suffix in ("pem", "key"):  # a genuine certificate of this deployment ...
+        (mixed / f"client-11.{suffix}").write_bytes((keys / f"client-0.{suffix}").read_bytes())
+    # ... with an identity the server's directory does not know
+    (mixed / "client-11.identity").write_bytes((other / "client-0.identity").read_bytes())
+    wrong_identity = run.client(11, "--keys", str(mixed), "--retries", "1")
+    status, log = run.finish()
+    assert status == 0, log
+    (record,) = run.result()["rounds"]
+    assert record["participants"] == [0, 1, 2, 3] and record["failed"] == []
+    np.testing.assert_array_equal(run.aggregate(0), clear_sum(range(4), 0, 200))
+    assert wrong_cert.returncode in (3, 4)  # TLS handshake refused: unreachable or refused
+    assert wrong_identity.returncode == 4
+    assert "PERMISSION_DENIED" in run.logs[11]
