@@ -25,3 +25,11 @@ def test_info_json(capsys):
 def test_no_subcommand_prints_help_and_fails(capsys):
     assert main([]) == 2
     assert "usage: sharefl" in capsys.readouterr().out
+
+
+def test_allocator_setting_is_applied_on_glibc():
+    import platform
+
+    from sharefl.machine import keep_freed_memory
+
+    assert keep_freed_memory() == (platform.libc_ver()[0] == "glibc")

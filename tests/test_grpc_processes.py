@@ -181,3 +181,52 @@ def test_tls_round_and_refusal_of_wrong_certificate_or_identity(tmp_path):
     assert wrong_cert.returncode in (3, 4)  # TLS handshake refused: unreachable or refused
     assert wrong_identity.returncode == 4
     assert "PERMISSION_DENIED" in run.logs[11]
+
+
+def test_launch_runs_a_server_and_clients_and_reports(tmp_path):
+    config = write_config(tmp_path, clients=4, dim=50, secure_aggregation={"cluster_size": 2})
+    out = tmp_path / "launched"
+    done = subprocess.run(
+        [*PYTHON, "launch", "--config", str(config), "--clients", "4", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "round 1/1" in done.stderr and "4 of 4 clients exited cleanly" in done.stderr
+    aggregate = np.load(out / "round-0-aggregate.npy")
+    np.testing.assert_array_equal(aggregate, clear_sum(range(4), 0, 50))
+
+
+def test_server_stops_cleanly_on_sigterm(tmp_path):
+    import signal
+    import time
+
+    config = write_config(tmp_path, clients=4)
+    run = Deployment(tmp_path, config, 4)
+    run.client(0)  # the server waits for three more that never come
+    time.sleep(1.5)
+    run.server.send_signal(signal.SIGTERM)
+    status, log = run.finish(timeout=30)
+    assert status == 130 and "interrupted" in log
+
+
+def test_client_without_a_server_retries_then_exits_with_a_clear_message():
+    done = subprocess.run(
+        [*PYTHON, "client", "--server", f"127.0.0.1:{free_port()}", "--id", "1", "--retries", "2"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 3
+    assert "unreachable after 2 attempts" in done.stderr
+
+
+def test_bad_config_is_reported_without_a_traceback(tmp_path):
+    config = tmp_path / "bad.toml"
+    config.write_text("[secure_aggregation]\ncluster_size = 1\n")
+    done = subprocess.run(
+        [*PYTHON, "serve", "--config", str(config)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2
+    assert "cluster_size must be >= 2" in done.stderr and "Traceback" not in done.stderr

@@ -30,7 +30,7 @@ from sharefl.proto import sharefl_pb2_grpc as pb_grpc
 from sharefl.protocol import wire
 from sharefl.protocol.client import ClientPolicy, ClientSession
 from sharefl.protocol.errors import ClientRefusal, ProtocolError
-from sharefl.protocol.grpc_server import MAX_MESSAGE_BYTES, hello_statement
+from sharefl.protocol.grpc_server import MAX_MESSAGE_BYTES, TRANSPORT_OPTIONS, hello_statement
 from sharefl.protocol.messages import (
     ConsistencySignature,
     EncryptedShares,
@@ -64,7 +64,8 @@ def demo_trainer(model: np.ndarray, *, round: int, client_id: int) -> np.ndarray
     """A deterministic stand-in for local training: an update that depends only on the client
     id and the round, in multiples of 1/256 within [-1, 1) so fixed-point sums are exact."""
     rng = np.random.default_rng([client_id, round])
-    return (rng.integers(-256, 256, size=model.shape[0]) / 256).astype(np.float32)
+    steps = rng.integers(-256, 256, size=model.shape[0], dtype=np.int16)
+    return steps.astype(np.float32) * np.float32(1 / 256)
 
 
 @dataclass
@@ -132,6 +133,7 @@ class ClientRuntime:
         options = [
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            *TRANSPORT_OPTIONS,
         ]
         if self.tls is None:
             return grpc.aio.insecure_channel(self.address, options=options)

@@ -43,6 +43,10 @@ from sharefl.protocol.server import ClusterSum, FailedCluster, ServerSession
 
 HELLO_TAG = b"sharefl/hello\x00"
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+TRANSPORT_OPTIONS = (
+    ("grpc.http2.lookahead_bytes", 16 * 1024 * 1024),
+    ("grpc.http2.max_frame_size", 16 * 1024 * 1024 - 1),
+)
 
 
 def hello_statement(nonce: bytes, client_id: int) -> bytes:
@@ -102,10 +106,12 @@ class RoundReport:
 
 @dataclass
 class RunResult:
-    """The outcome of a server run: one report per round and the final model."""
+    """The outcome of a server run: one report per round, the final model, and the bytes
+    received from (``in``) and sent to (``out``) each client, as protobuf message sizes."""
 
     reports: list[RoundReport]
     model: np.ndarray
+    traffic: dict[int, dict[str, int]]
 
 
 Log = Callable[[str], None]
@@ -488,6 +494,7 @@ async def serve(
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            *TRANSPORT_OPTIONS,
         ]
     )
     pb_grpc.add_AggregationServicer_to_server(AggregationService(coordinator, directory), server)
@@ -507,6 +514,10 @@ async def serve(
         ready.set()
     try:
         reports = await coordinator.run()
-        return RunResult(reports, coordinator.model)
+        traffic = {
+            cid: {"in": link.bytes_in, "out": link.bytes_out}
+            for cid, link in sorted(coordinator.links.items())
+        }
+        return RunResult(reports, coordinator.model, traffic)
     finally:
         await server.stop(grace=2.0)

@@ -24,6 +24,7 @@ from typing import Any
 import grpc
 import numpy as np
 
+from sharefl.machine import keep_freed_memory
 from sharefl.protocol.client import ClientPolicy
 from sharefl.protocol.deploy import load_config
 from sharefl.protocol.errors import ConfigurationError, LeakageError
@@ -62,7 +63,8 @@ def write_results(out: str | Path, result: RunResult) -> Path:
         if report.total is not None:
             np.save(folder / f"round-{report.round}-aggregate.npy", report.total)
     np.save(folder / "model.npy", result.model)
-    (folder / "result.json").write_text(json.dumps({"rounds": rounds}, indent=1))
+    summary = {"rounds": rounds, "traffic": result.traffic}
+    (folder / "result.json").write_text(json.dumps(summary, indent=1))
     return folder
 
 
@@ -74,6 +76,7 @@ def run_server(
     out: str | None = None,
 ) -> int:
     """``sharefl serve``: run all rounds, write results, return an exit status."""
+    keep_freed_memory()
     try:
         config = load_config(config_path)
         server = dataclasses.replace(
@@ -126,6 +129,7 @@ def client_runtime(
 
 def run_client(client_id: int, address: str, **kwargs: Any) -> int:
     """``sharefl client``: take part until the server finishes; return an exit status."""
+    keep_freed_memory()
     try:
         runtime = client_runtime(client_id, address, **kwargs)
         report = _run_cancellable(runtime.run())

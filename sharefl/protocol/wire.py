@@ -19,8 +19,8 @@ from sharefl.crypto.kdf import KeyContext
 from sharefl.proto import sharefl_pb2 as pb
 from sharefl.protocol import messages as m
 
-CHUNK_BYTES = 1 << 20
-"""Payload bytes per VectorChunk (1 MiB, far below gRPC's 4 MiB message limit)."""
+CHUNK_BYTES = 3 << 20
+"""Payload bytes per VectorChunk (3 MiB, below gRPC's 4 MiB message limit with headroom)."""
 
 _DTYPES = {
     pb.DTYPE_FLOAT32: np.dtype("<f4"),

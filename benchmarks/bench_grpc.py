@@ -1,0 +1,123 @@
+"""Benchmark of a real gRPC deployment against the in-process driver on the same inputs.
+
+Starts ``sharefl serve`` and N ``sharefl client`` processes on loopback (the demo trainer),
+one round, clusters of 5, and in the same run computes the same round in one process with
+:func:`sharefl.protocol.secure_sum` on the same updates. Prints JSON lines: the machine,
+then the round times (the server's own measurement of the round, from the model broadcast
+to the last unmasked cluster; process start-up excluded), their ratio, and the bytes each
+client sent (protobuf message sizes as received by the server) over d·b/8.
+
+Targets (issue #4), 20 clients, d = 10^6: bytes per client ≤ 1.05 × d·b/8 plus the
+key/share traffic; gRPC round ≤ 3× the in-process round. Run:
+``python benchmarks/bench_grpc.py [--clients 20] [--d 1000000]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from common import emit, emit_machine, finish
+
+from sharefl.protocol import secure_sum
+from sharefl.protocol.grpc_client import demo_trainer
+from sharefl.protocol.run import free_port
+
+CONFIG = """
+[server]
+clients = {clients}
+rounds = {rounds}
+connect_timeout_s = 120.0
+stage_timeout_s = 60.0
+[model]
+dim = {d}
+aggregator = "sum"
+[secure_aggregation]
+cluster_size = 5
+clip = 1.0
+seed = 1
+"""
+
+
+def grpc_rounds(clients: int, d: int, rounds: int, folder: Path) -> dict:
+    """Run ``rounds`` rounds with real processes; the server's result.json."""
+    config = folder / "deploy.toml"
+    config.write_text(CONFIG.format(clients=clients, d=d, rounds=rounds))
+    address = f"127.0.0.1:{free_port()}"
+    cli = [sys.executable, "-m", "sharefl.cli"]
+    out = folder / "out"
+    server = subprocess.Popen(
+        [*cli, "serve", "--config", str(config), "--address", address, "--out", str(out)],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    procs = [
+        subprocess.Popen(
+            [*cli, "client", "--server", address, "--id", str(cid)],
+            stderr=subprocess.DEVNULL,
+        )
+        for cid in range(clients)
+    ]
+    _, log = server.communicate(timeout=600)
+    for proc in procs:
+        proc.wait(timeout=60)
+    if server.returncode != 0:
+        raise RuntimeError(f"server failed:\n{log}")
+    return json.loads((out / "result.json").read_text())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--clients", type=int, default=20)
+    parser.add_argument("--d", type=int, default=1_000_000)
+    parser.add_argument("--rounds", type=int, default=3, help="best round of these counts")
+    parser.add_argument("--strict", action="store_true")
+    args = parser.parse_args()
+    emit_machine("grpc", clients=args.clients, d=args.d, cores_used=os.cpu_count())
+    with tempfile.TemporaryDirectory() as tmp:
+        result = grpc_rounds(args.clients, args.d, args.rounds, Path(tmp))
+    grpc_times = [r["seconds"] for r in result["rounds"]]
+    in_process_times = []
+    for round_index in range(args.rounds):
+        updates = {
+            cid: demo_trainer(np.zeros(args.d, np.float32), round=round_index, client_id=cid)
+            for cid in range(args.clients)
+        }
+        start = time.perf_counter()
+        local = secure_sum(updates, cluster_size=5, clip=1.0, seed=1)
+        in_process_times.append(time.perf_counter() - start)
+        assert not local.failed
+    in_process = min(in_process_times)
+    best = min(grpc_times)
+    ring_bytes = args.d * 4
+    sent = [t["in"] / args.rounds for t in result["traffic"].values()]
+    # Key/share traffic: the protocol's messages besides the masked vector itself.
+    vector_traffic = ring_bytes * 1.05
+    record = {
+        "name": "grpc_round_vs_in_process",
+        "clients": args.clients,
+        "d": args.d,
+        "grpc_round_s": best,
+        "grpc_round_s_all": grpc_times,
+        "in_process_round_s": in_process,
+        "ratio": best / in_process,
+        "bytes_sent_per_client_max": max(sent),
+        "bytes_sent_over_d_b_8": max(sent) / ring_bytes,
+        "flower_int64_bytes_over_d_b_8": 2.0,
+        "clusters_ok": [len(r["clusters"]) for r in result["rounds"]],
+        "target": "bytes <= 1.05 d*b/8 + key/share traffic; round <= 3x in-process",
+        "pass": best <= 3 * in_process and max(sent) <= vector_traffic + 4096,
+    }
+    emit(record)
+    finish([record], strict=args.strict)
+
+
+if __name__ == "__main__":
+    main()
