@@ -54,7 +54,10 @@ def test_vectors_round_trip_through_chunks(length, dtype):
     np.testing.assert_array_equal(assembler.result(), vector)
 
 
-def _pieces(length=300_000):
+LENGTH = wire.CHUNK_BYTES // 4 + 1000  # two chunks
+
+
+def _pieces(length=LENGTH):
     vector = np.arange(length, dtype=np.uint32)
     header, chunks = wire.vector_to_proto(vector)
     return header, list(chunks)
@@ -64,19 +67,19 @@ def test_chunks_out_of_order_truncated_or_tampered_are_refused():
     header, chunks = _pieces()
     assert len(chunks) == 2
     with pytest.raises(wire.WireError, match="expected chunk 0"):
-        wire.VectorAssembler(header, 300_000, np.uint32).add(chunks[1])
+        wire.VectorAssembler(header, LENGTH, np.uint32).add(chunks[1])
     truncated = pb.VectorChunk(index=0, data=chunks[0].data[:-1])
     with pytest.raises(wire.WireError, match="bytes, expected"):
-        wire.VectorAssembler(header, 300_000, np.uint32).add(truncated)
+        wire.VectorAssembler(header, LENGTH, np.uint32).add(truncated)
     tampered = pb.VectorChunk(index=1, data=bytes([chunks[1].data[0] ^ 1]) + chunks[1].data[1:])
-    assembler = wire.VectorAssembler(header, 300_000, np.uint32)
+    assembler = wire.VectorAssembler(header, LENGTH, np.uint32)
     assembler.add(chunks[0])
     assembler.add(tampered)
     with pytest.raises(wire.WireError, match="digest"):
         assembler.result()
     with pytest.raises(wire.WireError, match="after the vector"):
         assembler.add(chunks[1])
-    incomplete = wire.VectorAssembler(header, 300_000, np.uint32)
+    incomplete = wire.VectorAssembler(header, LENGTH, np.uint32)
     with pytest.raises(wire.WireError, match="incomplete"):
         incomplete.result()
 
@@ -97,7 +100,7 @@ def test_headers_that_disagree_are_refused(change, match):
     for key, value in change.items():
         setattr(bad, key, value)
     with pytest.raises(wire.WireError, match=match):
-        wire.VectorAssembler(bad, 300_000, np.uint32)
+        wire.VectorAssembler(bad, LENGTH, np.uint32)
 
 
 def test_protocol_messages_round_trip():
