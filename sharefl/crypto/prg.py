@@ -117,20 +117,7 @@ class MaskExpander:
         exactly, for every length (including 0). Raises :class:`PRGError`.
         """
         self._check_buffer("acc", acc)
-        if sign not in (1, -1):
-            raise PRGError(f"sign must be +1 or -1, got {sign!r}")
-        op = np.add if sign == 1 else np.subtract
-        stream = _keystream(seed)
-        words_per_block = self._scratch_words.shape[0]
-        zeros = memoryview(self._zeros)
-        itemsize = self.dtype.itemsize
-        for start in range(0, acc.shape[0], words_per_block):
-            stop = min(start + words_per_block, acc.shape[0])
-            count = stop - start
-            stream.update_into(zeros[: count * itemsize], self._scratch)
-            target = acc[start:stop]
-            op(target, self._scratch_words[:count], out=target)
-        return acc
+        return self.combine(acc, [acc], [(seed, sign)])
 
     def combine(
         self,

@@ -25,7 +25,7 @@ from __future__ import annotations
 import enum
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -35,7 +35,6 @@ from sharefl.crypto.kdf import KEY_BYTES, Purpose, X25519KeyPair, pairwise_key
 from sharefl.crypto.prg import combine_masks, ring_dtype
 from sharefl.crypto.signatures import (
     IdentityKey,
-    advertised_keys_message,
     client_list_message,
     verify,
 )
@@ -209,17 +208,13 @@ class ClientSession:
         self._mask = X25519KeyPair.from_private(self._randbytes(KEY_BYTES))
         self._seed = self._randbytes(KEY_BYTES)
         commitment = seed_commitment(self.context, self.id, self._seed)
-        signature = b""
+        advert = AdvertiseKeys(
+            self.id, self.context, self._enc.public, self._mask.public, commitment
+        )
         if self.assignment.signed:
             assert self.policy.identity is not None
-            signature = self.policy.identity.sign(
-                advertised_keys_message(
-                    self.id, self.context, self._enc.public, self._mask.public, commitment
-                )
-            )
-        self._advert = AdvertiseKeys(
-            self.id, self.context, self._enc.public, self._mask.public, commitment, signature
-        )
+            advert = replace(advert, signature=self.policy.identity.sign(advert.statement()))
+        self._advert = advert
         self.state = ClientState.ADVERTISED
         return self._advert
 
@@ -310,15 +305,8 @@ class ClientSession:
         directory = self.policy.directory or {}
         if advert.sender not in directory:
             raise BadAdvertisement(f"no identity key known for client {advert.sender}")
-        message = advertised_keys_message(
-            advert.sender,
-            advert.context,
-            advert.encryption_public,
-            advert.mask_public,
-            advert.commitment,
-        )
         try:
-            verify(directory[advert.sender], message, advert.signature)
+            verify(directory[advert.sender], advert.statement(), advert.signature)
         except SignatureError as exc:
             raise BadAdvertisement(
                 f"advertisement of client {advert.sender} is not signed by its identity key "

@@ -16,14 +16,14 @@ import numpy as np
 from sharefl.crypto.encoding import RingEncoding, choose_encoding, decode, encode
 from sharefl.crypto.kdf import KeyContext
 from sharefl.crypto.signatures import IdentityKey
+from sharefl.protocol.assignment import plan_assignment
 from sharefl.protocol.audit import LeakageReport, audit
-from sharefl.protocol.client import ClientPolicy, ClientSession, threshold_floor
+from sharefl.protocol.client import ClientPolicy, ClientSession
 from sharefl.protocol.clustering import (
     Clustering,
     ClusteringError,
     as_generator,
     random_clustering,
-    random_regular_graph,
 )
 from sharefl.protocol.errors import ClientRefusal, ConfigurationError, LeakageError, RejectedMessage
 from sharefl.protocol.messages import (
@@ -324,21 +324,16 @@ def secure_sum(
                 else:
                     sums.append(ClusterSum(index, members, vectors[cid], vectors[cid]))
                 continue
-            graph = None
-            if neighbour_degree is not None:
-                try:
-                    graph = random_regular_graph(members, neighbour_degree, rng)
-                except ClusteringError as exc:
-                    raise ConfigurationError(str(exc)) from exc
-            holders = len(members) if graph is None else neighbour_degree + 1
-            floor = threshold_floor(holders, ClientPolicy().threshold_fraction)
-            t = threshold if threshold is not None else floor
-            if not floor <= t <= holders:
-                raise ConfigurationError(
-                    f"threshold {t} does not fit cluster {index}: with {holders} share holders "
-                    f"per client, clients accept t in [{floor}, {holders}]"
-                )
-            assignment = ClusterAssignment(context, tuple(members), t, length, width, graph, signed)
+            assignment = plan_assignment(
+                context,
+                members,
+                length=length,
+                bits=width,
+                threshold=threshold,
+                neighbour_degree=neighbour_degree,
+                signed=signed,
+                rng=rng,
+            )
             outcome, events[index] = run_cluster(
                 assignment,
                 {cid: vectors[cid] for cid in members},

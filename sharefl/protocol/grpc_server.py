@@ -33,12 +33,11 @@ from sharefl.crypto.signatures import verify
 from sharefl.proto import sharefl_pb2 as pb
 from sharefl.proto import sharefl_pb2_grpc as pb_grpc
 from sharefl.protocol import wire
+from sharefl.protocol.assignment import plan_assignment
 from sharefl.protocol.audit import audit
-from sharefl.protocol.client import ClientPolicy, threshold_floor
-from sharefl.protocol.clustering import as_generator, random_clustering, random_regular_graph
+from sharefl.protocol.clustering import as_generator, random_clustering
 from sharefl.protocol.deploy import DeploymentConfig
 from sharefl.protocol.errors import ConfigurationError, LeakageError, RejectedMessage
-from sharefl.protocol.messages import ClusterAssignment
 from sharefl.protocol.server import ClusterSum, FailedCluster, ServerSession
 
 HELLO_TAG = b"sharefl/hello\x00"
@@ -336,20 +335,16 @@ class Coordinator:
         self.sessions, self.cluster_of = {}, {}
         self.context = KeyContext(round=round_index, reclustering=r, cluster=0)
         for index, members in enumerate(clustering.clusters):
-            graph = None
-            holders = len(members)
-            if sa.neighbour_degree:
-                graph = random_regular_graph(members, sa.neighbour_degree, self.rng)
-                holders = sa.neighbour_degree + 1
-            floor = threshold_floor(holders, ClientPolicy().threshold_fraction)
-            threshold = max(sa.threshold, floor)  # clusters grow when clients drop out
-            if threshold > holders:
-                raise ConfigurationError(
-                    f"threshold {threshold} exceeds the {holders} share holders per client"
-                )
-            context = KeyContext(round=round_index, reclustering=r, cluster=index)
-            assignment = ClusterAssignment(
-                context, tuple(members), threshold, self.config.model.dim, sa.bits, graph, sa.signed
+            assignment = plan_assignment(
+                KeyContext(round=round_index, reclustering=r, cluster=index),
+                members,
+                length=self.config.model.dim,
+                bits=sa.bits,
+                threshold=sa.threshold,
+                neighbour_degree=sa.neighbour_degree,
+                signed=sa.signed,
+                rng=self.rng,
+                raise_to_floor=True,  # clusters grow when clients drop out
             )
             self.sessions[index] = ServerSession(assignment)
             message = pb.ServerMessage(assignment=wire.assignment_to_proto(assignment, encoding))

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from sharefl.crypto.kdf import KeyContext
+from sharefl.crypto.signatures import advertised_keys_message
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,12 @@ class AdvertiseKeys:
     mask_public: bytes
     commitment: bytes
     signature: bytes = b""
+
+    def statement(self) -> bytes:
+        """The canonical bytes ``signature`` signs (see ``advertised_keys_message``)."""
+        return advertised_keys_message(
+            self.sender, self.context, self.encryption_public, self.mask_public, self.commitment
+        )
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from sharefl.crypto import shamir
 from sharefl.crypto.errors import ShamirError, ShareVerificationError, SignatureError
 from sharefl.crypto.kdf import KEY_BYTES, Purpose, pairwise_key, x25519_public_key
 from sharefl.crypto.prg import combine_masks, ring_dtype
-from sharefl.crypto.signatures import advertised_keys_message, client_list_message, verify
+from sharefl.crypto.signatures import client_list_message, verify
 from sharefl.protocol.bundles import SEALED_BYTES, seed_commitment
 from sharefl.protocol.client import SURVIVORS_LABEL
 from sharefl.protocol.errors import ConfigurationError, RejectedMessage, StageError
@@ -182,16 +182,8 @@ class ServerSession:
             raise RejectedMessage(f"client {m.sender}: public keys must be 32 bytes", m.sender)
         if len(m.commitment) != 32:
             raise RejectedMessage(f"client {m.sender}: commitment must be 32 bytes", m.sender)
-        if self.assignment.signed and m.sender in self._directory:
-            statement = advertised_keys_message(
-                m.sender, m.context, m.encryption_public, m.mask_public, m.commitment
-            )
-            try:
-                verify(self._directory[m.sender], statement, m.signature)
-            except SignatureError as exc:
-                raise RejectedMessage(
-                    f"client {m.sender}: advertisement signature does not verify", m.sender
-                ) from exc
+        if self.assignment.signed:
+            self._check_signature(m.sender, m.statement(), m.signature, "advertisement")
         self._got.adverts[m.sender] = m
 
     def _on_shares(self, m: EncryptedShares) -> None:
@@ -233,15 +225,20 @@ class ServerSession:
 
     def _on_signature(self, m: ConsistencySignature) -> None:
         self._first(self._got.signatures, m.sender)
-        if m.sender in self._directory:
-            statement = client_list_message(self.context, self._u3, SURVIVORS_LABEL)
-            try:
-                verify(self._directory[m.sender], statement, m.signature)
-            except SignatureError as exc:
-                raise RejectedMessage(
-                    f"client {m.sender}: consistency signature does not verify", m.sender
-                ) from exc
+        statement = client_list_message(self.context, self._u3, SURVIVORS_LABEL)
+        self._check_signature(m.sender, statement, m.signature, "consistency")
         self._got.signatures[m.sender] = m.signature
+
+    def _check_signature(self, sender: int, statement: bytes, signature: bytes, what: str) -> None:
+        """Verify early when the directory knows the sender (clients verify regardless)."""
+        if sender not in self._directory:
+            return
+        try:
+            verify(self._directory[sender], statement, signature)
+        except SignatureError as exc:
+            raise RejectedMessage(
+                f"client {sender}: {what} signature does not verify", sender
+            ) from exc
 
     def _on_unmask(self, m: UnmaskResponse) -> None:
         self._first(self._got.unmasked, m.sender)

@@ -1,0 +1,54 @@
+"""Building a cluster's :class:`ClusterAssignment`: threshold and neighbour graph."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sharefl.crypto.kdf import KeyContext
+from sharefl.protocol.client import ClientPolicy, threshold_floor
+from sharefl.protocol.clustering import ClusteringError, RngLike, random_regular_graph
+from sharefl.protocol.errors import ConfigurationError
+from sharefl.protocol.messages import ClusterAssignment
+
+
+def plan_assignment(
+    context: KeyContext,
+    members: Sequence[int],
+    *,
+    length: int,
+    bits: int,
+    threshold: int | None = None,
+    neighbour_degree: int | None = None,
+    signed: bool = False,
+    rng: RngLike = None,
+    raise_to_floor: bool = False,
+) -> ClusterAssignment:
+    """The assignment of one cluster, with a threshold its honest clients accept.
+
+    Each client's shares go to its neighbours and itself: all ``members`` (complete graph)
+    or ``neighbour_degree + 1`` holders on a random k-regular graph (SecAgg+, drawn from
+    ``rng``). ``threshold=None`` takes the clients' floor (⌊holders/2⌋ + 1, see
+    :func:`~sharefl.protocol.client.threshold_floor`); ``raise_to_floor`` lifts a smaller
+    threshold to it (for deployments whose clusters grow as clients drop out).
+
+    Raises :class:`ConfigurationError` when the graph cannot be drawn or the threshold is
+    outside [floor, holders].
+    """
+    graph = None
+    holders = len(members)
+    if neighbour_degree:
+        try:
+            graph = random_regular_graph(members, neighbour_degree, rng)
+        except ClusteringError as exc:
+            raise ConfigurationError(str(exc)) from exc
+        holders = neighbour_degree + 1
+    floor = threshold_floor(holders, ClientPolicy().threshold_fraction)
+    t = floor if threshold is None else threshold
+    if raise_to_floor:
+        t = max(t, floor)
+    if not floor <= t <= holders:
+        raise ConfigurationError(
+            f"threshold {t} does not fit cluster {context.cluster}: with {holders} share "
+            f"holders per client, clients accept t in [{floor}, {holders}]"
+        )
+    return ClusterAssignment(context, tuple(members), t, length, bits, graph, signed)
