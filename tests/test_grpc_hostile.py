@@ -287,3 +287,25 @@ def test_hostile_server_cannot_get_both_secrets_of_a_peer():
     refusal = next(m.refusal for m in received if m.WhichOneof("body") == "refusal")
     assert "both" in refusal.reason
     assert report.refusals and "InconsistentRequest" in report.refusals[0]
+
+
+def test_a_leaking_reclustering_plan_is_refused_before_any_model_is_sent():
+    from sharefl.protocol.errors import LeakageError
+
+    async def main():
+        port = free_port()
+        cfg = dataclasses.replace(
+            config(port, clients=6),
+            secure_aggregation=SecureAggregationSection(cluster_size=3, reclusterings=10),
+        )
+        ready = asyncio.Event()
+        server = asyncio.create_task(serve(cfg, ready=ready, log=lambda _: None))
+        await ready.wait()
+        clients = [ClientRuntime(cid, f"127.0.0.1:{port}", retries=1) for cid in range(6)]
+        outcomes = await asyncio.gather(*(c.run() for c in clients), return_exceptions=True)
+        with pytest.raises(LeakageError, match="LEAKS"):
+            await server
+        return clients, outcomes
+
+    clients, _ = asyncio.run(main())
+    assert all(c.report.rounds == 0 and c.report.model is None for c in clients)

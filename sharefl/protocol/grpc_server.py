@@ -92,7 +92,11 @@ class ClientLink:
 
 @dataclass
 class RoundReport:
-    """What one round released: cluster sums, failures, who dropped, traffic."""
+    """What one round released: its participants, the clusters (members, drop-outs) and
+    failed clusters of every reclustering, the largest number of clients whose updates a
+    reclustering aggregated, its wall time, and ``total``, the aggregate over the
+    reclusterings (mean of each reclustering's sum or per-client mean, before the learning
+    rate; ``None`` when every cluster failed)."""
 
     round: int
     participants: list[int]
@@ -264,6 +268,13 @@ class Coordinator:
         start = time.monotonic()
         sa = self.config.secure_aggregation
         participants = self.alive()
+        plan = [
+            random_clustering(participants, sa.cluster_size, self.rng)
+            for _ in range(sa.reclusterings)
+        ]
+        report = audit(plan, client_ids=participants)
+        if report.leaks and not sa.allow_leakage:
+            raise LeakageError(f"{report.summary()}\nset allow_leakage = true to run anyway")
         header, chunks = wire.vector_to_proto(self.model)
         chunk_list = list(chunks)
         for cid in participants:
@@ -275,13 +286,6 @@ class Coordinator:
                 ),
                 chunk_list,
             )
-        plan = [
-            random_clustering(participants, sa.cluster_size, self.rng)
-            for _ in range(sa.reclusterings)
-        ]
-        report = audit(plan, client_ids=participants)
-        if report.leaks and not sa.allow_leakage:
-            raise LeakageError(f"{report.summary()}\nset allow_leakage = true to run anyway")
         aggregates, clusters, failed = [], [], []
         contributors = 0
         for r, clustering in enumerate(plan):
@@ -308,8 +312,9 @@ class Coordinator:
                     total / members if self.config.model.aggregator == "mean" else total
                 )
             contributors = max(contributors, members)
-        step = np.mean(aggregates, axis=0) if aggregates else np.zeros(self.config.model.dim)
-        self.model = (self.model + self.config.model.learning_rate * step).astype(np.float32)
+        total = np.mean(aggregates, axis=0) if aggregates else None
+        if total is not None:
+            self.model = (self.model + self.config.model.learning_rate * total).astype(np.float32)
         for cid in self.alive():
             self.links[cid].send(
                 pb.ServerMessage(
@@ -324,7 +329,6 @@ class Coordinator:
             f"{len(clusters)} clusters ok, {len(failed)} failed, {contributors} contributions, "
             f"{seconds:.2f} s, bytes in {sum(lk.bytes_in for lk in self.links.values())}"
         )
-        total = np.mean(aggregates, axis=0) if aggregates else None
         return RoundReport(
             round_index, participants, clusters, failed, contributors, seconds, total
         )
