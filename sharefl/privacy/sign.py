@@ -29,14 +29,10 @@ from dataclasses import dataclass
 
 import torch
 
+from sharefl.robust.rsa import rsa_sign  # sign(0) = +1: one definition for RSA and DP-RSA
+
 from .errors import PrivacyConfigError
 from .noise import check_generator
-
-
-def rsa_sign(x: torch.Tensor) -> torch.Tensor:
-    """+1 where x ≥ 0, −1 elsewhere, in ``x``'s dtype."""
-    one = torch.ones((), dtype=x.dtype, device=x.device)
-    return torch.where(x >= 0, one, -one)
 
 
 def sign_flip_gamma(epsilon: float) -> float:
