@@ -18,25 +18,32 @@ from typing import Any
 from sharefl.machine import machine_info
 
 
-def timeit(fn: Callable[[], object], *, repeat: int = 30, warmup: int = 2) -> dict[str, float]:
-    """Run ``fn`` ``warmup`` + ``repeat`` times; return best and median wall time in seconds.
+def _measure(calls: list[Callable[[], object]], repeat: int, warmup: int) -> list[dict[str, float]]:
+    """Run the calls in turn ``warmup`` + ``repeat`` times; best and median seconds of each.
 
     The garbage collector is disabled while timing so a collection does not land in one run.
     """
     for _ in range(warmup):
-        fn()
-    times = []
+        for call in calls:
+            call()
+    times: list[list[float]] = [[] for _ in calls]
     enabled = gc.isenabled()
     gc.disable()
     try:
         for _ in range(repeat):
-            start = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - start)
+            for sink, call in zip(times, calls, strict=True):
+                start = time.perf_counter()
+                call()
+                sink.append(time.perf_counter() - start)
     finally:
         if enabled:
             gc.enable()
-    return {"best_s": min(times), "median_s": statistics.median(times)}
+    return [{"best_s": min(t), "median_s": statistics.median(t)} for t in times]
+
+
+def timeit(fn: Callable[[], object], *, repeat: int = 30, warmup: int = 2) -> dict[str, float]:
+    """Best and median wall time in seconds of ``fn`` over ``repeat`` runs."""
+    return _measure([fn], repeat, warmup)[0]
 
 
 def compare(
@@ -52,24 +59,8 @@ def compare(
     the same conditions, so the ratio of their best times is meaningful. Returns the
     :func:`timeit`-style summaries of ``fn`` and of ``baseline``.
     """
-    for _ in range(warmup):
-        fn()
-        baseline()
-    times: tuple[list[float], list[float]] = ([], [])
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        for _ in range(repeat):
-            for sink, call in zip(times, (fn, baseline), strict=True):
-                start = time.perf_counter()
-                call()
-                sink.append(time.perf_counter() - start)
-    finally:
-        if enabled:
-            gc.enable()
-    return tuple(  # type: ignore[return-value]
-        {"best_s": min(t), "median_s": statistics.median(t)} for t in times
-    )
+    measured, base = _measure([fn, baseline], repeat, warmup)
+    return measured, base
 
 
 def emit(record: dict[str, Any]) -> None:
