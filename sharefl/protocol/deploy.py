@@ -158,16 +158,15 @@ def load_config(path: str | Path) -> DeploymentConfig:
         data = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ConfigurationError(f"cannot read config {path}: {exc}") from exc
-    sections = {f.name: f.type for f in dataclasses.fields(DeploymentConfig)}
-    unknown = sorted(set(data) - set(sections))
-    if unknown:
-        raise ConfigurationError(f"unknown table(s) {unknown}; known: {sorted(sections)}")
     classes = {
         "server": ServerSection,
         "model": ModelSection,
         "secure_aggregation": SecureAggregationSection,
         "tls": TLSSection,
     }
+    unknown = sorted(set(data) - set(classes))
+    if unknown:
+        raise ConfigurationError(f"unknown table(s) {unknown}; known: {sorted(classes)}")
     return DeploymentConfig(
         **{
             name: _section(cls, data.get(name, {}), name, path.parent)
