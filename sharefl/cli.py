@@ -1,6 +1,7 @@
 """The ``sharefl`` command.
 
-Subcommands: ``info`` (versions and machine), ``keygen`` (certificates and identities),
+Subcommands: ``info`` (versions and machine), ``simulate`` (federated runs in one process),
+``report`` (tables and plots of finished runs), ``keygen`` (certificates and identities),
 ``serve`` (the aggregation server), ``client`` (one client process), ``launch`` (a server and
 N clients on loopback). ``sharefl COMMAND --help`` documents each.
 """
@@ -50,6 +51,7 @@ def _cmd_client(args: argparse.Namespace) -> int:
         keys=args.keys,
         retries=args.retries,
         exit_before=args.exit_before,
+        config=args.config,
     )
 
 
@@ -57,6 +59,60 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     from sharefl.protocol.run import launch
 
     return launch(args.config, args.clients, trainer=args.trainer, out=args.out)
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    from sharefl.simulator.config import ConfigError, load_runs
+    from sharefl.simulator.runner import Progress, run_grid
+
+    overrides = {"rounds": args.rounds} if args.rounds else None
+    try:
+        runs = load_runs(args.config, overrides)
+        if args.seeds:
+            runs = [r for r in runs if r.seed in args.seeds]
+        outcomes = run_grid(runs, args.out, device=args.device, progress=Progress())
+    except ConfigError as exc:
+        print(f"sharefl simulate: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\nsharefl simulate: interrupted; finished runs are kept", file=sys.stderr)
+        return 130
+    for outcome in outcomes:
+        s = outcome.summary
+        print(
+            json.dumps(
+                {k: s[k] for k in ("label", "seed", "final_accuracy", "epsilon", "wall_seconds")}
+                | {"folder": str(outcome.folder)}
+            )
+        )
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from sharefl.simulator.report import ReportError, write_report
+
+    try:
+        path = write_report(args.directory, args.out)
+    except ReportError as exc:
+        print(f"sharefl report: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {path}")
+    return 0
+
+
+def _add_simulation_commands(sub) -> None:
+    simulate = sub.add_parser("simulate", help="run a simulation TOML (a grid of runs)")
+    simulate.add_argument("config", help="simulation TOML (see README, experiments/)")
+    simulate.add_argument("--out", default="runs", help="results folder (default: runs)")
+    simulate.add_argument("--device", help="cpu, cuda or cuda:N (overrides the config)")
+    simulate.add_argument("--rounds", type=int, help="override the number of rounds")
+    simulate.add_argument("--seeds", type=int, nargs="+", help="only the runs with these seeds")
+    simulate.set_defaults(func=_cmd_simulate)
+
+    report = sub.add_parser("report", help="Markdown table and PNG plots of finished runs")
+    report.add_argument("directory", help="a results folder written by sharefl simulate")
+    report.add_argument("--out", help="report path (default: DIRECTORY/report.md)")
+    report.set_defaults(func=_cmd_report)
 
 
 def _add_deployment_commands(sub) -> None:
@@ -67,7 +123,9 @@ def _add_deployment_commands(sub) -> None:
     keygen.set_defaults(func=_cmd_keygen)
 
     serve = sub.add_parser("serve", help="run the aggregation server (gRPC)")
-    serve.add_argument("--config", required=True, help="deployment TOML (see README)")
+    serve.add_argument(
+        "--config", required=True, help="deployment TOML, or a simulation TOML (one run)"
+    )
     serve.add_argument("--address", help="override [server] address, e.g. 0.0.0.0:50051")
     serve.add_argument("--clients", type=int, help="override [server] clients")
     serve.add_argument("--out", help="folder for result.json and model.npy")
@@ -81,16 +139,25 @@ def _add_deployment_commands(sub) -> None:
         default="sharefl.protocol.grpc_client:demo_trainer",
         help="module:function called as f(model, round=..., client_id=...) -> update",
     )
+    client.add_argument(
+        "--config", help="simulation TOML: train this client of the run (replaces --trainer)"
+    )
     client.add_argument("--keys", help="keygen folder: TLS CA/certificate and identity")
     client.add_argument("--retries", type=int, default=5, help="connection attempts")
     client.add_argument("--exit-before", help=argparse.SUPPRESS)  # testing: vanish at a stage
     client.set_defaults(func=_cmd_client)
 
     launch = sub.add_parser("launch", help="start a server and N clients on loopback")
-    launch.add_argument("--config", required=True, help="deployment TOML")
-    launch.add_argument("--clients", type=int, required=True, help="number of client processes")
+    launch.add_argument(
+        "--config", required=True, help="deployment TOML, or a simulation TOML (one run)"
+    )
+    launch.add_argument(
+        "--clients", type=int, help="client processes (default for a simulation: all clients)"
+    )
     launch.add_argument("--trainer", default="sharefl.protocol.grpc_client:demo_trainer")
-    launch.add_argument("--out", help="folder for the server's result.json and model.npy")
+    launch.add_argument(
+        "--out", help="folder for result.json and model.npy (a simulation: rounds, summary)"
+    )
     launch.set_defaults(func=_cmd_launch)
 
 
@@ -108,6 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     info.add_argument("--json", action="store_true", help="one JSON object instead of a table")
     info.set_defaults(func=_cmd_info)
+    _add_simulation_commands(sub)
     _add_deployment_commands(sub)
     return parser
 

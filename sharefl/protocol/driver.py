@@ -252,6 +252,7 @@ def secure_sum(
     allow_leakage: bool = False,
     round: int = 0,
     observer: Observer | None = None,
+    protocol: bool = True,
 ) -> SecureSumResult:
     """Securely sum ``inputs`` inside random clusters, R times, in this process.
 
@@ -272,6 +273,10 @@ def secure_sum(
         allow_leakage: run even if the audit finds recoverable updates or small sums.
         round: the round number bound into every key and message.
         observer: passed to :func:`run_cluster` (wall time of every step).
+        protocol: ``False`` adds each cluster's encoded inputs in the clear instead of
+            running the protocol (ablations): the clusterings, encoding and stochastic
+            rounding are drawn exactly as with the protocol, so the ring sums are
+            identical; drop-outs and signing need the protocol.
 
     Raises:
         LeakageError: the planned clusterings leak and ``allow_leakage`` is False.
@@ -281,6 +286,8 @@ def secure_sum(
         raise ConfigurationError("no inputs")
     if cluster_size < 1 or reclusterings < 1:
         raise ConfigurationError("cluster_size and reclusterings must be >= 1")
+    if not protocol and (dropouts or signed):
+        raise ConfigurationError("dropouts and signed mode need protocol=True")
     rng = as_generator(seed)
     ids = sorted(inputs)
     try:
@@ -323,6 +330,12 @@ def secure_sum(
                     failed.append(FailedCluster(index, members, "advertise", "client dropped"))
                 else:
                     sums.append(ClusterSum(index, members, vectors[cid], vectors[cid]))
+                continue
+            if not protocol:
+                ring = np.zeros(length, dtype=vectors[members[0]].dtype)
+                for cid in members:
+                    ring += vectors[cid]  # unsigned arithmetic wraps modulo 2^b
+                sums.append(ClusterSum(index, tuple(sorted(members)), ring, ring))
                 continue
             assignment = plan_assignment(
                 context,

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import grpc
 import numpy as np
@@ -119,6 +120,48 @@ class RunResult:
 
 Log = Callable[[str], None]
 
+Released = list[tuple[np.ndarray, int]]
+"""One reclustering's released cluster sums: (decoded float64 sum, number of members)."""
+
+
+class ServerStrategy(Protocol):
+    """What the server does with the released sums (the protocol part is fixed).
+
+    ``initial_model()`` is the model broadcast in round 0 (float32 ``[dim]``);
+    ``apply(model, round, released)`` gets the sums of every reclustering that released
+    at least one cluster and returns ``(new model, the aggregate, a note for the log)``.
+    """
+
+    def initial_model(self) -> np.ndarray: ...
+
+    def apply(
+        self, model: np.ndarray, round_index: int, released: list[Released]
+    ) -> tuple[np.ndarray, np.ndarray, str]: ...
+
+
+class AveragingStrategy:
+    """The default: ``model += learning_rate × aggregate``, where the aggregate is each
+    reclustering's total (``aggregator = "sum"``) or per-client mean (``"mean"``), averaged
+    over the reclusterings; the model starts at zero."""
+
+    def __init__(self, config: DeploymentConfig) -> None:
+        self.config = config
+
+    def initial_model(self) -> np.ndarray:
+        return np.zeros(self.config.model.dim, dtype=np.float32)
+
+    def apply(
+        self, model: np.ndarray, round_index: int, released: list[Released]
+    ) -> tuple[np.ndarray, np.ndarray, str]:
+        aggregates = []
+        for sums in released:
+            total = np.sum([s for s, _ in sums], axis=0)
+            members = sum(size for _, size in sums)
+            aggregates.append(total / members if self.config.model.aggregator == "mean" else total)
+        total = np.mean(aggregates, axis=0)
+        updated = (model + self.config.model.learning_rate * total).astype(np.float32)
+        return updated, total, ""
+
 
 def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
@@ -127,8 +170,11 @@ def _stderr(line: str) -> None:
 class Coordinator:
     """Runs the training rounds: model broadcast, clusters, stages, aggregation."""
 
-    def __init__(self, config: DeploymentConfig, log: Log = _stderr) -> None:
+    def __init__(
+        self, config: DeploymentConfig, log: Log = _stderr, strategy: ServerStrategy | None = None
+    ) -> None:
         self.config = config
+        self.strategy = strategy or AveragingStrategy(config)
         self.log = log
         self.links: dict[int, ClientLink] = {}
         self.accepting = True
@@ -137,7 +183,12 @@ class Coordinator:
         self.cluster_of: dict[int, int] = {}
         self.context: KeyContext | None = None
         self.rng = as_generator(config.secure_aggregation.seed)
-        self.model = np.zeros(config.model.dim, dtype=np.float32)
+        self.model = np.asarray(self.strategy.initial_model(), dtype=np.float32)
+        if self.model.shape != (config.model.dim,):
+            raise ConfigurationError(
+                f"the strategy's model has shape {self.model.shape}; "
+                f"model.dim is {config.model.dim}"
+            )
         self.reports: list[RoundReport] = []
 
     # -- links ------------------------------------------------------------------------------
@@ -286,18 +337,16 @@ class Coordinator:
                 ),
                 chunk_list,
             )
-        aggregates, clusters, failed = [], [], []
+        released, clusters, failed = [], [], []
         contributors = 0
         for r, clustering in enumerate(plan):
             outcomes = await self._reclustering(round_index, r, clustering)
             sums = [o for o in outcomes if isinstance(o, ClusterSum)]
             failed += [vars(o) for o in outcomes if isinstance(o, FailedCluster)]
             encoding = self._encoding(max(clustering.sizes))
-            total = np.zeros(self.config.model.dim)
-            members = 0
+            decoded = []
             for s in sums:
-                total += decode(s.ring_sum, encoding, len(s.members))
-                members += len(s.members)
+                decoded.append((decode(s.ring_sum, encoding, len(s.members)), len(s.members)))
                 clusters.append(
                     {
                         "reclustering": r,
@@ -307,14 +356,13 @@ class Coordinator:
                         "excluded": list(s.excluded),
                     }
                 )
-            if members:
-                aggregates.append(
-                    total / members if self.config.model.aggregator == "mean" else total
-                )
-            contributors = max(contributors, members)
-        total = np.mean(aggregates, axis=0) if aggregates else None
-        if total is not None:
-            self.model = (self.model + self.config.model.learning_rate * total).astype(np.float32)
+            if decoded:
+                released.append(decoded)
+            contributors = max(contributors, sum(size for _, size in decoded))
+        total = None
+        note = ""
+        if released:
+            self.model, total, note = self.strategy.apply(self.model, round_index, released)
         for cid in self.alive():
             self.links[cid].send(
                 pb.ServerMessage(
@@ -327,7 +375,7 @@ class Coordinator:
         self.log(
             f"round {round_index + 1}/{self.config.server.rounds}: {len(participants)} clients, "
             f"{len(clusters)} clusters ok, {len(failed)} failed, {contributors} contributions, "
-            f"{seconds:.2f} s, bytes in {sum(lk.bytes_in for lk in self.links.values())}"
+            f"{seconds:.2f} s, bytes in {sum(lk.bytes_in for lk in self.links.values())}{note}"
         )
         return RoundReport(
             round_index, participants, clusters, failed, contributors, seconds, total
@@ -480,14 +528,21 @@ def server_credentials(config: DeploymentConfig) -> grpc.ServerCredentials | Non
 
 
 async def serve(
-    config: DeploymentConfig, *, log: Log = _stderr, ready: asyncio.Event | None = None
+    config: DeploymentConfig,
+    *,
+    log: Log = _stderr,
+    ready: asyncio.Event | None = None,
+    strategy: ServerStrategy | None = None,
 ) -> RunResult:
     """Run the server until the configured rounds are done.
 
-    ``ready`` is set once the port is bound (for in-process tests). Raises
-    :class:`ConfigurationError` / :class:`LeakageError` for an unusable configuration.
+    ``ready`` is set once the port is bound (for in-process tests). ``strategy`` decides
+    the initial model and what the released sums do (default :class:`AveragingStrategy`;
+    the simulator's robust training is :class:`sharefl.simulator.federated.
+    SimulationStrategy`). Raises :class:`ConfigurationError` / :class:`LeakageError` for an
+    unusable configuration.
     """
-    coordinator = Coordinator(config, log)
+    coordinator = Coordinator(config, log, strategy)
     directory = load_directory(config.tls.directory)
     server = grpc.aio.server(
         options=[

@@ -26,7 +26,7 @@ import numpy as np
 
 from sharefl.machine import keep_freed_memory
 from sharefl.protocol.client import ClientPolicy
-from sharefl.protocol.deploy import load_config
+from sharefl.protocol.deploy import DeploymentConfig, load_config
 from sharefl.protocol.errors import ConfigurationError, LeakageError
 from sharefl.protocol.grpc_client import ClientRuntime, ConnectionLost, load_trainer, read_tls
 from sharefl.protocol.grpc_server import RunResult, load_directory, serve
@@ -78,14 +78,16 @@ def run_server(
     """``sharefl serve``: run all rounds, write results, return an exit status."""
     keep_freed_memory()
     try:
-        config = load_config(config_path)
+        config, strategy = _server_config(config_path, out)
         server = dataclasses.replace(
             config.server,
             address=address or config.server.address,
             clients=clients or config.server.clients,
         )
-        result = _run_cancellable(serve(dataclasses.replace(config, server=server)))
-    except (ConfigurationError, LeakageError) as exc:
+        result = _run_cancellable(
+            serve(dataclasses.replace(config, server=server), strategy=strategy)
+        )
+    except (ConfigurationError, LeakageError, ValueError) as exc:
         _error(str(exc))
         return 2
     except KeyboardInterrupt:
@@ -96,6 +98,25 @@ def run_server(
     return 0
 
 
+def _server_config(config_path: str, out: str | None) -> tuple[DeploymentConfig, Any]:
+    """A deployment file, or a simulation file with its training strategy."""
+    from sharefl.simulator.config import is_simulation_config
+
+    if not is_simulation_config(config_path):
+        return load_config(config_path), None
+    from sharefl.simulator.federated import SimulationStrategy, deployment_for, single_run
+
+    run = single_run(config_path)
+    strategy = SimulationStrategy(run, None if out is None else Path(out) / run.run_id)
+    return deployment_for(run, strategy.dim), strategy
+
+
+def _simulation_trainer(config_path: str, client_id: int) -> Any:
+    from sharefl.simulator.federated import SimulationTrainer, single_run
+
+    return SimulationTrainer(single_run(config_path), client_id)
+
+
 def client_runtime(
     client_id: int,
     address: str,
@@ -104,8 +125,10 @@ def client_runtime(
     keys: str | None = None,
     retries: int = 5,
     exit_before: str | None = None,
+    config: str | None = None,
 ) -> ClientRuntime:
-    """Build a client from CLI-style arguments; ``keys`` is a ``sharefl keygen`` folder."""
+    """Build a client from CLI-style arguments; ``keys`` is a ``sharefl keygen`` folder;
+    ``config``, a simulation file, replaces ``trainer`` by that run's client training."""
     identity = tls = None
     policy = None
     if keys:
@@ -118,7 +141,7 @@ def client_runtime(
     return ClientRuntime(
         client_id,
         address,
-        trainer=load_trainer(trainer),
+        trainer=_simulation_trainer(config, client_id) if config else load_trainer(trainer),
         identity=identity,
         policy=policy,
         tls=tls,
@@ -160,15 +183,34 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def launch(config_path: str, clients: int, *, trainer: str, out: str | None = None) -> int:
+def launch(config_path: str, clients: int | None, *, trainer: str, out: str | None = None) -> int:
     """``sharefl launch``: a server and ``clients`` client processes on loopback.
 
-    The server's progress goes to stderr as it happens; returns the server's exit status
-    (clients still running when it ends are terminated).
+    With a simulation file, ``clients`` defaults to the run's ``clients.total`` and every
+    client process trains its own client of the run. The server's progress goes to stderr
+    as it happens; returns the server's exit status (clients still running when it ends
+    are terminated).
     """
+    from sharefl.simulator.config import ConfigError, is_simulation_config
+
+    simulation = is_simulation_config(config_path)
     try:
-        config = load_config(config_path)
-    except ConfigurationError as exc:
+        if simulation:
+            from sharefl.simulator.federated import single_run
+
+            run = single_run(config_path)
+            clients = clients or run.clients.total
+            if clients != run.clients.total:
+                raise ConfigurationError(
+                    f"the run has {run.clients.total} clients; drop --clients or set "
+                    "clients.honest/byzantine"
+                )
+            config = DeploymentConfig()
+        else:
+            config = load_config(config_path)
+            if not clients:
+                raise ConfigurationError("--clients is required with a deployment file")
+    except (ConfigurationError, ConfigError) as exc:
         _error(str(exc))
         return 2
     address = f"127.0.0.1:{free_port()}"
@@ -181,7 +223,8 @@ def launch(config_path: str, clients: int, *, trainer: str, out: str | None = No
     try:
         time.sleep(0.3)
         for cid in range(clients):
-            cmd = [*python, "client", "--server", address, "--id", str(cid), "--trainer", trainer]
+            cmd = [*python, "client", "--server", address, "--id", str(cid)]
+            cmd += ["--config", config_path] if simulation else ["--trainer", trainer]
             procs.append(subprocess.Popen(cmd + (["--keys", keys] if keys else [])))
         status = server.wait()
     except KeyboardInterrupt:

@@ -1,0 +1,180 @@
+"""Benchmark of the simulator's vectorised client training against per-client loops.
+
+The setting is seed000's MNIST run at 60% Byzantine (``experiments/seed000_figure1.toml``):
+20 honest workers doing DP-SGD (per-example normalisation with momentum, b_c = 16, Poisson
+sampling, Gaussian noise) and 30 label-flipping workers (one example each), seed000's CNN
+(d = 21,802). One round's client computation is timed three ways, interleaved
+(benchmarks/common.py's ``compare``):
+
+* ``vectorised``: :class:`sharefl.simulator.training.VectorizedClients` — every client's
+  per-example gradients in one nested ``torch.func.vmap`` call per group;
+* ``loop_plain`` (the issue's baseline): a Python loop over clients, each computing its
+  per-example gradients one example at a time (forward + backward per example), then
+  momentum, normalisation, noise — what a simulator without vectorisation does;
+* ``loop_vmap`` (a stronger baseline): a Python loop over clients, each running
+  :class:`sharefl.privacy.DPSGD` (per-example ``vmap`` inside the client).
+
+It also reports whole simulated rounds per second (``Simulation.step``: training, the
+two-stage filter, the server step). Target (issue #7): vectorised ≥ 5× faster than the
+plain per-client loop on CPU. ``--device cuda`` times the CUDA path when one is present.
+Run: ``python benchmarks/bench_simulator.py [--quick] [--device cuda] [--threads N]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import time
+
+import torch
+import torch.nn.functional as F
+from common import compare, emit, emit_machine, finish
+
+from sharefl.privacy import DPSGD, DPSGDConfig, Normalization
+from sharefl.simulator.config import load_runs
+from sharefl.simulator.datasets import synthetic_dataset
+from sharefl.simulator.engine import Simulation
+
+HONEST, BYZANTINE, BATCH, SIGMA, BETA = 20, 30, 16, 0.79, 0.1
+
+
+def loop_plain(model, data, rows, byz_rows, generator) -> list[torch.Tensor]:
+    """Per client, per example: forward, backward, then normalise, noise (the plain loop)."""
+    params = [p for p in model.parameters()]
+    uploads = []
+    for client_rows, size in [(r, BATCH) for r in rows] + [(r, BATCH) for r in byz_rows]:
+        total = [torch.zeros_like(p) for p in params]
+        for i in client_rows.tolist():
+            model.zero_grad(set_to_none=True)
+            F.cross_entropy(model(data.inputs[i : i + 1]), data.targets[i : i + 1]).backward()
+            grads = [(1 - BETA) * p.grad for p in params]
+            norm = torch.sqrt(sum((g * g).sum() for g in grads))
+            for t, g in zip(total, grads, strict=True):
+                t.add_(g / norm)
+        flat = torch.cat([t.reshape(-1) for t in total])
+        flat += SIGMA * torch.randn(flat.shape, generator=generator)
+        uploads.append(flat / size)
+    return uploads
+
+
+def loop_vmap(model, data, rows, byz_rows, privatizers) -> list[torch.Tensor]:
+    """Per client: sharefl.privacy.DPSGD (per-example vmap within the client)."""
+    out = []
+    for dp, client_rows in zip(privatizers, list(rows) + list(byz_rows), strict=True):
+        out.append(dp.privatize(data.inputs[client_rows], data.targets[client_rows]).flat)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    parser.add_argument("--strict", action="store_true", help="exit 1 if the target is missed")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    repeat = 3 if args.quick else 8
+    emit_machine("simulator", device=args.device, torch_threads=torch.get_num_threads())
+
+    # The seed000 setting on synthetic MNIST-shaped data (the timing does not depend on
+    # the pixels; the real files need not be present).
+    train = synthetic_dataset(60_000, shape=(1, 28, 28), seed=0)
+    test = synthetic_dataset(1_000, shape=(1, 28, 28), seed=0, split="test")
+    runs = load_runs("experiments/seed000_figure1.toml")
+    run = next(
+        r
+        for r in runs
+        if r.clients.byzantine == BYZANTINE
+        and r.privacy.epsilon == 2.0
+        and not r.aggregator.options["first_stage"]
+    )
+    sim = Simulation(run, device=args.device, train=train, test=test)
+    gen = torch.Generator(device=sim.device).manual_seed(0)
+    honest_ids = torch.arange(HONEST)
+    byz_ids = torch.arange(BYZANTINE)
+    momentum = torch.zeros(HONEST, sim.model.dim, device=sim.device)
+
+    def vectorised():
+        sim.honest.train(sim.w, honest_ids, gen, momentum=momentum)
+        assert sim.byzantine is not None
+        sim.byzantine.train(sim.w, byz_ids, gen)
+        if sim.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    # the same batches for the loops: honest Poisson batches of ~16, Byzantine one example
+    rows, mask = sim.honest.sample(honest_ids.to(sim.device), gen)
+    honest_rows = [r[m].cpu() for r, m in zip(rows, mask, strict=True)]
+    byz_rows = [
+        torch.randint(0, len(train), (1,), generator=torch.Generator().manual_seed(i))
+        for i in range(BYZANTINE)
+    ]
+    model = copy.deepcopy(sim.model.module).cpu()
+    cpu_gen = torch.Generator().manual_seed(1)
+    privatizers = [
+        DPSGD(
+            model,
+            F.cross_entropy,
+            DPSGDConfig(Normalization(momentum=BETA), SIGMA, expected_batch_size=BATCH),
+            generator=torch.Generator().manual_seed(i),
+        )
+        for i in range(HONEST + BYZANTINE)
+    ]
+    data_cpu = train
+
+    records = []
+    fast, plain = compare(
+        vectorised,
+        lambda: loop_plain(model, data_cpu, honest_rows, byz_rows, cpu_gen),
+        repeat=repeat,
+        warmup=1,
+    )
+    ratio = plain["best_s"] / fast["best_s"]
+    record = {
+        "name": "vectorised_vs_plain_loop",
+        "setting": "seed000 MNIST CNN, 20 honest DP-SGD (b_c=16) + 30 label flipping",
+        "vectorised_s": fast,
+        "loop_plain_s": plain,
+        "speedup": round(ratio, 2),
+        "target": ">= 5x (CPU)",
+        "pass": ratio >= 5.0 if sim.device.type == "cpu" else None,
+    }
+    if record["pass"] is None:
+        record.pop("pass")
+    emit(record)
+    records.append(record)
+
+    fast2, looped = compare(
+        vectorised,
+        lambda: loop_vmap(model, data_cpu, honest_rows, byz_rows, privatizers),
+        repeat=repeat,
+        warmup=1,
+    )
+    emit(
+        {
+            "name": "vectorised_vs_per_client_dpsgd",
+            "vectorised_s": fast2,
+            "loop_vmap_s": looped,
+            "speedup": round(looped["best_s"] / fast2["best_s"], 2),
+        }
+    )
+
+    start = time.perf_counter()
+    rounds = 3 if args.quick else 10
+    for _ in range(rounds):
+        sim.step()
+    seconds = (time.perf_counter() - start) / rounds
+    emit(
+        {
+            "name": "simulated_rounds",
+            "device": str(sim.device),
+            "seconds_per_round": round(seconds, 4),
+            "rounds_per_second": round(1 / seconds, 3),
+            "projected_1500_rounds_min": round(1500 * seconds / 60, 1),
+        }
+    )
+    finish(records, strict=args.strict)
+
+
+if __name__ == "__main__":
+    main()

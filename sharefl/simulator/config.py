@@ -1,0 +1,432 @@
+"""One TOML file describes a simulation; lists expand into a grid of runs.
+
+Layout (every key optional unless noted; defaults in the dataclasses below)::
+
+    name = "quickstart"          # experiment name (output grouping)
+    seed = [1, 2, 3]             # a list anywhere on a scalar key is a grid axis
+    rounds = 300
+    eval_every = 10
+    label = "ε={privacy.epsilon}"  # how runs are named in reports ({dotted.key} fields)
+
+    [data]        dataset, root, partition, partition_options, train_examples, ...
+    [model]       name, options, init_seed
+    [clients]     honest, byzantine, per_round
+    [training]    batch_size, local_steps, learning_rate, upload, sampling
+    [privacy]     epsilon or noise_multiplier, delta, clipping, clip, momentum, schedule
+    [attack]      name, options, start_fraction
+    [secure_aggregation]  enabled, cluster_size, reclusterings, bits, clip, allow_leakage
+    [aggregator]  name, options, pre
+    [server]      learning_rate, momentum
+    [deployment]  address, stage_timeout_s, connect_timeout_s (for ``sharefl launch``)
+    [paper]       "<label>" = accuracy reported by the paper for that label
+
+    [[variant]]   # optional: each variant overrides keys of the base (deep merge)
+    label = "no filter"
+    aggregator = { options = { first_stage = false } }
+
+The grid is the variants (or the base alone) times the cartesian product of every list
+found on a scalar key (lists inside free ``options`` tables are passed through as lists;
+vary those with variants). Each run gets a stable ``run_id`` (a hash of its resolved
+configuration), so a finished run is recognised and skipped on re-run.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import itertools
+import json
+import math
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, get_args, get_origin, get_type_hints
+
+
+class ConfigError(ValueError):
+    """An invalid simulation configuration; the message names the key and what to change."""
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ConfigError(message)
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    dataset: str = "mnist"
+    root: str = ""
+    download: bool = True
+    options: dict[str, Any] = field(default_factory=dict)  # passed to load_dataset
+    partition: str = "iid"
+    partition_options: dict[str, Any] = field(default_factory=dict)
+    partition_seed: int = -1  # -1: the run's seed
+    honest_only: bool = False  # split the data among the honest clients only (seed000)
+    train_examples: int = 0  # 0: the whole training set (else a random subset)
+    test_examples: int = 0
+    auxiliary_per_class: int = 0  # the server's clean auxiliary set D_p (noise filter)
+
+    def __post_init__(self) -> None:
+        for key in ("train_examples", "test_examples", "auxiliary_per_class"):
+            _require(getattr(self, key) >= 0, f"data.{key} must be >= 0")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str = "seed000_cnn"
+    options: dict[str, Any] = field(default_factory=dict)
+    init_seed: int = 1234
+
+
+@dataclass(frozen=True)
+class ClientsConfig:
+    honest: int = 10
+    byzantine: int = 0
+    per_round: int = 0  # clients sampled per round (0: all)
+
+    def __post_init__(self) -> None:
+        _require(self.honest >= 1, "clients.honest must be >= 1")
+        _require(self.byzantine >= 0, "clients.byzantine must be >= 0")
+        _require(self.per_round >= 0, "clients.per_round must be >= 0 (0: every client)")
+        _require(self.per_round <= self.total, f"clients.per_round must be <= {self.total} clients")
+
+    @property
+    def total(self) -> int:
+        return self.honest + self.byzantine
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    batch_size: int = 16
+    local_steps: int = 1
+    learning_rate: float = 0.1  # the clients' step size (local steps)
+    upload: str = "gradient"  # "gradient" (one step) or "delta" (after local_steps)
+    sampling: str = "poisson"  # "poisson" or "shuffle"
+
+    def __post_init__(self) -> None:
+        _require(self.batch_size >= 1, "training.batch_size must be >= 1")
+        _require(self.local_steps >= 1, "training.local_steps must be >= 1")
+        _require(self.learning_rate > 0, "training.learning_rate must be > 0")
+        _require(self.upload in ("gradient", "delta"), 'training.upload: "gradient" or "delta"')
+        _require(self.sampling in ("poisson", "shuffle"), 'training.sampling: "poisson"/"shuffle"')
+        _require(
+            self.upload == "delta" or self.local_steps == 1,
+            'training.upload = "gradient" needs local_steps = 1; use upload = "delta"',
+        )
+
+
+@dataclass(frozen=True)
+class PrivacyConfig:
+    enabled: bool = False
+    epsilon: float = 0.0  # > 0: σ calibrated by the accountant for this target
+    delta: float = 0.0  # 0: 1 / |D_i|^1.1 (seed000's choice)
+    noise_multiplier: float = 0.0  # used when epsilon = 0
+    clipping: str = "flat"  # "flat", "per_layer", "l2max", "normalize"
+    clip: float = 1.0
+    momentum: float = 0.0  # seed000's per-example momentum β ("normalize")
+    schedule: str = "constant"  # "constant", "linear", "staircase", "exponential", "cyclic"
+    schedule_options: dict[str, Any] = field(default_factory=dict)
+    accountant: str = "rdp"
+    conversion: str = "improved"
+
+    def __post_init__(self) -> None:
+        _require(
+            self.clipping in ("flat", "per_layer", "l2max", "normalize"),
+            'privacy.clipping must be "flat", "per_layer", "l2max" or "normalize"',
+        )
+        _require(self.epsilon >= 0 and self.noise_multiplier >= 0, "privacy: ε, σ must be >= 0")
+        _require(0 <= self.delta < 1, "privacy.delta must be in [0, 1) (0: 1/|D_i|^1.1)")
+        _require(self.clip > 0, "privacy.clip must be > 0")
+        _require(0 <= self.momentum < 1, "privacy.momentum must be in [0, 1)")
+        _require(
+            not self.enabled or self.epsilon > 0 or self.noise_multiplier > 0,
+            "privacy.enabled needs privacy.epsilon (target) or privacy.noise_multiplier",
+        )
+
+
+@dataclass(frozen=True)
+class AttackConfig:
+    name: str = "none"
+    options: dict[str, Any] = field(default_factory=dict)
+    start_fraction: float = 0.0  # TTBB: honest behaviour until this fraction of the rounds
+
+    def __post_init__(self) -> None:
+        _require(0 <= self.start_fraction < 1, "attack.start_fraction must be in [0, 1)")
+
+
+@dataclass(frozen=True)
+class SecureAggregationConfig:
+    enabled: bool = True
+    cluster_size: int = 3
+    reclusterings: int = 1
+    bits: int = 32
+    clip: float = 1.0  # per-coordinate bound of the uploads (fixed-point encoding)
+    allow_leakage: bool = False
+
+    def __post_init__(self) -> None:
+        _require(self.cluster_size >= 1, "secure_aggregation.cluster_size must be >= 1")
+        _require(self.reclusterings >= 1, "secure_aggregation.reclusterings must be >= 1")
+        _require(self.bits in (32, 64), "secure_aggregation.bits must be 32 or 64")
+        _require(self.clip > 0, "secure_aggregation.clip must be > 0")
+
+
+@dataclass(frozen=True)
+class AggregatorConfig:
+    name: str = "mean"
+    options: dict[str, Any] = field(default_factory=dict)
+    pre: list[str] = field(default_factory=list)  # pre-aggregators: "nnm", "bucketing"
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    learning_rate: float = 1.0
+    momentum: float = 0.0
+    # > 0: seed000's rule η = learning_rate · σ(ε_ref) / σ(ε), tuned once at ε_ref
+    noise_reference_epsilon: float = 0.0
+
+    def __post_init__(self) -> None:
+        _require(self.learning_rate > 0, "server.learning_rate must be > 0")
+        _require(0 <= self.momentum < 1, "server.momentum must be in [0, 1)")
+        _require(self.noise_reference_epsilon >= 0, "server.noise_reference_epsilon >= 0")
+
+
+@dataclass(frozen=True)
+class DeploymentConfig:
+    address: str = "127.0.0.1:0"  # port 0: a free port (launch)
+    connect_timeout_s: float = 120.0
+    stage_timeout_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One fully resolved run (an element of the grid)."""
+
+    name: str = "run"
+    seed: int = 0
+    rounds: int = 100
+    eval_every: int = 10
+    label: str = ""
+    device: str = "cpu"
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    clients: ClientsConfig = field(default_factory=ClientsConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
+    attack: AttackConfig = field(default_factory=AttackConfig)
+    secure_aggregation: SecureAggregationConfig = field(default_factory=SecureAggregationConfig)
+    aggregator: AggregatorConfig = field(default_factory=AggregatorConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
+    deployment: DeploymentConfig = field(default_factory=DeploymentConfig)
+    paper: float | None = None  # the paper's accuracy for this run's label
+
+    def __post_init__(self) -> None:
+        _require(self.rounds >= 1, "rounds must be >= 1")
+        _require(self.eval_every >= 1, "eval_every must be >= 1")
+        _require(
+            self.attack.name == "none" or self.clients.byzantine > 0,
+            f"attack {self.attack.name!r} needs clients.byzantine > 0",
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @property
+    def run_id(self) -> str:
+        """A stable identifier: readable prefix + hash of the resolved configuration."""
+        blob = json.dumps(self.to_dict(), sort_keys=True, default=str).encode()
+        slug = re.sub(r"[^A-Za-z0-9]+", "-", f"{self.name}-{self.label}").strip("-")[:60]
+        return f"{slug}-s{self.seed}-{hashlib.sha256(blob).hexdigest()[:10]}"
+
+
+_SECTIONS = {f.name: f for f in dataclasses.fields(RunConfig)}
+
+
+def _check_value(where: str, value: Any, hint: Any) -> Any:
+    """Type-check one leaf against its annotation; ints widen to floats."""
+    origin = get_origin(hint)
+    if hint is Any:
+        return value
+    if origin is dict:
+        _require(isinstance(value, dict), f"{where} must be a table, got {value!r}")
+        return value
+    if origin is list:
+        _require(isinstance(value, list), f"{where} must be a list, got {value!r}")
+        return value
+    args = get_args(hint)
+    if args and type(None) in args:  # Optional[X]
+        if value is None:
+            return None
+        hint = next(a for a in args if a is not type(None))
+    if hint is float:
+        _require(
+            isinstance(value, int | float) and not isinstance(value, bool),
+            f"{where} must be a number, got {value!r}",
+        )
+        return float(value)
+    if hint is bool:
+        _require(isinstance(value, bool), f"{where} must be true or false, got {value!r}")
+        return value
+    if hint is int:
+        _require(
+            isinstance(value, int) and not isinstance(value, bool),
+            f"{where} must be an integer, got {value!r}",
+        )
+        return value
+    if hint is str:
+        _require(isinstance(value, str), f"{where} must be a string, got {value!r}")
+    return value
+
+
+def _build(cls: type, table: dict[str, Any], where: str) -> Any:
+    _require(isinstance(table, dict), f"[{where}] must be a table")
+    hints = get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(table) - known)
+    _require(not unknown, f"unknown key(s) in [{where}]: {unknown}; known: {sorted(known)}")
+    values = {}
+    for key, value in table.items():
+        name = f"{where}.{key}" if where else key
+        hint = hints[key]
+        if dataclasses.is_dataclass(hint):
+            values[key] = _build(hint, value, name)
+        else:
+            values[key] = _check_value(name, value, hint)
+    try:
+        return cls(**values)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"[{where or 'top level'}]: {exc}") from exc
+
+
+def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _axes(
+    table: dict[str, Any], prefix: tuple[str, ...] = ()
+) -> list[tuple[tuple[str, ...], list]]:
+    """The grid axes: (path, values) of every list on a key whose field is a scalar."""
+    axes = []
+    for key, value in table.items():
+        path = (*prefix, key)
+        if isinstance(value, dict) and not _is_free_table(path):
+            axes += _axes(value, path)
+        elif isinstance(value, list) and not _is_list_field(path):
+            _require(len(value) > 0, f"{'.'.join(path)} is an empty list")
+            axes.append((path, value))
+    return axes
+
+
+def _field_hint(path: tuple[str, ...]) -> Any:
+    cls: Any = RunConfig
+    hint: Any = None
+    for part in path:
+        if not dataclasses.is_dataclass(cls):
+            return None
+        hints = get_type_hints(cls)
+        if part not in hints:
+            return None
+        hint = hints[part]
+        cls = hint
+    return hint
+
+
+def _is_free_table(path: tuple[str, ...]) -> bool:
+    return get_origin(_field_hint(path)) is dict
+
+
+def _is_list_field(path: tuple[str, ...]) -> bool:
+    return get_origin(_field_hint(path)) is list
+
+
+def _set(table: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
+    for part in path[:-1]:
+        table = table[part]
+    table[path[-1]] = value
+
+
+def _lookup(table: dict[str, Any], dotted: str) -> Any:
+    value: Any = table
+    for part in dotted.split("."):
+        if not isinstance(value, dict) or part not in value:
+            raise ConfigError(f"label refers to unknown key {{{dotted}}}")
+        value = value[part]
+    return value
+
+
+def _format_label(template: str, resolved: dict[str, Any], axes: list[str]) -> str:
+    if template:
+        return re.sub(
+            r"\{([A-Za-z0-9_.]+)\}", lambda m: _fmt(_lookup(resolved, m.group(1))), template
+        )
+    parts = [f"{a}={_fmt(_lookup(resolved, a))}" for a in axes if a != "seed"]
+    return ", ".join(parts) or str(resolved.get("name", "run"))
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def expand(data: dict[str, Any]) -> list[RunConfig]:
+    """The runs of a parsed configuration (see the module docstring)."""
+    data = copy.deepcopy(data)
+    variants = data.pop("variant", [{}])
+    paper = data.pop("paper", {})
+    _require(isinstance(variants, list) and variants, "[[variant]] must be an array of tables")
+    _require(isinstance(paper, dict), "[paper] must be a table of label = accuracy")
+    runs: list[RunConfig] = []
+    for v_index, variant in enumerate(variants):
+        _require(isinstance(variant, dict), f"variant {v_index} must be a table")
+        merged = _merge(data, variant)
+        unknown = sorted(set(merged) - set(_SECTIONS))
+        _require(not unknown, f"unknown key(s) {unknown}; known: {sorted(_SECTIONS)}")
+        axes = _axes(merged)
+        names = [".".join(p) for p, _ in axes]
+        for combo in itertools.product(*(values for _, values in axes)):
+            resolved = copy.deepcopy(merged)
+            for (path, _), value in zip(axes, combo, strict=True):
+                _set(resolved, path, value)
+            resolved["label"] = _format_label(resolved.get("label", ""), resolved, names)
+            if resolved.get("paper") is None and resolved["label"] in paper:
+                resolved["paper"] = paper[resolved["label"]]
+            runs.append(_build(RunConfig, resolved, ""))
+    ids = [r.run_id for r in runs]
+    _require(len(set(ids)) == len(ids), "the grid has duplicate runs; remove repeated values")
+    return runs
+
+
+def load_runs(path: str | Path, overrides: dict[str, Any] | None = None) -> list[RunConfig]:
+    """Read a simulation TOML file and expand its grid; raises :class:`ConfigError`."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from exc
+    if overrides:
+        data = _merge(data, overrides)
+    return expand(data)
+
+
+def is_simulation_config(path: str | Path) -> bool:
+    """True if the TOML file is a simulation (has a [data] or [clients] table)."""
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except (OSError, tomllib.TOMLDecodeError):
+        return False
+    return "data" in data or "clients" in data
+
+
+def default_delta(examples: int) -> float:
+    """seed000's δ = 1 / n^1.1 for a client holding ``n`` examples."""
+    return 1.0 / math.pow(max(2, examples), 1.1)

@@ -1,0 +1,165 @@
+"""The same simulation configuration across real processes over gRPC.
+
+``sharefl launch --config experiments/quickstart.toml`` starts one server and
+``clients.total`` client processes on loopback. Every process builds the run's
+:class:`~sharefl.simulator.engine.Simulation` from the same file and seed, so each holds the
+same data partition and model; then
+
+* a client process (:class:`SimulationTrainer`, the gRPC client's trainer) trains only its
+  own client — honest DP training, or its Byzantine behaviour (label flipping, or an attack
+  on its own update: an omniscient attack cannot run in a real deployment) — with a noise
+  generator seeded by (seed, client id);
+* the server (:class:`SimulationStrategy`) receives the cluster sums the protocol
+  releases, aggregates them with the configured robust rule over cluster means and
+  reclusterings (:meth:`Simulation.cluster_aggregate`), steps the model and evaluates it,
+  writing the same ``rounds.jsonl``/``summary.json`` as ``sharefl simulate``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from sharefl.protocol.deploy import (
+    DeploymentConfig,
+    ModelSection,
+    SecureAggregationSection,
+    ServerSection,
+)
+from sharefl.simulator.config import ConfigError, RunConfig, load_runs
+from sharefl.simulator.engine import Simulation, describe_privacy
+from sharefl.simulator.runner import device_description
+
+
+def single_run(path: str | Path, seed: int | None = None) -> RunConfig:
+    """The one run of a simulation file to deploy (a grid must be narrowed by ``seed``)."""
+    runs = load_runs(path)
+    if seed is not None:
+        runs = [r for r in runs if r.seed == seed]
+    if len(runs) != 1:
+        raise ConfigError(
+            f"{path} describes {len(runs)} runs; a deployment runs exactly one "
+            "(remove the lists, or pick a seed)"
+        )
+    return runs[0]
+
+
+def deployment_for(run: RunConfig, dim: int) -> DeploymentConfig:
+    """The gRPC deployment of ``run``: every client in every round, its clusters."""
+    sa = run.secure_aggregation
+    if sa.cluster_size < 2:
+        raise ConfigError("a deployment needs secure_aggregation.cluster_size >= 2")
+    if run.clients.per_round:
+        raise ConfigError("a deployment uses every client each round: set clients.per_round = 0")
+    return DeploymentConfig(
+        server=ServerSection(
+            address=run.deployment.address,
+            clients=run.clients.total,
+            rounds=run.rounds,
+            connect_timeout_s=run.deployment.connect_timeout_s,
+            stage_timeout_s=run.deployment.stage_timeout_s,
+        ),
+        model=ModelSection(dim=dim),
+        secure_aggregation=SecureAggregationSection(
+            cluster_size=sa.cluster_size,
+            reclusterings=sa.reclusterings,
+            bits=sa.bits,
+            clip=sa.clip,
+            allow_leakage=sa.allow_leakage,
+            seed=run.seed,
+        ),
+    )
+
+
+class SimulationStrategy:
+    """The gRPC server's :class:`~sharefl.protocol.grpc_server.ServerStrategy` for a run.
+
+    Args:
+        run: the run; ``out`` (optional) receives ``rounds.jsonl`` and ``summary.json``.
+    """
+
+    def __init__(self, run: RunConfig, out: str | Path | None = None) -> None:
+        self.simulation = Simulation(run)
+        self.run = run
+        self.folder = None if out is None else Path(out)
+        self.records: list[dict] = []
+        if self.folder is not None:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            (self.folder / "config.json").write_text(
+                json.dumps(run.to_dict(), indent=2, default=str)
+            )
+            (self.folder / "rounds.jsonl").write_text("")
+        self.started = time.perf_counter()
+
+    @property
+    def dim(self) -> int:
+        return self.simulation.model.dim
+
+    def initial_model(self) -> np.ndarray:
+        return self.simulation.w.detach().cpu().numpy().astype(np.float32)
+
+    def apply(
+        self, model: np.ndarray, round_index: int, released: list
+    ) -> tuple[np.ndarray, np.ndarray, str]:
+        sim = self.simulation
+        sim.w = torch.as_tensor(model, device=sim.device)
+        sim.accountant_step()
+        aggregate = sim.cluster_aggregate(released)
+        record = sim.apply(aggregate)
+        note = ""
+        if record.accuracy is not None:
+            entry = record.to_json() | {"seconds": round(time.perf_counter() - self.started, 3)}
+            self.records.append(entry)
+            if self.folder is not None:
+                with (self.folder / "rounds.jsonl").open("a") as log:
+                    log.write(json.dumps(entry) + "\n")
+            eps = "" if record.epsilon is None else f", ε {record.epsilon:.3g}"
+            note = f", test accuracy {record.accuracy:.4f}{eps}"
+            if record.round == self.run.rounds:
+                self._write_summary(entry)
+        new = sim.w.detach().cpu().numpy().astype(np.float32)
+        return new, aggregate.detach().cpu().numpy(), note
+
+    def _write_summary(self, last: dict) -> None:
+        if self.folder is None:
+            return
+        run, sim = self.run, self.simulation
+        summary = {
+            "run_id": run.run_id,
+            "name": run.name,
+            "label": f"{run.label} (gRPC)" if run.label else "gRPC",
+            "seed": run.seed,
+            "final_accuracy": last["accuracy"],
+            "best_accuracy": max(r["accuracy"] for r in self.records),
+            "epsilon": last["epsilon"],
+            "delta": sim.privacy.delta if run.privacy.enabled else None,
+            "rounds": run.rounds,
+            "wall_seconds": last["seconds"],
+            "device": device_description(sim.device) + f", {run.clients.total} client processes",
+            "paper": None,
+            "privacy": describe_privacy(sim.privacy),
+            "config": run.to_dict(),
+        }
+        (self.folder / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+
+
+class SimulationTrainer:
+    """The gRPC client's trainer for client ``client_id`` of a run (see module doc)."""
+
+    def __init__(self, run: RunConfig, client_id: int) -> None:
+        if not 0 <= client_id < run.clients.total:
+            raise ConfigError(f"client id {client_id} is not in 0..{run.clients.total - 1}")
+        self.simulation = Simulation(run)
+        seed = np.random.SeedSequence([run.seed, client_id]).generate_state(1)[0]
+        self.simulation.generator.manual_seed(int(seed))
+        self.client_id = client_id
+
+    def __call__(self, model: np.ndarray, *, round: int, client_id: int) -> np.ndarray:
+        sim = self.simulation
+        sim.round = round
+        w = torch.as_tensor(model, device=sim.device)
+        return sim.client_update(self.client_id, w).detach().cpu().numpy().astype(np.float32)

@@ -1,0 +1,721 @@
+"""Reports of simulator runs: Markdown tables, accuracy curves and a JSON summary.
+
+``sharefl simulate FILE --out DIR`` writes one folder per run, at any depth under ``DIR``::
+
+    <run>/config.json    the expanded run configuration (any JSON object)
+    <run>/rounds.jsonl   one JSON object per evaluated round:
+                         {"round", "accuracy", "loss", "epsilon", "seconds", ...}
+    <run>/summary.json   written when the run finished:
+                         {"run_id", "name", "label", "seed", "final_accuracy", "best_accuracy",
+                          "epsilon", "delta", "rounds", "wall_seconds", "device", "paper",
+                          "config"}
+
+A folder with ``rounds.jsonl`` but no ``summary.json`` is an *unfinished* run: it is drawn
+in the plots and counted as unfinished in the tables, but it never enters the final-accuracy
+statistics. Its experiment name, label and seed are read from ``config.json`` (keys
+``"name"``, ``"label"``, ``"seed"``); without them the name is the parent folder's path
+relative to ``DIR`` and the label is the run folder's name.
+
+The pipeline is :func:`load_runs` → :func:`summarize` → :func:`markdown_table` /
+:func:`plot_accuracy`, and :func:`write_report` does all of it::
+
+    DIR/report.md      one section per experiment name: a table and the accuracy plot
+    DIR/report.json    the list of :class:`GroupSummary` as JSON objects
+    DIR/<name>.png     accuracy vs round, one line per label (mean over seeds, min-max band)
+
+Accuracies are fractions in ``[0, 1]`` in the data and in ``report.json``; the Markdown
+tables and the plots show percent. Every malformed input raises :class:`ReportError` (a
+``ValueError``) naming the file, and the line for ``rounds.jsonl``.
+
+matplotlib is imported only by the plotting functions (with the non-interactive Agg canvas,
+no pyplot state), so importing this module never needs it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "GroupSummary",
+    "ReportError",
+    "RoundRecord",
+    "RunRecord",
+    "load_runs",
+    "markdown_table",
+    "plot_accuracy",
+    "sanitize_filename",
+    "summarize",
+    "write_report",
+]
+
+SUMMARY_FILE = "summary.json"
+ROUNDS_FILE = "rounds.jsonl"
+CONFIG_FILE = "config.json"
+_NONE = "—"
+
+
+class ReportError(ValueError):
+    """Runs cannot be reported: no runs, a malformed file (the message names it, and the line
+    of a ``rounds.jsonl``), inconsistent groups, or matplotlib missing for a plot."""
+
+
+@dataclass(frozen=True)
+class RoundRecord:
+    """One evaluated round of a run (a line of ``rounds.jsonl``; unknown keys are dropped).
+
+    ``round`` is 1-based; ``accuracy`` is in ``[0, 1]``; ``loss`` may be NaN or infinite (a
+    diverged run); ``epsilon`` is the privacy spent so far (``None``: not private);
+    ``seconds`` is the wall time elapsed since the start of the run.
+    """
+
+    round: int
+    accuracy: float
+    loss: float | None = None
+    epsilon: float | None = None
+    seconds: float | None = None
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One run: the fields of its ``summary.json`` and its rounds.
+
+    ``finished`` is ``False`` for a run without ``summary.json``; its summary-only fields
+    (``final_accuracy``, ``best_accuracy``, ``delta``, ``total_rounds``, ``wall_seconds``,
+    ``device``, ``paper``) are then ``None``, and ``epsilon`` is that of its last round.
+    ``total_rounds`` is the summary's ``"rounds"`` count; ``rounds`` the per-round records in
+    increasing round order. ``config`` is the summary's ``"config"``, else ``config.json``,
+    else ``{}`` (excluded from hashing).
+    """
+
+    path: Path
+    run_id: str
+    name: str
+    label: str
+    seed: int | None
+    finished: bool
+    final_accuracy: float | None
+    best_accuracy: float | None
+    epsilon: float | None
+    delta: float | None
+    total_rounds: int | None
+    wall_seconds: float | None
+    device: str | None
+    paper: float | None
+    rounds: tuple[RoundRecord, ...] = ()
+    config: Mapping[str, Any] = field(default_factory=dict, hash=False, repr=False)
+
+
+@dataclass(frozen=True)
+class GroupSummary:
+    """The runs of one ``(name, label)``: statistics of the finished runs' final accuracies.
+
+    ``seeds`` are the finished runs' seeds (sorted; runs without a seed are counted in
+    ``finished`` only). ``std_accuracy`` is the sample standard deviation (``n - 1``; 0 for
+    one run). The accuracy statistics, ``epsilon`` (mean over the finished runs that report
+    one), ``difference`` (``mean_accuracy - paper``) and ``mean_wall_seconds`` are ``None``
+    when they are undefined (no finished run, no paper value, a non-private setting).
+    ``devices`` are the finished runs' distinct devices in order of appearance.
+    """
+
+    name: str
+    label: str
+    seeds: tuple[int, ...]
+    mean_accuracy: float | None
+    std_accuracy: float | None
+    min_accuracy: float | None
+    max_accuracy: float | None
+    epsilon: float | None
+    paper: float | None
+    difference: float | None
+    mean_wall_seconds: float | None
+    devices: tuple[str, ...]
+    finished: int
+    unfinished: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """The summary as a JSON-ready object (tuples become lists; key order is stable)."""
+        return {
+            "name": self.name,
+            "label": self.label,
+            "seeds": list(self.seeds),
+            "mean_accuracy": self.mean_accuracy,
+            "std_accuracy": self.std_accuracy,
+            "min_accuracy": self.min_accuracy,
+            "max_accuracy": self.max_accuracy,
+            "epsilon": self.epsilon,
+            "paper": self.paper,
+            "difference": self.difference,
+            "mean_wall_seconds": self.mean_wall_seconds,
+            "devices": list(self.devices),
+            "finished": self.finished,
+            "unfinished": self.unfinished,
+        }
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+
+
+def _natural_key(path: Path) -> tuple[Any, ...]:
+    """Sort key ordering ``run2`` before ``run10`` (digits compared as numbers)."""
+    parts: list[Any] = []
+    for piece in path.as_posix().split("/"):
+        for token in re.split(r"(\d+)", piece):
+            if token:
+                parts.append((0, int(token), "") if token.isdigit() else (1, 0, token))
+        parts.append((-1, 0, ""))  # folder boundary sorts before any token
+    return tuple(parts)
+
+
+def _read_json_object(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ReportError(f"{path}: cannot read: {e}") from e
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ReportError(f"{path}:{e.lineno}: invalid JSON (column {e.colno}): {e.msg}") from e
+    if not isinstance(obj, dict):
+        raise ReportError(f"{path}: expected a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _number(
+    obj: Mapping[str, Any],
+    key: str,
+    where: str,
+    *,
+    required: bool = False,
+    nullable: bool = True,
+    unit_interval: bool = False,
+    nonnegative: bool = False,
+    finite: bool = True,
+) -> float | None:
+    """``obj[key]`` as a float, checked; ``None`` when absent or null (if allowed)."""
+    if key not in obj:
+        if required:
+            raise ReportError(f"{where}: missing key {key!r}")
+        return None
+    value = obj[key]
+    if value is None:
+        if not nullable:
+            raise ReportError(f"{where}: {key!r} must be a number, got null")
+        return None
+    if not _is_number(value):
+        raise ReportError(f"{where}: {key!r} must be a number, got {value!r}")
+    x = float(value)
+    if finite and not math.isfinite(x):
+        raise ReportError(f"{where}: {key!r} must be finite, got {value!r}")
+    if unit_interval and not 0.0 <= x <= 1.0:
+        raise ReportError(f"{where}: {key!r} must be a fraction in [0, 1], got {value!r}")
+    if nonnegative and x < 0:
+        raise ReportError(f"{where}: {key!r} must be >= 0, got {value!r}")
+    return x
+
+
+def _int(obj: Mapping[str, Any], key: str, where: str, *, required: bool = False) -> int | None:
+    value = obj.get(key)
+    if value is None:
+        if required:
+            raise ReportError(f"{where}: missing key {key!r}")
+        return None
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ReportError(f"{where}: {key!r} must be an integer, got {value!r}")
+    return value
+
+
+def _str(obj: Mapping[str, Any], key: str, where: str, *, required: bool = False) -> str | None:
+    value = obj.get(key)
+    if value is None:
+        if required:
+            raise ReportError(f"{where}: missing key {key!r}")
+        return None
+    if not isinstance(value, str):
+        raise ReportError(f"{where}: {key!r} must be a string, got {value!r}")
+    return value
+
+
+def _load_rounds(path: Path) -> tuple[RoundRecord, ...]:
+    """Parse ``rounds.jsonl``: blank lines are skipped; rounds must strictly increase."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ReportError(f"{path}: cannot read: {e}") from e
+    records: list[RoundRecord] = []
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ReportError(f"{where}: invalid JSON (column {e.colno}): {e.msg}") from e
+        if not isinstance(obj, dict):
+            raise ReportError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+        number = _int(obj, "round", where, required=True)
+        assert number is not None
+        if number < 1:
+            raise ReportError(f"{where}: 'round' must be >= 1 (1-based), got {number}")
+        if records and number <= records[-1].round:
+            raise ReportError(f"{where}: round {number} does not follow round {records[-1].round}")
+        accuracy = _number(
+            obj, "accuracy", where, required=True, nullable=False, unit_interval=True
+        )
+        assert accuracy is not None
+        records.append(
+            RoundRecord(
+                round=number,
+                accuracy=accuracy,
+                loss=_number(obj, "loss", where, finite=False),
+                epsilon=_number(obj, "epsilon", where, nonnegative=True),
+                seconds=_number(obj, "seconds", where, nonnegative=True),
+            )
+        )
+    return tuple(records)
+
+
+def _load_run(folder: Path, root: Path) -> RunRecord:
+    summary_path = folder / SUMMARY_FILE
+    rounds_path = folder / ROUNDS_FILE
+    config_path = folder / CONFIG_FILE
+    rounds = _load_rounds(rounds_path) if rounds_path.is_file() else ()
+    file_config = _read_json_object(config_path) if config_path.is_file() else {}
+
+    if not summary_path.is_file():
+        where = str(config_path)
+        try:
+            parent = folder.parent.relative_to(root).as_posix()
+        except ValueError:
+            parent = "."
+        default_name = parent if parent != "." else root.resolve().name or "runs"
+        return RunRecord(
+            path=folder,
+            run_id=folder.name,
+            name=_str(file_config, "name", where) or default_name,
+            label=_str(file_config, "label", where) or folder.name,
+            seed=_int(file_config, "seed", where),
+            finished=False,
+            final_accuracy=None,
+            best_accuracy=None,
+            epsilon=rounds[-1].epsilon if rounds else None,
+            delta=None,
+            total_rounds=None,
+            wall_seconds=None,
+            device=None,
+            paper=None,
+            rounds=rounds,
+            config=file_config,
+        )
+
+    summary = _read_json_object(summary_path)
+    where = str(summary_path)
+    final = _number(
+        summary, "final_accuracy", where, required=True, nullable=False, unit_interval=True
+    )
+    best = _number(summary, "best_accuracy", where, unit_interval=True)
+    assert final is not None
+    if best is None:
+        best = max([final, *(r.accuracy for r in rounds)])
+    total_rounds = _int(summary, "rounds", where)
+    config = summary.get("config", file_config)
+    if config is None:
+        config = file_config
+    if not isinstance(config, dict):
+        raise ReportError(f"{where}: 'config' must be a JSON object")
+    return RunRecord(
+        path=folder,
+        run_id=_str(summary, "run_id", where) or folder.name,
+        name=_str(summary, "name", where, required=True) or "",
+        label=_str(summary, "label", where, required=True) or "",
+        seed=_int(summary, "seed", where),
+        finished=True,
+        final_accuracy=final,
+        best_accuracy=best,
+        epsilon=_number(summary, "epsilon", where, nonnegative=True),
+        delta=_number(summary, "delta", where, nonnegative=True),
+        total_rounds=total_rounds,
+        wall_seconds=_number(summary, "wall_seconds", where, nonnegative=True),
+        device=_str(summary, "device", where),
+        paper=_number(summary, "paper", where, unit_interval=True),
+        rounds=rounds,
+        config=config,
+    )
+
+
+def load_runs(directory: str | os.PathLike[str]) -> list[RunRecord]:
+    """Every run folder at any depth under ``directory`` (``directory`` itself included).
+
+    A run folder holds ``summary.json`` (finished) or ``rounds.jsonl`` (unfinished, when it
+    has no summary). Runs are returned in natural order of their paths (``run2`` before
+    ``run10``), so the result is deterministic. Returns ``[]`` for a directory without runs.
+
+    Raises :class:`ReportError` if ``directory`` is not a directory, or naming the file (and
+    the line of ``rounds.jsonl``) when a file is malformed: invalid JSON, not an object, a
+    missing ``name``/``label``/``final_accuracy``/``round``/``accuracy``, a value of the
+    wrong type, an accuracy outside ``[0, 1]``, rounds not strictly increasing.
+    """
+    root = Path(directory)
+    if not root.is_dir():
+        raise ReportError(f"{root}: not a directory")
+    folders = {p.parent for p in root.rglob(SUMMARY_FILE) if p.is_file()}
+    folders |= {p.parent for p in root.rglob(ROUNDS_FILE) if p.is_file()}
+    ordered = sorted(folders, key=lambda f: _natural_key(f.relative_to(root)))
+    return [_load_run(folder, root) for folder in ordered]
+
+
+# ---------------------------------------------------------------------------------------------
+# Grouping
+
+
+def _group_runs(runs: Iterable[RunRecord]) -> dict[tuple[str, str], list[RunRecord]]:
+    """Runs by ``(name, label)``: names sorted, labels in order of first appearance."""
+    by_key: dict[tuple[str, str], list[RunRecord]] = {}
+    for run in runs:
+        by_key.setdefault((run.name, run.label), []).append(run)
+    names = sorted({name for name, _ in by_key})
+    return {key: by_key[key] for name in names for key in by_key if key[0] == name}
+
+
+def summarize(runs: Iterable[RunRecord]) -> list[GroupSummary]:
+    """One :class:`GroupSummary` per ``(name, label)``, ordered by name, then by the first
+    appearance of the label in ``runs``. Unfinished runs are only counted.
+
+    Raises :class:`ReportError` when two finished runs of a group share a seed (a run
+    reported twice would be counted twice; the message names both folders) or when the runs
+    of a group report different ``paper`` values.
+    """
+    groups: list[GroupSummary] = []
+    for (name, label), members in _group_runs(runs).items():
+        done = [r for r in members if r.finished]
+        seen: dict[int, RunRecord] = {}
+        for run in done:
+            if run.seed is None:
+                continue
+            if run.seed in seen:
+                raise ReportError(
+                    f"runs {seen[run.seed].path} and {run.path} are both seed {run.seed} of "
+                    f"{name!r} / {label!r}; remove one"
+                )
+            seen[run.seed] = run
+        papers = [r.paper for r in members if r.paper is not None]
+        if any(not math.isclose(p, papers[0], abs_tol=1e-12) for p in papers):
+            raise ReportError(
+                f"runs of {name!r} / {label!r} report different paper accuracies "
+                f"{sorted(set(papers))}"
+            )
+        paper = papers[0] if papers else None
+        accs = [r.final_accuracy for r in done if r.final_accuracy is not None]
+        mean = statistics.fmean(accs) if accs else None
+        std = (statistics.stdev(accs) if len(accs) > 1 else 0.0) if accs else None
+        eps = [r.epsilon for r in done if r.epsilon is not None]
+        walls = [r.wall_seconds for r in done if r.wall_seconds is not None]
+        devices = tuple(dict.fromkeys(r.device for r in done if r.device))
+        groups.append(
+            GroupSummary(
+                name=name,
+                label=label,
+                seeds=tuple(sorted(seen)),
+                mean_accuracy=mean,
+                std_accuracy=std,
+                min_accuracy=min(accs) if accs else None,
+                max_accuracy=max(accs) if accs else None,
+                epsilon=statistics.fmean(eps) if eps else None,
+                paper=paper,
+                difference=(mean - paper) if mean is not None and paper is not None else None,
+                mean_wall_seconds=statistics.fmean(walls) if walls else None,
+                devices=devices,
+                finished=len(done),
+                unfinished=len(members) - len(done),
+            )
+        )
+    return groups
+
+
+# ---------------------------------------------------------------------------------------------
+# Markdown
+
+
+def _cell(text: str) -> str:
+    """A Markdown table cell: pipes escaped, line breaks flattened."""
+    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+
+
+def _percent(x: float) -> str:
+    return f"{100 * x:.1f}"
+
+
+def _signed_points(x: float) -> str:
+    points = round(100 * x, 1)
+    return f"{points:+.1f}" if points != 0 else "+0.0"
+
+
+def _epsilon(x: float) -> str:
+    return f"{x:.3g}"
+
+
+def _duration(seconds: float) -> str:
+    """``12.3 s``, ``4.5 min``, ``1.2 h``."""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    if seconds < 3600:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _accuracy_cell(group: GroupSummary) -> str:
+    notes = [f"n={group.finished}"] if group.finished else []
+    if group.unfinished:
+        notes.append(f"{group.unfinished} unfinished")
+    note = f" ({'; '.join(notes)})"
+    if group.mean_accuracy is None or group.std_accuracy is None:
+        return _NONE + note
+    return f"{_percent(group.mean_accuracy)} ± {_percent(group.std_accuracy)}{note}"
+
+
+_HEADER = (
+    "| setting | accuracy % (mean ± std over n seeds) | paper % | Δ (points) | ε "
+    "| wall time | device |\n"
+    "|---|---|---|---|---|---|---|"
+)
+
+
+def _one_table(groups: Sequence[GroupSummary]) -> str:
+    rows = [_HEADER]
+    for g in groups:
+        cells = [
+            _cell(g.label),
+            _accuracy_cell(g),
+            _percent(g.paper) if g.paper is not None else _NONE,
+            _signed_points(g.difference) if g.difference is not None else _NONE,
+            _epsilon(g.epsilon) if g.epsilon is not None else _NONE,
+            _duration(g.mean_wall_seconds) if g.mean_wall_seconds is not None else _NONE,
+            _cell(", ".join(g.devices)) if g.devices else _NONE,
+        ]
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows) + "\n"
+
+
+def _by_name(groups: Iterable[GroupSummary]) -> dict[str, list[GroupSummary]]:
+    out: dict[str, list[GroupSummary]] = {}
+    for g in groups:
+        out.setdefault(g.name, []).append(g)
+    return out
+
+
+def markdown_table(groups: Iterable[GroupSummary]) -> str:
+    """Markdown: for each experiment name (in the given order), a ``## name`` heading and a
+    table with one row per label::
+
+        | setting | accuracy % (mean ± std over n seeds) | paper % | Δ (points) | ε
+        | wall time | device |      (one line in the output)
+
+    Accuracies are percent with one decimal; ``n`` counts the finished runs and unfinished
+    ones are noted in the accuracy cell; Δ is ``mean - paper`` in percentage points with a
+    sign; ε is the mean over the finished runs (3 significant digits); wall time is the mean
+    wall time of the finished runs; undefined values print as ``—``. Sections are separated
+    by a blank line; the result ends with a newline (empty string for no groups).
+    """
+    sections = [f"## {name}\n\n{_one_table(members)}" for name, members in _by_name(groups).items()]
+    return "\n".join(sections)
+
+
+# ---------------------------------------------------------------------------------------------
+# Plots
+
+
+def _matplotlib() -> tuple[Any, Any, Any]:
+    """``(Figure, FigureCanvasAgg, MaxNLocator)``; :class:`ReportError` without matplotlib."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+        from matplotlib.ticker import MaxNLocator
+    except ImportError as e:
+        raise ReportError(
+            "plotting needs matplotlib, which is not installed: pip install matplotlib"
+        ) from e
+    return Figure, FigureCanvasAgg, MaxNLocator
+
+
+def plot_accuracy(runs: Iterable[RunRecord], path: str | os.PathLike[str], *, name: str) -> Path:
+    """Draw the accuracy curves of experiment ``name`` and save them as a PNG at ``path``.
+
+    One line per label (labels in order of first appearance): at each round, the mean
+    accuracy (percent) over the runs of the label that reached it, with the min-max band
+    over those runs shaded; unfinished runs are included and counted in the legend. A
+    label's paper accuracy, when known, is a dotted horizontal line of the same colour.
+    The title is ``name``; runs without per-round data only appear in the legend. Parent
+    folders are created. Uses matplotlib's Agg canvas directly (no pyplot, no global
+    backend switch). Returns ``Path(path)``.
+
+    Raises :class:`ReportError` when no run is named ``name`` or matplotlib is missing.
+    """
+    selected = [r for r in runs if r.name == name]
+    if not selected:
+        raise ReportError(f"no runs of experiment {name!r} to plot")
+    Figure, FigureCanvasAgg, MaxNLocator = _matplotlib()
+
+    fig = Figure(figsize=(7.5, 4.5), dpi=120, layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    any_paper = False
+    any_points = False
+    for (_, label), members in _group_runs(selected).items():
+        per_round: dict[int, list[float]] = {}
+        for run in members:
+            for rec in run.rounds:
+                per_round.setdefault(rec.round, []).append(100 * rec.accuracy)
+        xs = sorted(per_round)
+        unfinished = sum(not r.finished for r in members)
+        legend = f"{label} (n={len(members)}" + (
+            f", {unfinished} unfinished)" if unfinished else ")"
+        )
+        means = [statistics.fmean(per_round[x]) for x in xs]
+        (line,) = ax.plot(
+            xs, means, label=legend, linewidth=1.6, marker="o" if len(xs) == 1 else None
+        )
+        any_points = any_points or bool(xs)
+        color = line.get_color()
+        if xs:
+            ax.fill_between(
+                xs,
+                [min(per_round[x]) for x in xs],
+                [max(per_round[x]) for x in xs],
+                color=color,
+                alpha=0.18,
+                linewidth=0,
+            )
+        paper = next((r.paper for r in members if r.paper is not None), None)
+        if paper is not None:
+            ax.axhline(100 * paper, color=color, linestyle=":", linewidth=1.2)
+            any_paper = True
+    if any_paper:
+        ax.plot([], [], color="gray", linestyle=":", label="paper (dotted)")
+    if not any_points:
+        ax.text(
+            0.5,
+            0.5,
+            "no per-round data",
+            transform=ax.transAxes,
+            ha="center",
+            va="center",
+            color="gray",
+        )
+    ax.set_title(name)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("round")
+    ax.set_ylabel("test accuracy (%)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="lower right", fontsize="small")
+
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, format="png")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Report
+
+
+def sanitize_filename(name: str, *, max_length: int = 80) -> str:
+    """A portable file stem for ``name``: runs of characters outside ``[A-Za-z0-9._-]``
+    become ``_``, leading dots/underscores are stripped, the length is capped, and an empty
+    result becomes ``experiment``."""
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._")[:max_length].rstrip("._")
+    return stem or "experiment"
+
+
+def _unique_stems(names: Iterable[str], reserved: Iterable[str]) -> dict[str, str]:
+    """Distinct sanitised stems (case-insensitively, for case-folding file systems)."""
+    taken = {s.lower() for s in reserved}
+    stems: dict[str, str] = {}
+    for name in names:
+        base = sanitize_filename(name)
+        stem, k = base, 2
+        while stem.lower() in taken:
+            stem, k = f"{base}-{k}", k + 1
+        taken.add(stem.lower())
+        stems[name] = stem
+    return stems
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def write_report(
+    directory: str | os.PathLike[str], out: str | os.PathLike[str] | None = None
+) -> Path:
+    """Write the report of every run under ``directory`` and return the Markdown's path.
+
+    Writes ``out`` (default ``directory/report.md``): a title, then per experiment name a
+    ``## name`` section with its :func:`markdown_table` table and its accuracy plot embedded
+    by a relative link. Next to ``out`` it writes ``report.json`` (or ``<out stem>.json``:
+    the list of :meth:`GroupSummary.to_dict`, strict JSON) and one ``<name>.png`` per
+    experiment (name made file-system safe by :func:`sanitize_filename`, de-duplicated).
+    Without matplotlib the tables and JSON are still written and the report says the plots
+    need ``pip install matplotlib``. Overwrites earlier outputs.
+
+    Raises :class:`ReportError` when ``directory`` holds no runs (``"no runs under DIR; run
+    `sharefl simulate ...` first"``) or a run file is malformed (see :func:`load_runs`).
+    """
+    root = Path(directory)
+    runs = load_runs(root)
+    if not runs:
+        raise ReportError(f"no runs under {root}; run `sharefl simulate ...` first")
+    groups = summarize(runs)
+    report = Path(out) if out is not None else root / "report.md"
+    report.parent.mkdir(parents=True, exist_ok=True)
+    json_path = report.with_suffix(".json")
+
+    by_name = _by_name(groups)
+    stems = _unique_stems(by_name, reserved=[report.stem, json_path.stem])
+    n_finished = sum(r.finished for r in runs)
+    lines = [
+        "# Simulation report",
+        "",
+        f"{_count(len(runs), 'run')} ({n_finished} finished, {len(runs) - n_finished} "
+        f"unfinished) in {_count(len(groups), 'setting')} of "
+        f"{_count(len(by_name), 'experiment')}. Accuracies are final test "
+        "accuracies of the finished runs in percent (mean ± sample std over seeds); Δ is the "
+        "difference to the paper in percentage points. Plots show the mean accuracy per round "
+        "over all runs, with the min–max band.",
+        "",
+    ]
+    plots_missing: str | None = None
+    for name, members in by_name.items():
+        lines += [f"## {name}", "", _one_table(members)]
+        if plots_missing is None:
+            png = report.parent / f"{stems[name]}.png"
+            try:
+                plot_accuracy(runs, png, name=name)
+            except ReportError as e:
+                if "matplotlib" not in str(e):
+                    raise
+                plots_missing = str(e)
+            else:
+                alt = name.replace("[", "(").replace("]", ")")
+                lines += [f"![{alt}]({png.name})", ""]
+    if plots_missing is not None:
+        lines += [f"_Plots were not drawn: {plots_missing}._", ""]
+
+    report.write_text("\n".join(lines).rstrip("\n") + "\n", encoding="utf-8")
+    json_path.write_text(
+        json.dumps([g.to_dict() for g in groups], indent=2, ensure_ascii=False, allow_nan=False)
+        + "\n",
+        encoding="utf-8",
+    )
+    return report

@@ -1,0 +1,351 @@
+"""Local training of many clients at once: one ``torch.func`` call per local step.
+
+The model's parameters travel as one flat vector ``w`` of length ``d`` (:class:`FlatModel`).
+:class:`VectorizedClients` trains ``K`` clients from the same global ``w`` together: their
+parameters are stacked into ``[K, d]`` and a nested ``vmap`` (clients, then examples) of
+``grad`` computes every client's per-example gradients in one call, so there is no Python
+loop over clients or examples on the hot path. Per step and per client it then
+
+* samples a batch: Poisson with rate ``q = B / n_k`` (every example independently, the
+  sampling the accountant analyses; batches are padded to the round's largest and masked)
+  or ``B`` examples without replacement (``sampling = "shuffle"``);
+* privatises: applies a :class:`~sharefl.privacy.clipping.ClippingMode` to the
+  per-example gradients (flat, per-layer, seed003's l2-max or seed000's normalisation with
+  per-example momentum), sums them, adds ``N(0, σ_t² S²)`` and divides by ``B`` — the same
+  arithmetic as :class:`sharefl.privacy.DPSGD`, vectorised over clients; without
+  privacy (``clipping=None``) it takes the plain mean gradient of the batch;
+* steps: ``w_k ← w_k − η_c g_k``.
+
+The upload of client ``k`` is a *pseudo-gradient*: the private gradient itself for one
+local step (``upload = "gradient"``, seed000's protocol), or ``w − w_k`` after the local
+steps (``upload = "delta"``, FedAvg). The server always steps ``w ← w − η_s · aggregate``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call, grad, vmap
+
+from sharefl.privacy.clipping import ClippingMode, Normalization
+from sharefl.privacy.schedules import NoiseSchedule
+
+Sampling = Literal["poisson", "shuffle"]
+Upload = Literal["gradient", "delta"]
+
+#: memory budget of one chunk of per-example gradients (clients are processed in chunks)
+CHUNK_BYTES = 256 * 2**20
+
+
+class TrainingError(ValueError):
+    """Inconsistent local-training parameters (what to change is in the message)."""
+
+
+class FlatModel:
+    """A module evaluated from a flat parameter vector (``torch.func.functional_call``).
+
+    Args:
+        model: the architecture; its parameters' current values are the initial ``w``.
+            Buffers are kept fixed; models with BatchNorm are not supported (per-example
+            gradients need example-independent layers).
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
+            raise TrainingError("BatchNorm couples examples; use GroupNorm or LayerNorm")
+        self.module = model
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self.names = tuple(n for n, _ in named)
+        self.shapes = tuple(p.shape for _, p in named)
+        self.numels = tuple(p.numel() for _, p in named)
+        self.dim = sum(self.numels)
+        self.buffers = dict(model.named_buffers())
+
+    def initial(self) -> Tensor:
+        """The model's current parameters as one flat float32 vector ``[d]``."""
+        params = dict(self.module.named_parameters())
+        return torch.cat([params[n].detach().reshape(-1) for n in self.names]).float()
+
+    def unflatten(self, flat: Tensor) -> dict[str, Tensor]:
+        """Views of ``flat`` (shape ``[..., d]``) as a parameter dict (shapes ``[..., *p]``)."""
+        lead = flat.shape[:-1]
+        parts = torch.split(flat, self.numels, dim=-1)
+        return {
+            n: part.reshape(*lead, *shape)
+            for n, part, shape in zip(self.names, parts, self.shapes, strict=True)
+        }
+
+    def __call__(self, flat: Tensor, inputs: Tensor) -> Tensor:
+        """Outputs of the model with parameters ``flat`` (``[d]``) on a batch ``inputs``."""
+        return functional_call(self.module, (self.unflatten(flat), self.buffers), (inputs,))
+
+    @torch.no_grad()
+    def evaluate(
+        self, flat: Tensor, inputs: Tensor, targets: Tensor, batch_size: int = 2000
+    ) -> tuple[float, float]:
+        """(accuracy in [0, 1], mean cross-entropy) of ``flat`` on ``(inputs, targets)``."""
+        self.module.eval()
+        correct, loss = 0, 0.0
+        for start in range(0, len(targets), batch_size):
+            x = inputs[start : start + batch_size]
+            y = targets[start : start + batch_size]
+            out = self(flat, x)
+            loss += float(nn.functional.cross_entropy(out, y, reduction="sum"))
+            correct += int((out.argmax(1) == y).sum())
+        self.module.train()
+        n = max(1, len(targets))
+        return correct / n, loss / n
+
+
+@dataclass(frozen=True, kw_only=True)
+class LocalTraining:
+    """What every client does in one round.
+
+    Attributes:
+        batch_size: B, the (expected) batch size of each local step.
+        local_steps: L, local steps per round (1 for seed000's gradient protocol).
+        learning_rate: η_c, the clients' step size (only matters when ``local_steps > 1``
+            or ``upload = "delta"``).
+        upload: ``"gradient"`` (the private gradient; needs ``local_steps = 1``) or
+            ``"delta"`` (``w − w_k`` after the local steps).
+        sampling: ``"poisson"`` or ``"shuffle"`` (see the module docstring).
+        clipping: a clipping mode, or ``None`` for non-private training (then σ must be 0).
+        noise: σ, or a schedule σ_t indexed by the global local-step count.
+        denominator: what the noisy sum is divided by (default ``batch_size``); seed000's
+            label-flipping workers use one example but divide by the honest B.
+    """
+
+    batch_size: int
+    local_steps: int = 1
+    learning_rate: float = 0.1
+    upload: Upload = "delta"
+    sampling: Sampling = "poisson"
+    clipping: ClippingMode | None = None
+    noise: float | NoiseSchedule = 0.0
+    denominator: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1 or self.local_steps < 1:
+            raise TrainingError("batch_size and local_steps must be >= 1")
+        if self.upload not in ("gradient", "delta"):
+            raise TrainingError(f'upload must be "gradient" or "delta", got {self.upload!r}')
+        if self.upload == "gradient" and self.local_steps != 1:
+            raise TrainingError('upload = "gradient" needs local_steps = 1; use "delta"')
+        if self.sampling not in ("poisson", "shuffle"):
+            raise TrainingError(f'sampling must be "poisson" or "shuffle", not {self.sampling!r}')
+        if self.clipping is None and not isinstance(self.noise, NoiseSchedule) and self.noise:
+            raise TrainingError("noise without clipping has unbounded sensitivity: set clipping")
+        if not isinstance(self.noise, NoiseSchedule) and not self.noise >= 0:
+            raise TrainingError(f"noise multiplier must be >= 0, got {self.noise}")
+
+    def sigma(self, step: int) -> float:
+        """σ at global local-step index ``step``."""
+        return self.noise(step) if isinstance(self.noise, NoiseSchedule) else float(self.noise)
+
+
+LabelMap = Callable[[Tensor], Tensor]
+
+
+class VectorizedClients:
+    """Trains any subset of clients from one global model in lock-step (see module doc).
+
+    Args:
+        model: the :class:`FlatModel`.
+        inputs, targets: the whole training set, on the training device (``[N, ...]``,
+            ``[N]``).
+        partitions: the training-set indices of every client (client id = list index).
+        training: :class:`LocalTraining`.
+        label_map: optional map applied to the targets of every batch (label flipping).
+    """
+
+    def __init__(
+        self,
+        model: FlatModel,
+        inputs: Tensor,
+        targets: Tensor,
+        partitions: Sequence[Sequence[int]],
+        training: LocalTraining,
+        *,
+        label_map: LabelMap | None = None,
+    ) -> None:
+        if not partitions or any(len(p) == 0 for p in partitions):
+            raise TrainingError("every client needs at least one training example")
+        self.model = model
+        self.inputs, self.targets = inputs, targets
+        self.training = training
+        self.label_map = label_map
+        self.device = inputs.device
+        sizes = [len(p) for p in partitions]
+        self.sizes = torch.tensor(sizes, device=self.device)
+        padded = torch.zeros(len(partitions), max(sizes), dtype=torch.long)
+        for k, part in enumerate(partitions):
+            padded[k, : len(part)] = torch.as_tensor(list(part), dtype=torch.long)
+        self.index = padded.to(self.device)
+        self.steps_done = 0  # global local-step counter (σ_t schedules)
+
+        module = model.module
+
+        def example_loss(params: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
+            out = functional_call(module, (params, model.buffers), (x.unsqueeze(0),))
+            return nn.functional.cross_entropy(out, y.unsqueeze(0))
+
+        def batch_loss(params: dict[str, Tensor], x: Tensor, y: Tensor, w: Tensor) -> Tensor:
+            out = functional_call(module, (params, model.buffers), (x,))
+            losses = nn.functional.cross_entropy(out, y, reduction="none")
+            return (losses * w).sum() / w.sum().clamp_min(1.0)
+
+        per_example = vmap(grad(example_loss), in_dims=(None, 0, 0), randomness="different")
+        self._per_example = vmap(per_example, in_dims=(0, 0, 0), randomness="different")
+        self._batch = vmap(grad(batch_loss), in_dims=(0, 0, 0, 0), randomness="different")
+
+    @property
+    def num_clients(self) -> int:
+        return self.index.shape[0]
+
+    def sample(self, clients: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        """Batch indices ``[K, b]`` (into the training set) and a 0/1 mask ``[K, b]``."""
+        sizes = self.sizes[clients]
+        width = self.index.shape[1]
+        keys = torch.rand(len(clients), width, generator=generator, device=self.device)
+        valid = torch.arange(width, device=self.device)[None, :] < sizes[:, None]
+        B = self.training.batch_size
+        if self.training.sampling == "poisson":
+            rate = (B / sizes.to(keys.dtype)).clamp_max(1.0)
+            chosen = (keys < rate[:, None]) & valid
+            b = max(1, int(chosen.sum(1).max()))
+            order = torch.argsort((~chosen).to(torch.int8), dim=1, stable=True)[:, :b]
+            mask = torch.gather(chosen, 1, order)
+        else:
+            if int(sizes.min()) < B:
+                raise TrainingError(f"a client holds fewer than batch_size = {B} examples")
+            keys = torch.where(valid, keys, 2.0)
+            order = torch.topk(keys, B, dim=1, largest=False).indices
+            mask = torch.ones_like(order, dtype=torch.bool)
+        rows = torch.gather(self.index[clients], 1, order)
+        return rows, mask
+
+    def _chunk(self, batch: int) -> int:
+        per_client = max(1, batch) * self.model.dim * 4 * 3
+        return max(1, CHUNK_BYTES // per_client)
+
+    def train(
+        self,
+        w: Tensor,
+        clients: Sequence[int] | Tensor,
+        generator: torch.Generator,
+        *,
+        momentum: Tensor | None = None,
+        sigma: float | None = None,
+    ) -> Tensor:
+        """Run one round of local training for ``clients`` from the global ``w`` (``[d]``).
+
+        Args:
+            momentum: seed000's per-client momentum state ``[K, d]`` (the previous upload),
+                used and updated in place when the clipping mode is
+                :class:`~sharefl.privacy.clipping.Normalization` with β > 0.
+            sigma: σ for every step of this round (default: ``training.sigma(step)``).
+
+        Returns:
+            The ``[K, d]`` uploads (pseudo-gradients, see the module docstring).
+        """
+        clients = torch.as_tensor(clients, dtype=torch.long, device=self.device)
+        K = len(clients)
+        params = w.detach().to(self.device).unsqueeze(0).repeat(K, 1)
+        last = torch.empty_like(params)
+        for _ in range(self.training.local_steps):
+            rows, mask = self.sample(clients, generator)
+            step_sigma = self.training.sigma(self.steps_done) if sigma is None else sigma
+            step = self._chunk(rows.shape[1])
+            for lo in range(0, K, step):
+                hi = min(K, lo + step)
+                state = None if momentum is None else momentum[lo:hi]
+                last[lo:hi] = self._private_gradient(
+                    params[lo:hi], rows[lo:hi], mask[lo:hi], step_sigma, generator, state
+                )
+            self.steps_done += 1
+            if self.training.upload == "delta":
+                params.sub_(last, alpha=self.training.learning_rate)
+        if self.training.upload == "gradient":
+            return last
+        return w.to(self.device).unsqueeze(0) - params
+
+    def _batch_data(self, rows: Tensor) -> tuple[Tensor, Tensor]:
+        x = self.inputs[rows]
+        y = self.targets[rows]
+        if self.label_map is not None:
+            y = self.label_map(y)
+        return x, y
+
+    def _private_gradient(
+        self,
+        params: Tensor,
+        rows: Tensor,
+        mask: Tensor,
+        sigma: float,
+        generator: torch.Generator,
+        momentum: Tensor | None,
+    ) -> Tensor:
+        """One step's (private) gradient ``[K, d]`` for a chunk of clients."""
+        x, y = self._batch_data(rows)
+        weights = mask.to(params.dtype)
+        mode = self.training.clipping
+        if mode is None:
+            grads = self._batch(self.model.unflatten(params), x, y, weights)
+            return torch.cat([g.reshape(len(params), -1) for g in grads.values()], dim=1)
+        per_example = self._per_example(self.model.unflatten(params), x, y)
+        K, b = rows.shape
+        layers = [per_example[n].reshape(K, b, -1) for n in self.model.names]
+        if isinstance(mode, Normalization) and mode.momentum > 0 and momentum is not None:
+            beta = mode.momentum
+            state = torch.split(momentum, self.model.numels, dim=1)
+            layers = [
+                (1 - beta) * g + beta * m[:, None, :] for g, m in zip(layers, state, strict=True)
+            ]
+        norms = torch.stack([torch.linalg.vector_norm(g, dim=2) for g in layers])  # [L, K, b]
+        factors = mode.factors(norms.reshape(len(layers), K * b)).reshape(-1, K, b)
+        factors = factors * weights[None]
+        summed = torch.cat(
+            [
+                torch.einsum("kb,kbn->kn", factors[i if factors.shape[0] > 1 else 0], g)
+                for i, g in enumerate(layers)
+            ],
+            dim=1,
+        )
+        if mode.data_dependent:
+            raw = norms.masked_fill(~mask[None], -math.inf).amax(dim=(0, 2))
+            sens = torch.tensor(
+                [
+                    mode.batch_sensitivity(v if math.isfinite(v) else math.nan, self.model.numels)
+                    for v in raw.tolist()
+                ],
+                dtype=summed.dtype,
+                device=summed.device,
+            )
+        else:
+            sens = torch.full(
+                (K,), mode.sensitivity(self.model.numels), dtype=summed.dtype, device=summed.device
+            )
+        if sigma > 0:
+            noise = torch.randn(summed.shape, generator=generator, device=summed.device)
+            summed.add_(noise * (sigma * sens)[:, None])
+        summed.div_(self.training.denominator or self.training.batch_size)
+        if momentum is not None and isinstance(mode, Normalization):
+            momentum.copy_(summed)  # seed000 Algorithm 1: the state is the last noisy upload
+        return summed
+
+
+def sample_rate(batch_size: int, examples: int) -> float:
+    """q = B / n, capped at 1 (Poisson sampling rate of a client with ``n`` examples)."""
+    if examples < 1:
+        raise TrainingError("a client needs at least one example")
+    return min(1.0, batch_size / examples)
+
+
+def steps_per_epoch(batch_size: int, examples: int) -> int:
+    """⌈n / B⌉."""
+    return math.ceil(examples / batch_size)

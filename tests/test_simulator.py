@@ -1,0 +1,305 @@
+"""The federated simulator end to end on small synthetic data: configuration and grids, the
+loop learning, DP accounting, Byzantine clients against the plain mean and a robust rule,
+secure versus clear cluster sums, the vectorised DP step against the reference DPSGD, the
+runner's outputs, and the same run over gRPC."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import math
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from sharefl.privacy import DPSGD, DPSGDConfig, FlatClipping
+from sharefl.protocol.driver import secure_sum
+from sharefl.protocol.grpc_client import ClientRuntime
+from sharefl.protocol.grpc_server import serve
+from sharefl.simulator.config import ConfigError, expand, load_runs
+from sharefl.simulator.engine import Simulation
+from sharefl.simulator.federated import SimulationStrategy, SimulationTrainer, deployment_for
+from sharefl.simulator.models import build_model
+from sharefl.simulator.runner import run_grid
+from sharefl.simulator.training import FlatModel, LocalTraining, VectorizedClients
+
+
+def base_config(**overrides) -> dict:
+    config = {
+        "name": "test",
+        "seed": 1,
+        "rounds": 12,
+        "eval_every": 4,
+        "data": {
+            "dataset": "synthetic",
+            "options": {"num_examples": 1200, "shape": [1, 8, 8], "noise": 0.4},
+            "partition": "iid",
+        },
+        "model": {"name": "mlp", "options": {"hidden": [32]}},
+        "clients": {"honest": 8},
+        "training": {"batch_size": 16, "local_steps": 4, "learning_rate": 0.5, "upload": "delta"},
+        "secure_aggregation": {"cluster_size": 1},
+        "aggregator": {"name": "mean"},
+    }
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(config.get(key), dict):
+            config[key] = {**config[key], **value}
+        else:
+            config[key] = value
+    return config
+
+
+def run_once(config: dict) -> tuple[Simulation, list]:
+    (run,) = expand(config)
+    sim = Simulation(run)
+    records = []
+    sim.run_rounds(records.append)
+    return sim, [r for r in records if r.accuracy is not None]
+
+
+# -- configuration ------------------------------------------------------------------------
+
+
+def test_lists_expand_into_a_grid_with_variants_labels_and_paper_values():
+    config = base_config(seed=[1, 2], label="lr={training.learning_rate}")
+    config["training"]["learning_rate"] = [0.1, 0.5]
+    config["variant"] = [{}, {"label": "plain", "training": {"learning_rate": 0.3}}]
+    config["paper"] = {"lr=0.1": 0.9}
+    runs = expand(config)
+    assert len(runs) == 2 * 2 + 2
+    labels = [r.label for r in runs]
+    assert labels.count("lr=0.1") == 2 and labels.count("plain") == 2
+    assert {r.paper for r in runs if r.label == "lr=0.1"} == {0.9}
+    assert all(r.paper is None for r in runs if r.label != "lr=0.1")
+    assert len({r.run_id for r in runs}) == len(runs)
+    assert expand(config)[0].run_id == runs[0].run_id  # stable
+
+
+@pytest.mark.parametrize(
+    ("patch", "message"),
+    [
+        ({"clients": {"honest": 0}}, "clients.honest"),
+        ({"training": {"batch_size": "16"}}, "training.batch_size must be an integer"),
+        ({"training": {"colour": 1}}, "unknown key(s) in [training]"),
+        ({"rounds": 0}, "rounds must be >= 1"),
+        ({"bogus": 1}, "unknown key(s)"),
+        ({"attack": {"name": "label_flipping"}}, "needs clients.byzantine"),
+        ({"training": {"upload": "gradient"}}, "local_steps = 1"),
+        ({"privacy": {"enabled": True}}, "privacy.epsilon"),
+    ],
+)
+def test_invalid_configurations_name_the_key(patch, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        expand(base_config(**patch))
+
+
+def test_the_noise_filter_refuses_cluster_sums():
+    config = base_config(
+        privacy={"enabled": True, "noise_multiplier": 1.0, "clipping": "normalize"},
+        secure_aggregation={"cluster_size": 3},
+        aggregator={"name": "noise_filter"},
+        data={**base_config()["data"], "auxiliary_per_class": 2},
+    )
+    (run,) = expand(config)
+    with pytest.raises(ConfigError, match="individual uploads"):
+        Simulation(run)
+
+
+def test_shipped_experiment_files_parse():
+    for name, count in [
+        ("quickstart", 1),
+        ("seed000_table15", 18),
+        ("seed000_figure1", 24),
+        ("seed000_table3", 6),
+    ]:
+        runs = load_runs(f"experiments/{name}.toml")
+        assert len(runs) == count, name
+        if name != "quickstart":
+            assert all(r.paper is not None for r in runs), name
+
+
+# -- learning, privacy, robustness ---------------------------------------------------------
+
+
+def test_the_loop_learns_on_synthetic_data():
+    _, evals = run_once(base_config())
+    assert evals[0].accuracy < evals[-1].accuracy
+    assert evals[-1].accuracy > 0.8
+
+
+def test_dp_training_reports_the_calibrated_epsilon_and_still_learns():
+    config = base_config(
+        rounds=12,
+        privacy={"enabled": True, "epsilon": 4.0, "clipping": "flat", "clip": 1.0},
+    )
+    sim, evals = run_once(config)
+    assert sim.privacy.noise_multiplier > 0
+    assert evals[-1].epsilon == pytest.approx(4.0, rel=0.02)
+    assert all(a.epsilon < b.epsilon for a, b in itertools.pairwise(evals))
+    assert evals[-1].accuracy > 0.5
+
+
+def test_byzantine_clients_break_the_mean_and_a_robust_rule_filters_them():
+    attack = {"name": "sign_flipping", "options": {"scale": 10.0}}
+    common = {"clients": {"honest": 8, "byzantine": 3}, "attack": attack}
+    _, mean = run_once(base_config(**common))
+    _, robust = run_once(base_config(**common, aggregator={"name": "median"}))
+    _, clean = run_once(base_config())
+    assert mean[-1].accuracy < 0.5
+    assert robust[-1].accuracy > 0.8
+    assert robust[-1].accuracy > clean[-1].accuracy - 0.1
+
+
+def test_label_flipping_and_share_clusters_with_a_robust_rule_learn():
+    config = base_config(
+        clients={"honest": 9, "byzantine": 3},
+        attack={"name": "label_flipping"},
+        secure_aggregation={"cluster_size": 3},
+        aggregator={"name": "trimmed_mean", "options": {"f": 1}},
+    )
+    _, evals = run_once(config)
+    assert evals[-1].accuracy > 0.8
+
+
+def test_secure_and_clear_cluster_sums_are_identical():
+    rng = np.random.default_rng(0)
+    inputs = {cid: rng.normal(0, 0.1, 500).astype(np.float32) for cid in range(10)}
+    kwargs = {"cluster_size": 3, "reclusterings": 1, "seed": 7, "clip": 1.0}
+    secure = secure_sum(inputs, **kwargs)
+    clear = secure_sum(inputs, **kwargs, protocol=False)
+    assert [s.members for s in secure.clusters] == [s.members for s in clear.clusters]
+    for a, b in zip(secure.clusters, clear.clusters, strict=True):
+        np.testing.assert_array_equal(a.ring_sum, b.ring_sum)
+
+
+def test_a_run_with_the_protocol_equals_the_same_run_in_the_clear():
+    config = base_config(
+        rounds=3,
+        clients={"honest": 7},
+        secure_aggregation={"cluster_size": 3, "enabled": True},
+    )
+    secure, _ = run_once(config)
+    config["secure_aggregation"] = {"cluster_size": 3, "enabled": False}
+    clear, _ = run_once(config)
+    torch.testing.assert_close(secure.w, clear.w, rtol=0, atol=0)
+
+
+def test_the_vectorised_dp_step_matches_the_reference_dpsgd():
+    torch.manual_seed(0)
+    model = build_model("mlp", input_shape=(1, 6, 6), hidden=(8,))
+    flat = FlatModel(model)
+    inputs, targets = torch.rand(60, 1, 6, 6), torch.randint(0, 10, (60,))
+    parts = [list(range(0, 20)), list(range(20, 40)), list(range(40, 60))]
+    training = LocalTraining(
+        batch_size=5, upload="gradient", sampling="shuffle", clipping=FlatClipping(0.5)
+    )
+    clients = VectorizedClients(flat, inputs, targets, parts, training)
+    gen = torch.Generator().manual_seed(3)
+    rows, mask = clients.sample(torch.tensor([0, 1, 2]), gen)
+    w = flat.initial()
+    ours = clients._private_gradient(
+        w.repeat(3, 1), rows, mask, 0.0, torch.Generator().manual_seed(0), None
+    )
+    for k in range(3):
+        dp = DPSGD(
+            model,
+            torch.nn.functional.cross_entropy,
+            DPSGDConfig(FlatClipping(0.5), 0.0, expected_batch_size=5),
+            generator=torch.Generator().manual_seed(0),
+        )
+        reference = dp.privatize(inputs[rows[k]], targets[rows[k]]).flat
+        torch.testing.assert_close(ours[k], reference, rtol=1e-5, atol=1e-6)
+
+
+def test_poisson_batches_are_masked_samples_of_each_client():
+    model = FlatModel(build_model("mlp", input_shape=(1, 4, 4), hidden=()))
+    parts = [list(range(0, 50)), list(range(50, 80))]
+    training = LocalTraining(batch_size=10, clipping=FlatClipping(1.0), noise=1.0)
+    clients = VectorizedClients(
+        model, torch.rand(80, 1, 4, 4), torch.randint(0, 10, (80,)), parts, training
+    )
+    gen = torch.Generator().manual_seed(0)
+    counts = np.zeros(2)
+    for _ in range(300):
+        rows, mask = clients.sample(torch.tensor([0, 1]), gen)
+        assert bool(((rows[0] < 50) | ~mask[0]).all()) and bool((rows[1] >= 50)[mask[1]].all())
+        counts += mask.sum(1).numpy()
+    np.testing.assert_allclose(counts / 300, [10, 10], rtol=0.1)
+
+
+# -- outputs, CLI-level runner, gRPC -------------------------------------------------------
+
+
+def test_runner_writes_results_and_skips_finished_runs(tmp_path):
+    config = base_config(rounds=4, seed=[1, 2])
+    runs = expand(config)
+    first = run_grid(runs, tmp_path)
+    assert [o.skipped for o in first] == [False, False]
+    folder = first[0].folder
+    lines = [json.loads(x) for x in (folder / "rounds.jsonl").read_text().splitlines()]
+    assert [x["round"] for x in lines] == [4]
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["final_accuracy"] == lines[-1]["accuracy"]
+    assert summary["seed"] == 1 and summary["label"] == runs[0].label
+    again = run_grid(runs, tmp_path)
+    assert [o.skipped for o in again] == [True, True]
+
+
+def test_the_same_run_trains_over_grpc(tmp_path):
+    config = base_config(
+        rounds=6,
+        eval_every=2,
+        clients={"honest": 5, "byzantine": 1},
+        attack={"name": "label_flipping"},
+        secure_aggregation={"cluster_size": 3},
+        aggregator={"name": "trimmed_mean", "options": {"f": 0}},
+        privacy={"enabled": True, "noise_multiplier": 0.3, "clipping": "flat"},
+    )
+    (run,) = expand(config)
+    strategy = SimulationStrategy(run, tmp_path / "grpc")
+    deployment = deployment_for(run, strategy.dim)
+
+    async def main():
+        ready = asyncio.Event()
+        port = _free_port()
+        cfg = deployment.__class__(
+            server=deployment.server.__class__(
+                **{**vars(deployment.server), "address": f"127.0.0.1:{port}"}
+            ),
+            model=deployment.model,
+            secure_aggregation=deployment.secure_aggregation,
+        )
+        server = asyncio.create_task(serve(cfg, ready=ready, strategy=strategy, log=lambda _: None))
+        await ready.wait()
+        clients = [
+            ClientRuntime(cid, f"127.0.0.1:{port}", trainer=SimulationTrainer(run, cid)).run()
+            for cid in range(run.clients.total)
+        ]
+        await asyncio.gather(*clients)
+        return await server
+
+    result = asyncio.run(main())
+    assert len(result.reports) == 6
+    lines = [json.loads(x) for x in (tmp_path / "grpc" / "rounds.jsonl").read_text().splitlines()]
+    assert [x["round"] for x in lines] == [2, 4, 6]
+    assert lines[-1]["accuracy"] > max(0.3, lines[0]["accuracy"])
+    assert not math.isnan(lines[-1]["epsilon"])
+    assert (tmp_path / "grpc" / "summary.json").exists()
+
+
+def _free_port() -> int:
+    from sharefl.protocol.run import free_port
+
+    return free_port()
+
+
+@pytest.mark.slow
+def test_quickstart_reaches_95_percent(tmp_path):
+    (run,) = load_runs("experiments/quickstart.toml")
+    sim = Simulation(run)
+    last = sim.run_rounds()
+    assert last.accuracy >= 0.95
+    assert last.epsilon == pytest.approx(2.0, rel=0.01)
