@@ -164,6 +164,31 @@ def test_label_flipping_and_share_clusters_with_a_robust_rule_learn():
     assert evals[-1].accuracy > 0.8
 
 
+def test_seed000_protocol_with_the_noise_filter_resists_label_flipping():
+    data = {**base_config()["data"], "auxiliary_per_class": 2, "honest_only": True}
+    config = base_config(
+        rounds=30,
+        eval_every=10,
+        data=data,
+        clients={"honest": 6, "byzantine": 9},
+        training={"batch_size": 16, "local_steps": 1, "upload": "gradient"},
+        privacy={
+            "enabled": True,
+            "noise_multiplier": 0.5,
+            "clipping": "normalize",
+            "momentum": 0.1,
+        },
+        attack={"name": "label_flipping"},
+        aggregator={"name": "noise_filter", "options": {"first_stage": False}},
+        server={"learning_rate": 2.0},
+    )
+    sim, evals = run_once(config)
+    assert sim.noise_filter is not None and sim.noise_filter.state.rounds == 30
+    selected = sim.noise_filter.state.cumulative.topk(6).indices
+    assert int((selected < 6).sum()) >= 5  # the filter keeps (almost only) honest workers
+    assert evals[-1].accuracy > 0.7
+
+
 def test_secure_and_clear_cluster_sums_are_identical():
     rng = np.random.default_rng(0)
     inputs = {cid: rng.normal(0, 0.1, 500).astype(np.float32) for cid in range(10)}

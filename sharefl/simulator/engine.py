@@ -451,10 +451,11 @@ class Simulation:
     def _auxiliary_gradient(self) -> Tensor:
         """The server's clean gradient on its auxiliary data at the current model."""
         assert self.auxiliary is not None
-        w = self.w.detach().clone().requires_grad_(True)
-        out = self.model(w, self.auxiliary.inputs)
-        loss = nn.functional.cross_entropy(out, self.auxiliary.targets)
-        (g,) = torch.autograd.grad(loss, w)
+        with torch.enable_grad():  # the filter calls this under no_grad
+            w = self.w.detach().clone().requires_grad_(True)
+            out = self.model(w, self.auxiliary.inputs)
+            loss = nn.functional.cross_entropy(out, self.auxiliary.targets)
+            (g,) = torch.autograd.grad(loss, w)
         return g
 
     # -- reporting ---------------------------------------------------------------------
