@@ -4,7 +4,6 @@ robust rule. Names are the configuration's vocabulary; each factory raises
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -173,13 +172,15 @@ def build_rule(name: str, options: dict[str, Any], pre: list[str], generator: to
     return robust.Pipeline(aggregator=rule, pre=tuple(steps))
 
 
-def honest_fraction(honest: int, total: int) -> float:
-    """γ, the true honest fraction (the noise filter's default belief)."""
-    return honest / total if total else 1.0
-
-
-def byzantine_count(honest: int, fraction: float) -> int:
-    """seed000's Byzantine count for a Byzantine fraction p of all workers: ⌊H·p/(1−p)⌋."""
-    if not 0 <= fraction < 1:
-        raise ConfigError("the Byzantine fraction must be in [0, 1)")
-    return math.floor(honest * fraction / (1 - fraction) + 1e-9)
+def build_noise_filter(
+    options: dict[str, Any], *, noise_multiplier: float, batch_size: int, honest: int, total: int
+) -> robust.NoiseAwareFilter:
+    """seed000's two-stage filter for the run's σ and b_c; γ defaults to the true honest
+    fraction ``honest / total``."""
+    options = {
+        "honest_fraction": honest / total,
+        "batch_size": batch_size,
+        **options,
+        "noise_multiplier": noise_multiplier,
+    }
+    return _construct("aggregator", "noise_filter", robust.NoiseAwareFilter, options)

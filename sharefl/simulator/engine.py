@@ -27,7 +27,6 @@ evaluation.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -289,15 +288,12 @@ class Simulation:
                 )
             if self.auxiliary is None or not run.privacy.enabled:
                 raise ConfigError("the noise filter needs data.auxiliary_per_class and privacy")
-            options = dict(agg.options)
-            options.setdefault(
-                "honest_fraction",
-                components.honest_fraction(run.clients.honest, run.clients.total),
-            )
-            options.setdefault("batch_size", run.training.batch_size)
-            options["noise_multiplier"] = self.privacy.noise_multiplier
-            self.noise_filter = components._construct(
-                "aggregator", "noise_filter", NoiseAwareFilter, options
+            self.noise_filter = components.build_noise_filter(
+                agg.options,
+                noise_multiplier=self.privacy.noise_multiplier,
+                batch_size=run.training.batch_size,
+                honest=run.clients.honest,
+                total=run.clients.total,
             )
             return
         rule = components.build_rule(agg.name, agg.options, agg.pre, self.generator)
@@ -324,16 +320,23 @@ class Simulation:
     def step(self) -> RoundRecord:
         """Run one round; evaluate when due. Returns the round's record."""
         honest, byzantine = self.participants()
-        sigma = self.sigma()
-        momentum = None if self.momentum is None else self.momentum[honest]
-        uploads = self.honest.train(self.w, honest, self.generator, momentum=momentum, sigma=sigma)
-        if self.momentum is not None and momentum is not None:
-            self.momentum[honest] = momentum
-        if honest:
-            self.accountant_step()
+        uploads = self._train_honest(honest, self.w)
         if byzantine:
-            uploads = torch.cat([uploads, self._byzantine_uploads(byzantine, uploads, sigma)])
+            uploads = torch.cat(
+                [uploads, self._byzantine_uploads(byzantine, uploads, self.sigma())]
+            )
         return self.apply(self._aggregate(uploads, honest + byzantine))
+
+    def _train_honest(self, ids: list[int], w: Tensor) -> Tensor:
+        """Uploads ``[len(ids), d]`` of honest clients ``ids``; keeps seed000's momentum
+        state and the accountant up to date."""
+        momentum = None if self.momentum is None else self.momentum[ids]
+        uploads = self.honest.train(w, ids, self.generator, momentum=momentum, sigma=self.sigma())
+        if self.momentum is not None and momentum is not None:
+            self.momentum[ids] = momentum
+        if ids:
+            self.accountant_step()
+        return uploads
 
     def accountant_step(self) -> None:
         """Account one round of an honest participant's local steps."""
@@ -364,14 +367,7 @@ class Simulation:
         """One client's upload ``[d]`` from the global ``w`` (a client process over gRPC):
         honest training, or label-flipping / own-data attacks for Byzantine ids."""
         if client_id < self.run.clients.honest:
-            momentum = None if self.momentum is None else self.momentum[[client_id]]
-            upload = self.honest.train(
-                w, [client_id], self.generator, momentum=momentum, sigma=self.sigma()
-            )
-            if momentum is not None and self.momentum is not None:
-                self.momentum[[client_id]] = momentum
-            self.accountant_step()
-            return upload[0]
+            return self._train_honest([client_id], w)[0]
         if self.byzantine is None:
             raise ConfigError(
                 f"attack {self.attack.name!r} needs other clients' uploads; over gRPC only "
@@ -489,7 +485,3 @@ def describe_privacy(plan: PrivacyPlan) -> dict[str, Any]:
         "target_epsilon": plan.target_epsilon,
         "steps_per_round": plan.steps_per_round,
     }
-
-
-def finite_or_none(value: float | None) -> float | None:
-    return None if value is None or not math.isfinite(value) else value

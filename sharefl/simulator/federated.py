@@ -17,6 +17,7 @@ same data partition and model; then
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -31,8 +32,8 @@ from sharefl.protocol.deploy import (
     ServerSection,
 )
 from sharefl.simulator.config import ConfigError, RunConfig, load_runs
-from sharefl.simulator.engine import Simulation, describe_privacy
-from sharefl.simulator.runner import device_description
+from sharefl.simulator.engine import RoundRecord, Simulation
+from sharefl.simulator.runner import device_description, run_summary
 
 
 def single_run(path: str | Path, seed: int | None = None) -> RunConfig:
@@ -86,7 +87,7 @@ class SimulationStrategy:
         self.simulation = Simulation(run)
         self.run = run
         self.folder = None if out is None else Path(out)
-        self.records: list[dict] = []
+        self.records: list[RoundRecord] = []
         if self.folder is not None:
             self.folder.mkdir(parents=True, exist_ok=True)
             (self.folder / "config.json").write_text(
@@ -112,38 +113,30 @@ class SimulationStrategy:
         record = sim.apply(aggregate)
         note = ""
         if record.accuracy is not None:
-            entry = record.to_json() | {"seconds": round(time.perf_counter() - self.started, 3)}
-            self.records.append(entry)
+            record = dataclasses.replace(record, seconds=time.perf_counter() - self.started)
+            self.records.append(record)
             if self.folder is not None:
                 with (self.folder / "rounds.jsonl").open("a") as log:
-                    log.write(json.dumps(entry) + "\n")
+                    log.write(json.dumps(record.to_json()) + "\n")
             eps = "" if record.epsilon is None else f", ε {record.epsilon:.3g}"
             note = f", test accuracy {record.accuracy:.4f}{eps}"
             if record.round == self.run.rounds:
-                self._write_summary(entry)
+                self._write_summary(record)
         new = sim.w.detach().cpu().numpy().astype(np.float32)
         return new, aggregate.detach().cpu().numpy(), note
 
-    def _write_summary(self, last: dict) -> None:
+    def _write_summary(self, last: RoundRecord) -> None:
         if self.folder is None:
             return
         run, sim = self.run, self.simulation
-        summary = {
-            "run_id": run.run_id,
-            "name": run.name,
-            "label": f"{run.label} (gRPC)" if run.label else "gRPC",
-            "seed": run.seed,
-            "final_accuracy": last["accuracy"],
-            "best_accuracy": max(r["accuracy"] for r in self.records),
-            "epsilon": last["epsilon"],
-            "delta": sim.privacy.delta if run.privacy.enabled else None,
-            "rounds": run.rounds,
-            "wall_seconds": last["seconds"],
-            "device": device_description(sim.device) + f", {run.clients.total} client processes",
-            "paper": None,
-            "privacy": describe_privacy(sim.privacy),
-            "config": run.to_dict(),
-        }
+        summary = run_summary(
+            sim,
+            last,
+            [r.accuracy for r in self.records if r.accuracy is not None],
+            label=f"{run.label} (gRPC)" if run.label else "gRPC",
+            device=device_description(sim.device) + f", {run.clients.total} client processes",
+        )
+        summary["paper"] = None
         (self.folder / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
 
 

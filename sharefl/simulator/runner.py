@@ -68,6 +68,34 @@ def _bar(done: int, total: int, width: int = 24) -> str:
     return "[" + "#" * filled + "." * (width - filled) + "]"
 
 
+def run_summary(
+    sim: Simulation,
+    last: RoundRecord,
+    accuracies: Sequence[float],
+    *,
+    label: str | None = None,
+    device: str | None = None,
+) -> dict[str, Any]:
+    """The ``summary.json`` of a finished run (``label``/``device`` override the run's)."""
+    run = sim.run
+    return {
+        "run_id": run.run_id,
+        "name": run.name,
+        "label": run.label if label is None else label,
+        "seed": run.seed,
+        "final_accuracy": last.accuracy,
+        "best_accuracy": max(accuracies) if accuracies else None,
+        "epsilon": last.epsilon,
+        "delta": sim.privacy.delta if run.privacy.enabled else None,
+        "rounds": run.rounds,
+        "wall_seconds": round(last.seconds, 2),
+        "device": device or device_description(sim.device),
+        "paper": run.paper,
+        "privacy": describe_privacy(sim.privacy),
+        "config": run.to_dict(),
+    }
+
+
 def run_one(
     run: RunConfig,
     out: Path,
@@ -106,22 +134,7 @@ def run_one(
                 )
 
         last = sim.run_rounds(on_round)
-    summary = {
-        "run_id": run.run_id,
-        "name": run.name,
-        "label": run.label,
-        "seed": run.seed,
-        "final_accuracy": last.accuracy,
-        "best_accuracy": max(accuracies) if accuracies else None,
-        "epsilon": last.epsilon,
-        "delta": sim.privacy.delta if run.privacy.enabled else None,
-        "rounds": run.rounds,
-        "wall_seconds": round(last.seconds, 2),
-        "device": device_description(sim.device),
-        "paper": run.paper,
-        "privacy": describe_privacy(sim.privacy),
-        "config": run.to_dict(),
-    }
+    summary = run_summary(sim, last, accuracies)
     summary_path.write_text(json.dumps(summary, indent=2, default=str))
     if progress is not None:
         progress.update(

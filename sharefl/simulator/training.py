@@ -344,8 +344,3 @@ def sample_rate(batch_size: int, examples: int) -> float:
     if examples < 1:
         raise TrainingError("a client needs at least one example")
     return min(1.0, batch_size / examples)
-
-
-def steps_per_epoch(batch_size: int, examples: int) -> int:
-    """⌈n / B⌉."""
-    return math.ceil(examples / batch_size)
