@@ -315,6 +315,28 @@ def test_the_same_run_trains_over_grpc(tmp_path):
     assert (tmp_path / "grpc" / "summary.json").exists()
 
 
+@pytest.mark.parametrize(
+    ("patch", "message"),
+    [
+        ({"secure_aggregation": {"cluster_size": 1}}, "cluster_size >= 2"),
+        (
+            {"clients": {"honest": 8, "per_round": 4}, "secure_aggregation": {"cluster_size": 3}},
+            "per_round = 0",
+        ),
+    ],
+)
+def test_a_deployment_refuses_runs_it_cannot_carry(patch, message):
+    (run,) = expand(base_config(**patch))
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        deployment_for(run, 100)
+
+
+def test_a_client_process_refuses_an_id_outside_the_run():
+    (run,) = expand(base_config())
+    with pytest.raises(ConfigError, match=re.escape("not in 0..7")):
+        SimulationTrainer(run, 8)
+
+
 def _free_port() -> int:
     from sharefl.protocol.run import free_port
 
