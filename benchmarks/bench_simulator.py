@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from common import compare, emit, emit_machine, finish
 
+from sharefl.machine import keep_freed_memory
 from sharefl.privacy import DPSGD, DPSGDConfig, Normalization
 from sharefl.simulator.config import load_runs
 from sharefl.simulator.datasets import synthetic_dataset
@@ -74,6 +75,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    keep_freed_memory()  # as `sharefl simulate` does, for both paths
     repeat = 3 if args.quick else 8
     emit_machine("simulator", device=args.device, torch_threads=torch.get_num_threads())
 

@@ -62,14 +62,20 @@ def _cmd_launch(args: argparse.Namespace) -> int:
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
+    from sharefl.machine import keep_freed_memory
     from sharefl.simulator.config import ConfigError, load_runs
     from sharefl.simulator.runner import Progress, run_grid
 
+    keep_freed_memory()  # per-example gradients: ~2× faster without a page fault per page
     overrides = {"rounds": args.rounds} if args.rounds else None
     try:
         runs = load_runs(args.config, overrides)
         if args.seeds:
             runs = [r for r in runs if r.seed in args.seeds]
+        if args.match:
+            runs = [r for r in runs if args.match in r.label]
+        if not runs:
+            raise ConfigError("no run of the file matches --seeds/--match")
         outcomes = run_grid(runs, args.out, device=args.device, progress=Progress())
     except ConfigError as exc:
         print(f"sharefl simulate: {exc}", file=sys.stderr)
@@ -107,6 +113,7 @@ def _add_simulation_commands(sub) -> None:
     simulate.add_argument("--device", help="cpu, cuda or cuda:N (overrides the config)")
     simulate.add_argument("--rounds", type=int, help="override the number of rounds")
     simulate.add_argument("--seeds", type=int, nargs="+", help="only the runs with these seeds")
+    simulate.add_argument("--match", help="only the runs whose label contains this text")
     simulate.set_defaults(func=_cmd_simulate)
 
     report = sub.add_parser("report", help="Markdown table and PNG plots of finished runs")

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from sharefl.cli import main as cli_main
 from sharefl.privacy import DPSGD, DPSGDConfig, FlatClipping
 from sharefl.protocol.driver import secure_sum
 from sharefl.protocol.grpc_client import ClientRuntime
@@ -271,6 +272,41 @@ def test_runner_writes_results_and_skips_finished_runs(tmp_path):
     assert summary["seed"] == 1 and summary["label"] == runs[0].label
     again = run_grid(runs, tmp_path)
     assert [o.skipped for o in again] == [True, True]
+
+
+def test_simulate_command_runs_the_matching_part_of_a_grid(tmp_path):
+    config = base_config(rounds=2, label="lr={training.learning_rate}")
+    config["training"]["learning_rate"] = [0.1, 0.5]
+    path = tmp_path / "grid.toml"
+    path.write_text(_toml(config), encoding="utf-8")
+    out = tmp_path / "out"
+    assert cli_main(["simulate", str(path), "--out", str(out), "--match", "lr=0.5"]) == 0
+    (summary,) = [json.loads(p.read_text()) for p in out.glob("*/summary.json")]
+    assert summary["label"] == "lr=0.5"
+    assert cli_main(["simulate", str(path), "--out", str(out), "--match", "lr=9"]) == 2
+
+
+def _toml(config: dict) -> str:
+    """A minimal TOML writer for the nested dicts of :func:`base_config`."""
+
+    def value(v) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, str):
+            return json.dumps(v)
+        if isinstance(v, list):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        if isinstance(v, dict):
+            return "{ " + ", ".join(f"{k} = {value(x)}" for k, x in v.items()) + " }"
+        return repr(v)
+
+    top = [f"{k} = {value(v)}" for k, v in config.items() if not isinstance(v, dict)]
+    tables = [
+        f"[{k}]\n" + "\n".join(f"{kk} = {value(vv)}" for kk, vv in v.items())
+        for k, v in config.items()
+        if isinstance(v, dict)
+    ]
+    return "\n".join(top) + "\n\n" + "\n\n".join(tables) + "\n"
 
 
 def test_the_same_run_trains_over_grpc(tmp_path):

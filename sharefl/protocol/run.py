@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -222,10 +223,13 @@ def launch(config_path: str, clients: int | None, *, trainer: str, out: str | No
     procs = []
     try:
         time.sleep(0.3)
+        # Many client processes share this machine's cores: one compute thread each, or
+        # every process's thread pool fights for the same cores (unless the user says).
+        client_env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
         for cid in range(clients):
             cmd = [*python, "client", "--server", address, "--id", str(cid)]
             cmd += ["--config", config_path] if simulation else ["--trainer", trainer]
-            procs.append(subprocess.Popen(cmd + (["--keys", keys] if keys else [])))
+            procs.append(subprocess.Popen(cmd + (["--keys", keys] if keys else []), env=client_env))
         status = server.wait()
     except KeyboardInterrupt:
         server.terminate()

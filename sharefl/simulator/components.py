@@ -66,8 +66,10 @@ def _construct(kind: str, name: str, cls: type, options: dict[str, Any]) -> Any:
 
 
 def build_clipping(privacy: PrivacyConfig) -> ClippingMode | None:
-    """The per-example clipping mode of a private run (``None`` when privacy is off)."""
-    if not privacy.enabled:
+    """The per-example clipping mode of a private run: ``None`` when privacy is off or at
+    client level (Fed-SDP trains without per-example clipping and clips the whole update,
+    see :meth:`~sharefl.simulator.engine.Simulation.privatize_uploads`)."""
+    if not privacy.enabled or privacy.level == "client":
         return None
     if privacy.clipping == "flat":
         return FlatClipping(privacy.clip)

@@ -12,7 +12,8 @@ Layout (every key optional unless noted; defaults in the dataclasses below)::
     [model]       name, options, init_seed
     [clients]     honest, byzantine, per_round
     [training]    batch_size, local_steps, learning_rate, upload, sampling
-    [privacy]     epsilon or noise_multiplier, delta, clipping, clip, momentum, schedule
+    [privacy]     epsilon or noise_multiplier, delta, clipping, clip, momentum, schedule,
+                  level ("example" DP-SGD / "client" Fed-SDP), sample_rate, conversion
     [attack]      name, options, start_fraction
     [secure_aggregation]  enabled, cluster_size, reclusterings, bits, clip, allow_leakage
     [aggregator]  name, options, pre
@@ -119,17 +120,42 @@ class TrainingConfig:
 
 @dataclass(frozen=True)
 class PrivacyConfig:
+    """Differential privacy of the honest clients.
+
+    ``level`` picks what is protected:
+
+    - ``"example"``: per-example DP-SGD at every local step (clipping mode ``clipping``,
+      bound ``clip``, noise σ_t·S/B); one sampled Gaussian mechanism per local step with
+      q = B/|D_i| · per_round/total (seed003's instance level);
+    - ``"client"``: Fed-SDP (seed003 §4, after McMahan et al.). The clients train without
+      per-example clipping or noise; each honest upload is clipped to l2 norm ``clip`` = C
+      and gets its share N(0, σ_t²C²/h) of the noise, h = the round's honest participants,
+      so the mean over K = h uploads carries std σ_t·C/K, exactly server-side Fed-SDP's
+      aggregate. One sampled Gaussian mechanism per round with q = per_round/total (1 when
+      everybody takes part); δ defaults to 1/N^1.1 for N clients. The guarantee is that of
+      the *sum*: a single upload carries only σ/√h, so the mean is the only aggregator
+      allowed (no clusters, no robust rule).
+
+    ``sample_rate`` > 0 replaces the computed q in the accounting and the calibration (not
+    in the training): the paper's accounting, e.g. seed003's q₁ = B·K_t/|D| = 0.01 for
+    MNIST, where the computed q of its replicated split would be 0.001.
+    ``conversion = "classic"`` is the RDP → (ε, δ) bound of TF-Privacy's moments
+    accountant, which seed003's ε use.
+    """
+
     enabled: bool = False
     epsilon: float = 0.0  # > 0: σ calibrated by the accountant for this target
-    delta: float = 0.0  # 0: 1 / |D_i|^1.1 (seed000's choice)
+    delta: float = 0.0  # 0: 1 / |D_i|^1.1 (seed000's choice; 1 / N^1.1 at client level)
     noise_multiplier: float = 0.0  # used when epsilon = 0
     clipping: str = "flat"  # "flat", "per_layer", "l2max", "normalize"
     clip: float = 1.0
     momentum: float = 0.0  # seed000's per-example momentum β ("normalize")
     schedule: str = "constant"  # "constant", "linear", "staircase", "exponential", "cyclic"
     schedule_options: dict[str, Any] = field(default_factory=dict)
-    accountant: str = "rdp"
-    conversion: str = "improved"
+    accountant: str = "rdp"  # "rdp" or "pld"
+    conversion: str = "improved"  # "improved" or "classic" (RDP only)
+    level: str = "example"  # "example" (DP-SGD) or "client" (Fed-SDP)
+    sample_rate: float = 0.0  # > 0: q of the accounting (the paper's); 0: computed
 
     def __post_init__(self) -> None:
         _require(
@@ -144,6 +170,35 @@ class PrivacyConfig:
             not self.enabled or self.epsilon > 0 or self.noise_multiplier > 0,
             "privacy.enabled needs privacy.epsilon (target) or privacy.noise_multiplier",
         )
+        _require(self.accountant in ("rdp", "pld"), 'privacy.accountant must be "rdp" or "pld"')
+        _require(
+            self.conversion in ("improved", "classic"),
+            'privacy.conversion must be "improved" or "classic"',
+        )
+        _require(
+            self.accountant == "rdp" or self.conversion == "improved",
+            'privacy.conversion = "classic" is an RDP bound: set privacy.accountant = "rdp"',
+        )
+        _require(
+            self.sample_rate == 0 or 0 < self.sample_rate <= 1,
+            "privacy.sample_rate must be in (0, 1] (or 0: q computed from training.batch_size,"
+            " the client's examples and clients.per_round)",
+        )
+        _require(
+            self.level in ("example", "client"),
+            'privacy.level must be "example" (per-example DP-SGD) or "client" (Fed-SDP)',
+        )
+        if self.level == "client":
+            _require(
+                self.clipping == "flat",
+                'privacy.level = "client" clips each whole update to privacy.clip: set '
+                f'privacy.clipping = "flat" (got {self.clipping!r}, a per-example mode)',
+            )
+            _require(
+                self.momentum == 0,
+                "privacy.momentum is seed000's per-example momentum; privacy.level = "
+                '"client" has none: set privacy.momentum = 0',
+            )
 
 
 @dataclass(frozen=True)
@@ -228,6 +283,8 @@ class RunConfig:
             self.attack.name == "none" or self.clients.byzantine > 0,
             f"attack {self.attack.name!r} needs clients.byzantine > 0",
         )
+        if self.privacy.enabled and self.privacy.level == "client":
+            _check_client_level(self)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -238,6 +295,24 @@ class RunConfig:
         blob = json.dumps(self.to_dict(), sort_keys=True, default=str).encode()
         slug = re.sub(r"[^A-Za-z0-9]+", "-", f"{self.name}-{self.label}").strip("-")[:60]
         return f"{slug}-s{self.seed}-{hashlib.sha256(blob).hexdigest()[:10]}"
+
+
+def _check_client_level(run: RunConfig) -> None:
+    """Fed-SDP splits the noise among the round's honest participants, so only the plain
+    mean of the uploads carries N(0, σ²C²/K²): refuse whatever looks at single uploads or
+    at partial sums (clusters carry too little noise)."""
+    agg = run.aggregator
+    _require(
+        agg.name == "mean" and not agg.pre,
+        'privacy.level = "client" splits the noise among the participants, so only the '
+        f'mean of all uploads is private: set aggregator.name = "mean" (got {agg.name!r}) '
+        "and no aggregator.pre",
+    )
+    _require(
+        run.secure_aggregation.cluster_size == 1,
+        'privacy.level = "client" adds σC/√K per client, so a cluster sum of m < K clients '
+        "would carry too little noise: set secure_aggregation.cluster_size = 1",
+    )
 
 
 _SECTIONS = {f.name: f for f in dataclasses.fields(RunConfig)}

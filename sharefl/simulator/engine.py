@@ -18,15 +18,28 @@ Each round:
    the individual uploads and the server's auxiliary data) runs over the uploads;
 5. the server steps ``w ← w − η_s · (momentum of) aggregate``.
 
-Privacy: every honest client's accountant composes one Poisson-sampled Gaussian mechanism
-per local step with rate ``q = B / n_i`` (times ``per_round / N`` when clients are
-sampled, the instance-level amplification seed003 uses); σ is calibrated to reach
-``privacy.epsilon`` after the last round, and ε spent so far is reported at every
-evaluation.
+Privacy (``privacy.level``):
+
+- ``"example"`` (DP-SGD): every honest client's accountant composes one Poisson-sampled
+  Gaussian mechanism per local step with rate ``q = B / n_i`` (times ``per_round / N``
+  when clients are sampled, the instance-level amplification seed003 uses);
+- ``"client"`` (Fed-SDP): the honest clients train in the clear, then every upload is
+  clipped to C and noised at the client (:meth:`Simulation.privatize_uploads`); one
+  sampled Gaussian mechanism per round with ``q = per_round / N`` (1 when every client
+  takes part). Participants are drawn without replacement but accounted as Poisson
+  sampling, as seed003 (and TF-Privacy) do. seed003 reports Fed-SDP's ε over T + 1
+  rounds (101 mechanisms: 0.854 at q = 0.1, σ = 6, δ = 1e-5, classic conversion); this
+  engine accounts the T rounds that ran: 100 give 0.849.
+
+``privacy.sample_rate > 0`` replaces the computed q in the accounting and calibration
+(the paper's q, e.g. seed003's B·K_t/|D| = 0.01: 10⁴ steps at σ = 6, δ = 1e-5, classic
+conversion give its ε = 0.823). σ is calibrated to reach ``privacy.epsilon`` after the
+last round, and ε spent so far is reported at every evaluation.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,6 +51,7 @@ from torch import Tensor, nn
 
 from sharefl.privacy.accountant import PrivacyAccountant
 from sharefl.privacy.calibration import calibrate_noise
+from sharefl.privacy.client_level import ClientDPConfig, privatize_update_
 from sharefl.protocol.driver import secure_sum
 from sharefl.robust import ClusterScale, HierarchicalAggregator, NoiseAwareFilter
 from sharefl.simulator import components
@@ -73,13 +87,15 @@ class RoundRecord:
 
 @dataclass(frozen=True)
 class PrivacyPlan:
-    """σ, δ and the per-step sampling rate of the honest clients."""
+    """σ, δ and the sampling rate of the accounted mechanisms (``steps_per_round`` of them
+    per round: the local steps at example level, 1 at client level)."""
 
     noise_multiplier: float
     delta: float
     sample_rate: float
     steps_per_round: int
     target_epsilon: float | None
+    level: str = "example"
 
 
 def resolve_device(name: str) -> torch.device:
@@ -169,6 +185,7 @@ class Simulation:
         self.w = self.model.initial().to(self.device)
         self.velocity = torch.zeros_like(self.w)
 
+        self.client_level = run.privacy.enabled and run.privacy.level == "client"
         self.privacy = self._privacy_plan(min(len(p) for p in honest_parts))
         self.learning_rate = self._server_learning_rate()
         self.clipping = components.build_clipping(run.privacy)
@@ -186,9 +203,8 @@ class Simulation:
         self.honest = VectorizedClients(
             self.model, train.inputs, train.targets, honest_parts, training
         )
-        noise_std = self.privacy.noise_multiplier / run.training.batch_size
         self.attack = components.build_attack(
-            run.attack.name, run.attack.options, noise_std=noise_std
+            run.attack.name, run.attack.options, noise_std=self._upload_noise_std()
         )
         self.byzantine: VectorizedClients | None = None
         if clients.byzantine and (self.attack.label_flipping or self._needs_own()):
@@ -224,14 +240,22 @@ class Simulation:
         return np.sort(np.concatenate(picks))
 
     def _privacy_plan(self, smallest: int) -> PrivacyPlan:
+        """σ (configured or calibrated), δ and q of the run; ``smallest`` is the fewest
+        examples an honest client holds (example level: the worst-off client)."""
         p, run = self.run.privacy, self.run
         if not p.enabled:
             return PrivacyPlan(0.0, 0.0, 0.0, run.training.local_steps, None)
-        q = sample_rate(run.training.batch_size, smallest)
-        if run.clients.per_round:
-            q *= run.clients.per_round / run.clients.total
-        delta = p.delta or default_delta(smallest)
-        steps = run.rounds * run.training.local_steps
+        clients = run.clients
+        participation = clients.per_round / clients.total if clients.per_round else 1.0
+        if self.client_level:  # one mechanism per round over the set of clients
+            q, steps_per_round = participation, 1
+            delta = p.delta or default_delta(clients.total)
+        else:
+            q = sample_rate(run.training.batch_size, smallest) * participation
+            steps_per_round = run.training.local_steps
+            delta = p.delta or default_delta(smallest)
+        q = p.sample_rate or q  # the paper's accounting, when configured
+        steps = run.rounds * steps_per_round
         sigma = p.noise_multiplier
         target = None
         if p.epsilon > 0:
@@ -239,7 +263,18 @@ class Simulation:
             sigma = calibrate_noise(
                 p.epsilon, delta, q, steps, p.accountant, conversion=p.conversion
             )
-        return PrivacyPlan(sigma, delta, q, run.training.local_steps, target)
+        return PrivacyPlan(sigma, delta, q, steps_per_round, target, p.level)
+
+    def _upload_noise_std(self) -> float:
+        """Std of the DP noise on one coordinate of an honest upload (what a Gaussian attack
+        with ``std = "dp"`` imitates): σ/B for a DP-SGD gradient, σC/√h for a Fed-SDP
+        update shared among the h honest clients expected per round."""
+        sigma = self.privacy.noise_multiplier
+        if not self.client_level:
+            return sigma / self.run.training.batch_size
+        clients = self.run.clients
+        expected = clients.per_round * clients.honest / clients.total or clients.honest
+        return sigma * self.run.privacy.clip / math.sqrt(max(1.0, expected))
 
     def _server_learning_rate(self) -> float:
         """η_s, rescaled by σ(ε_ref)/σ(ε) under seed000's rule (Eq. 4: η ∝ 1/σ)."""
@@ -247,7 +282,7 @@ class Simulation:
         if not s.noise_reference_epsilon or p.target_epsilon is None:
             return s.learning_rate
         cfg = self.run.privacy
-        steps = self.run.rounds * self.run.training.local_steps
+        steps = self.run.rounds * p.steps_per_round
         reference = calibrate_noise(
             s.noise_reference_epsilon,
             p.delta,
@@ -267,7 +302,7 @@ class Simulation:
             upload="gradient" if t.upload == "gradient" else "delta",
             sampling="poisson" if t.sampling == "poisson" else "shuffle",
             clipping=self.clipping,
-            noise=self.privacy.noise_multiplier,
+            noise=0.0 if self.client_level else self.privacy.noise_multiplier,
             denominator=denominator,
         )
 
@@ -328,14 +363,33 @@ class Simulation:
         return self.apply(self._aggregate(uploads, honest + byzantine))
 
     def _train_honest(self, ids: list[int], w: Tensor) -> Tensor:
-        """Uploads ``[len(ids), d]`` of honest clients ``ids``; keeps seed000's momentum
-        state and the accountant up to date."""
+        """Uploads ``[len(ids), d]`` of honest clients ``ids`` (privatised at client level);
+        keeps seed000's momentum state and the accountant up to date."""
         momentum = None if self.momentum is None else self.momentum[ids]
         uploads = self.honest.train(w, ids, self.generator, momentum=momentum, sigma=self.sigma())
         if self.momentum is not None and momentum is not None:
             self.momentum[ids] = momentum
+        if self.client_level and ids:
+            uploads = self.privatize_uploads(uploads)
         if ids:
             self.accountant_step()
+        return uploads
+
+    def privatize_uploads(self, uploads: Tensor) -> Tensor:
+        """Fed-SDP at the clients, in place: every row of ``uploads`` (``[h, d]``, the
+        round's h honest uploads) is clipped to l2 norm C = ``privacy.clip`` and gets its
+        share N(0, σ_t²C²/h I) of the noise (:func:`~sharefl.privacy.client_level.
+        privatize_update_`). Their sum carries N(0, σ_t²C² I), so with K = h participants
+        the mean has std σ_t·C/K per coordinate: the same aggregate as server-side Fed-SDP
+        (clip at the server, add N(0, σ_t²C²) to the sum). Returns ``uploads``."""
+        config = ClientDPConfig(
+            clip_norm=self.run.privacy.clip,
+            noise_multiplier=self.sigma(),
+            cluster_size=len(uploads),
+        )
+        scratch = torch.empty_like(uploads[0])
+        for row in uploads:
+            privatize_update_(row, config, self.generator, scratch=scratch)
         return uploads
 
     def accountant_step(self) -> None:
@@ -484,4 +538,5 @@ def describe_privacy(plan: PrivacyPlan) -> dict[str, Any]:
         "sample_rate": plan.sample_rate,
         "target_epsilon": plan.target_epsilon,
         "steps_per_round": plan.steps_per_round,
+        "level": plan.level,
     }
