@@ -24,8 +24,8 @@ def test_defaults_and_relative_tls_paths(tmp_path):
     [
         ("[servr]\n", "unknown table"),
         ("[server]\nclient = 3\n", "unknown key"),
-        ('[server]\nclients = "three"\n', "must be a int"),
-        ("[secure_aggregation]\nsigned = 1\n", "must be a bool"),
+        ('[server]\nclients = "three"\n', "must be an integer"),
+        ("[secure_aggregation]\nsigned = 1\n", "must be true or false"),
         ("[secure_aggregation]\nbits = 16\n", "32 or 64"),
         ('[model]\naggregator = "median"\n', "sum"),
         ('[tls]\ncert = "a.pem"\n', "go together"),

@@ -36,13 +36,13 @@ Unknown keys and bad values raise :class:`ConfigurationError` naming the key.
 
 from __future__ import annotations
 
-import dataclasses
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sharefl.protocol.errors import ConfigurationError
+from sharefl.toml_tables import build_dataclass
 
 
 @dataclass(frozen=True)
@@ -130,25 +130,12 @@ def _require(condition: bool, message: str) -> None:
 
 
 def _section(cls: type, table: Any, name: str, base: Path) -> Any:
-    if not isinstance(table, dict):
-        raise ConfigurationError(f"[{name}] must be a table")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(table) - set(fields))
-    if unknown:
-        raise ConfigurationError(f"unknown key(s) in [{name}]: {unknown}; known: {sorted(fields)}")
-    values = {}
-    for key, value in table.items():
-        default = fields[key].default
-        widened = isinstance(default, float) and isinstance(value, int)
-        same_type = isinstance(value, type(default)) or widened
-        if isinstance(default, bool) != isinstance(value, bool) or not same_type:
-            raise ConfigurationError(
-                f"{name}.{key} must be a {type(default).__name__}, got {value!r}"
-            )
-        if cls is TLSSection and value:
-            value = str((base / value).resolve())  # paths relative to the config file
-        values[key] = float(value) if isinstance(default, float) else value
-    return cls(**values)
+    def relative_paths(section: type, key: str, value: Any) -> Any:
+        if section is TLSSection and value:
+            return str((base / value).resolve())  # paths relative to the config file
+        return value
+
+    return build_dataclass(cls, table, name, ConfigurationError, leaf=relative_paths)
 
 
 def load_config(path: str | Path) -> DeploymentConfig:

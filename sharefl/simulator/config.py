@@ -43,7 +43,9 @@ import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, get_args, get_origin, get_type_hints
+from typing import Any, get_origin, get_type_hints
+
+from sharefl.toml_tables import build_dataclass
 
 
 class ConfigError(ValueError):
@@ -318,64 +320,6 @@ def _check_client_level(run: RunConfig) -> None:
 _SECTIONS = {f.name: f for f in dataclasses.fields(RunConfig)}
 
 
-def _check_value(where: str, value: Any, hint: Any) -> Any:
-    """Type-check one leaf against its annotation; ints widen to floats."""
-    origin = get_origin(hint)
-    if hint is Any:
-        return value
-    if origin is dict:
-        _require(isinstance(value, dict), f"{where} must be a table, got {value!r}")
-        return value
-    if origin is list:
-        _require(isinstance(value, list), f"{where} must be a list, got {value!r}")
-        return value
-    args = get_args(hint)
-    if args and type(None) in args:  # Optional[X]
-        if value is None:
-            return None
-        hint = next(a for a in args if a is not type(None))
-    if hint is float:
-        _require(
-            isinstance(value, int | float) and not isinstance(value, bool),
-            f"{where} must be a number, got {value!r}",
-        )
-        return float(value)
-    if hint is bool:
-        _require(isinstance(value, bool), f"{where} must be true or false, got {value!r}")
-        return value
-    if hint is int:
-        _require(
-            isinstance(value, int) and not isinstance(value, bool),
-            f"{where} must be an integer, got {value!r}",
-        )
-        return value
-    if hint is str:
-        _require(isinstance(value, str), f"{where} must be a string, got {value!r}")
-    return value
-
-
-def _build(cls: type, table: dict[str, Any], where: str) -> Any:
-    _require(isinstance(table, dict), f"[{where}] must be a table")
-    hints = get_type_hints(cls)
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(table) - known)
-    _require(not unknown, f"unknown key(s) in [{where}]: {unknown}; known: {sorted(known)}")
-    values = {}
-    for key, value in table.items():
-        name = f"{where}.{key}" if where else key
-        hint = hints[key]
-        if dataclasses.is_dataclass(hint):
-            values[key] = _build(hint, value, name)
-        else:
-            values[key] = _check_value(name, value, hint)
-    try:
-        return cls(**values)
-    except ConfigError:
-        raise
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"[{where or 'top level'}]: {exc}") from exc
-
-
 def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
     out = copy.deepcopy(base)
     for key, value in override.items():
@@ -475,7 +419,7 @@ def expand(data: dict[str, Any]) -> list[RunConfig]:
             resolved["label"] = _format_label(resolved.get("label", ""), resolved, names)
             if resolved.get("paper") is None and resolved["label"] in paper:
                 resolved["paper"] = paper[resolved["label"]]
-            runs.append(_build(RunConfig, resolved, ""))
+            runs.append(build_dataclass(RunConfig, resolved, "", ConfigError))
     ids = [r.run_id for r in runs]
     _require(len(set(ids)) == len(ids), "the grid has duplicate runs; remove repeated values")
     return runs
