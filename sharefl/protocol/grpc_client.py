@@ -22,6 +22,7 @@ from pathlib import Path
 
 import grpc
 import numpy as np
+from grpc._cython.cygrpc import InternalError as _GrpcInternalError
 
 from sharefl.crypto.encoding import encode
 from sharefl.crypto.signatures import IdentityKey
@@ -199,6 +200,7 @@ class ClientRuntime:
         update: np.ndarray | None = None
         model: np.ndarray | None = None
         session: ClientSession | None = None
+        finished = False
         while (envelope := await call.read()) is not grpc.aio.EOF:
             kind = envelope.WhichOneof("body")
             if kind in ("round_start", "finished"):
@@ -208,6 +210,7 @@ class ClientRuntime:
                 model = await self._read_vector(call, header)
                 if kind == "finished":
                     self.report.model = model
+                    finished = True
                     break
                 update = await asyncio.to_thread(
                     self.trainer, model, round=envelope.round_start.round, client_id=self.client_id
@@ -220,7 +223,13 @@ class ClientRuntime:
                 session = None
             elif session is not None and kind in ("keys", "masking", "consistency", "unmask"):
                 session = await self._step(call, session, envelope)
-        await call.done_writing()
+        try:
+            await call.done_writing()
+        except (grpc.aio.AioRpcError, _GrpcInternalError):
+            # After `finished` the server may close the RPC before this half-close reaches
+            # it; grpc aio then fails the write (grpc/grpc#24758, #36066). Nothing is lost.
+            if not finished:
+                raise
 
     async def _read_vector(self, call, header: pb.VectorHeader) -> np.ndarray:
         assembler = wire.VectorAssembler(header, header.length, np.float32)
