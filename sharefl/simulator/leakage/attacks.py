@@ -43,7 +43,7 @@ from torch import nn
 
 from sharefl.privacy.per_example import trainable_parameters
 
-from .errors import LeakageError
+from .errors import LeakageError, enum_member
 from .leak import LeakedGradient
 from .metrics import DEFAULT_SUCCESS_MSE, match_reconstructions, reconstruction_mse
 from .network import check_input_shape
@@ -74,11 +74,7 @@ class StopReason(enum.StrEnum):
 
 def check_method(method: str | Method) -> Method:
     """``method`` as a :class:`Method`, or :class:`LeakageError` naming the valid ones."""
-    try:
-        return Method(method)
-    except ValueError:
-        names = ", ".join(repr(m.value) for m in Method)
-        raise LeakageError(f"unknown attack method {method!r}: use one of {names}") from None
+    return enum_member(Method, method, "attack method")
 
 
 @dataclass(frozen=True)

@@ -64,7 +64,7 @@ from sharefl.privacy.clipping import FlatClipping, L2MaxClipping
 from sharefl.privacy.noise import gaussian_
 from sharefl.privacy.per_example import per_example_gradients, trainable_parameters
 
-from .errors import LeakageError
+from .errors import LeakageError, enum_member
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -89,11 +89,7 @@ ATTACK_TYPES = (0, 1, 2)
 
 def check_defence(defence: str | Defence) -> Defence:
     """``defence`` as a :class:`Defence`, or :class:`LeakageError` naming the valid ones."""
-    try:
-        return Defence(defence)
-    except ValueError:
-        names = ", ".join(repr(d.value) for d in Defence)
-        raise LeakageError(f"unknown defence {defence!r}: use one of {names}") from None
+    return enum_member(Defence, defence, "defence")
 
 
 def check_attack_type(attack_type: int) -> int:
