@@ -205,6 +205,8 @@ def test_seed003_experiment_files_parse_with_paper_values():
         "Fed-CDP": 0.956,
         "Fed-αCDP": 0.979,
         "Fed-αCDP[σ] exponential": 0.983,
+        "Fed-αCDP, σ=0.5 (authors' code)": 0.979,
+        "Fed-CDP, σ=0.5 (authors' code)": 0.956,
     }
     small = {r.label: r for r in load_runs("experiments/seed003_table4_small.toml")}
     assert {k: r.paper for k, r in small.items()} == {
@@ -212,7 +214,13 @@ def test_seed003_experiment_files_parse_with_paper_values():
         "Fed-SDP": 0.834,
         "Fed-CDP": 0.858,
         "Fed-αCDP": 0.892,
+        "Fed-αCDP, σ=0.5 (authors' code)": 0.892,
+        "Fed-CDP, σ=0.5 (authors' code)": 0.858,
+        "Fed-SDP, σ=0.5 (authors' code)": 0.834,
     }
+    for runs in (table6, small):
+        for label, run in runs.items():
+            assert run.privacy.noise_multiplier == (0.5 if "σ=0.5" in label else 6.0)
     assert not table6["non-private"].privacy.enabled
     sdp = table6["Fed-SDP"].privacy
     assert (sdp.level, sdp.clipping, sdp.sample_rate, sdp.clip) == ("client", "flat", 0.0, 4.0)

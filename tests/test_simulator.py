@@ -77,6 +77,15 @@ def test_lists_expand_into_a_grid_with_variants_labels_and_paper_values():
     assert all(r.paper is None for r in runs if r.label != "lr=0.1")
     assert len({r.run_id for r in runs}) == len(runs)
     assert expand(config)[0].run_id == runs[0].run_id  # stable
+    config["paper"] = {"lr=0.1": 0.95}  # a corrected paper value keeps the finished runs
+    assert expand(config)[0].run_id == runs[0].run_id
+
+
+def test_run_ids_spell_out_greek_letters():
+    config = base_config()
+    config["variant"] = [{"label": "Fed-αCDP, σ=0.5"}, {"label": "Fed-CDP, σ=0.5"}]
+    ids = [r.run_id for r in expand(config)]
+    assert "Fed-alphaCDP-sigma-0-5-s" in ids[0] and "Fed-CDP-sigma-0-5-s" in ids[1]
 
 
 @pytest.mark.parametrize(

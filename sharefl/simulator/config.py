@@ -47,6 +47,10 @@ from typing import Any, get_origin, get_type_hints
 
 from sharefl.toml_tables import build_dataclass
 
+_GREEK = str.maketrans(
+    {"α": "alpha", "β": "beta", "γ": "gamma", "δ": "delta", "ε": "eps", "η": "eta", "σ": "sigma"}
+)
+
 
 class ConfigError(ValueError):
     """An invalid simulation configuration; the message names the key and what to change."""
@@ -293,9 +297,16 @@ class RunConfig:
 
     @property
     def run_id(self) -> str:
-        """A stable identifier: readable prefix + hash of the resolved configuration."""
-        blob = json.dumps(self.to_dict(), sort_keys=True, default=str).encode()
-        slug = re.sub(r"[^A-Za-z0-9]+", "-", f"{self.name}-{self.label}").strip("-")[:60]
+        """A stable identifier: readable prefix + hash of the resolved configuration.
+
+        The paper's value is left out of the hash: correcting it must not re-run a finished
+        experiment. Greek letters are spelled out so that "Fed-αCDP" and "Fed-CDP" get
+        different prefixes.
+        """
+        settings = {k: v for k, v in self.to_dict().items() if k != "paper"}
+        blob = json.dumps(settings, sort_keys=True, default=str).encode()
+        readable = f"{self.name}-{self.label}".translate(_GREEK)
+        slug = re.sub(r"[^A-Za-z0-9]+", "-", readable).strip("-")[:60]
         return f"{slug}-s{self.seed}-{hashlib.sha256(blob).hexdigest()[:10]}"
 
 
