@@ -281,6 +281,11 @@ def test_runner_writes_results_and_skips_finished_runs(tmp_path):
     assert summary["seed"] == 1 and summary["label"] == runs[0].label
     again = run_grid(runs, tmp_path)
     assert [o.skipped for o in again] == [True, True]
+    config["paper"] = {runs[0].label: 0.9}  # a paper value added later reaches the summary
+    corrected = run_grid(expand(config), tmp_path)
+    assert [o.skipped for o in corrected] == [True, True]
+    assert json.loads((folder / "summary.json").read_text())["paper"] == 0.9
+    assert corrected[0].summary["paper"] == 0.9
 
 
 def test_simulate_command_runs_the_matching_part_of_a_grid(tmp_path):

@@ -105,11 +105,19 @@ def run_one(
     position: str = "",
     simulation_factory: Callable[..., Simulation] = Simulation,
 ) -> RunOutcome:
-    """Run (or skip, if finished) one configuration, writing its folder under ``out``."""
+    """Run (or skip, if finished) one configuration, writing its folder under ``out``.
+
+    A skipped run's summary takes the configuration's current paper value, which is not
+    part of the run's identity (:attr:`RunConfig.run_id`).
+    """
     folder = out / run.run_id
     summary_path = folder / "summary.json"
     if summary_path.exists():
-        return RunOutcome(run, folder, json.loads(summary_path.read_text()), True)
+        summary = json.loads(summary_path.read_text())
+        if summary.get("paper") != run.paper:
+            summary["paper"] = run.paper
+            summary_path.write_text(json.dumps(summary, indent=2, default=str))
+        return RunOutcome(run, folder, summary, True)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(run.to_dict(), indent=2, default=str))
     sim = simulation_factory(run, device=device)
