@@ -336,6 +336,21 @@ def test_dataset_subset_and_validation():
         Dataset("x", torch.zeros(2, 3, dtype=torch.float64), torch.tensor([0, 1]), 5)
 
 
+def test_standardized_inputs_per_channel_and_refusals():
+    d = synthetic_dataset(40, num_classes=2, shape=(3, 4, 4))
+    mean, std = [0.1, 0.2, 0.3], [0.5, 2.0, 4.0]
+    s = d.standardized(mean, std)
+    for c in range(3):
+        torch.testing.assert_close(s.inputs[:, c], (d.inputs[:, c] - mean[c]) / std[c])
+    assert torch.equal(s.targets, d.targets)
+    one = d.standardized([0.1307], [0.3081])  # one value for every channel
+    torch.testing.assert_close(one.inputs, (d.inputs - 0.1307) / 0.3081)
+    with pytest.raises(DatasetError, match="one per channel"):
+        d.standardized([0.1, 0.2], [1.0, 1.0])
+    with pytest.raises(DatasetError, match="positive"):
+        d.standardized([0.1], [0.0])
+
+
 def test_download_into_root(tmp_path, monkeypatch):
     images, labels = random_digits(3, seed=2)
     served = {

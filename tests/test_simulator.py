@@ -21,7 +21,7 @@ from sharefl.protocol.driver import secure_sum
 from sharefl.protocol.grpc_client import ClientRuntime
 from sharefl.protocol.grpc_server import serve
 from sharefl.simulator.config import ConfigError, expand, load_runs
-from sharefl.simulator.engine import Simulation
+from sharefl.simulator.engine import Simulation, load_data
 from sharefl.simulator.federated import SimulationStrategy, SimulationTrainer, deployment_for
 from sharefl.simulator.models import build_model
 from sharefl.simulator.runner import run_grid
@@ -99,11 +99,24 @@ def test_run_ids_spell_out_greek_letters():
         ({"attack": {"name": "label_flipping"}}, "needs clients.byzantine"),
         ({"training": {"upload": "gradient"}}, "local_steps = 1"),
         ({"privacy": {"enabled": True}}, "privacy.epsilon"),
+        ({"data": {"input_mean": [0.1], "input_std": []}}, "data.input_mean and data.input_std"),
     ],
 )
 def test_invalid_configurations_name_the_key(patch, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         expand(base_config(**patch))
+
+
+def test_runs_standardise_their_inputs_when_configured():
+    plain = base_config()
+    standardised = base_config(data={**plain["data"], "input_mean": [0.5], "input_std": [0.25]})
+    (a,), (b,) = expand(plain), expand(standardised)
+    (train_a, test_a), (train_b, test_b) = (
+        load_data(a, torch.device("cpu")),
+        load_data(b, torch.device("cpu")),
+    )
+    torch.testing.assert_close(train_b.inputs, (train_a.inputs - 0.5) / 0.25)
+    torch.testing.assert_close(test_b.inputs, (test_a.inputs - 0.5) / 0.25)
 
 
 def test_the_noise_filter_refuses_cluster_sums():

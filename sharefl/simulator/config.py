@@ -74,10 +74,16 @@ class DataConfig:
     train_examples: int = 0  # 0: the whole training set (else a random subset)
     test_examples: int = 0
     auxiliary_per_class: int = 0  # the server's clean auxiliary set D_p (noise filter)
+    input_mean: list[float] = field(default_factory=list)  # x ← (x − mean)/std per channel
+    input_std: list[float] = field(default_factory=list)  # (empty: inputs stay in [0, 1])
 
     def __post_init__(self) -> None:
         for key in ("train_examples", "test_examples", "auxiliary_per_class"):
             _require(getattr(self, key) >= 0, f"data.{key} must be >= 0")
+        _require(
+            len(self.input_mean) == len(self.input_std),
+            "data.input_mean and data.input_std need the same length (one value per channel)",
+        )
 
 
 @dataclass(frozen=True)

@@ -117,6 +117,31 @@ class Dataset:
         t = torch.from_numpy(idx.astype(np.int64)).to(self.inputs.device)
         return Dataset(self.name, self.inputs[t], self.targets[t], self.num_classes)
 
+    def standardized(self, mean: Sequence[float], std: Sequence[float]) -> Dataset:
+        """``(inputs − mean) / std`` per channel (dimension 1) as a new :class:`Dataset`,
+        e.g. MNIST's ``mean = [0.1307], std = [0.3081]``. One value applies to every channel.
+
+        Raises:
+            DatasetError: if the lengths differ, match neither 1 nor the channel count, or a
+                std is not a positive finite number.
+        """
+        channels = self.inputs.shape[1]
+        if len(mean) != len(std) or len(mean) not in (1, channels):
+            raise DatasetError(
+                f"{self.name}: input_mean and input_std need one value or one per channel "
+                f"({channels}), got {len(mean)} and {len(std)}"
+            )
+        if not all(math.isfinite(s) and s > 0 for s in std) or not all(
+            math.isfinite(m) for m in mean
+        ):
+            raise DatasetError(
+                f"{self.name}: input_std must be positive and finite, got {list(std)}"
+            )
+        shape = (1, len(mean)) + (1,) * (self.inputs.dim() - 2)
+        m = torch.tensor(mean, dtype=torch.float32, device=self.inputs.device).view(shape)
+        sd = torch.tensor(std, dtype=torch.float32, device=self.inputs.device).view(shape)
+        return Dataset(self.name, (self.inputs - m) / sd, self.targets, self.num_classes)
+
 
 DATASETS: tuple[str, ...] = ("mnist", "fashion_mnist", "cifar10", "usps", "lfw", "synthetic")
 

@@ -107,7 +107,8 @@ def resolve_device(name: str) -> torch.device:
 
 
 def load_data(run: RunConfig, device: torch.device) -> tuple[Dataset, Dataset]:
-    """(train, test) datasets of the run, subsampled as configured, on ``device``."""
+    """(train, test) datasets of the run, subsampled and standardised as configured, on
+    ``device``."""
     cfg = run.data
     root = cfg.root or None
     train = load_dataset(cfg.dataset, "train", root=root, download=cfg.download, **cfg.options)
@@ -117,6 +118,9 @@ def load_data(run: RunConfig, device: torch.device) -> tuple[Dataset, Dataset]:
         train = train.subset(np.sort(rng.choice(len(train), cfg.train_examples, replace=False)))
     if cfg.test_examples and cfg.test_examples < len(test):
         test = test.subset(np.sort(rng.choice(len(test), cfg.test_examples, replace=False)))
+    if cfg.input_mean:
+        train = train.standardized(cfg.input_mean, cfg.input_std)
+        test = test.standardized(cfg.input_mean, cfg.input_std)
     move = lambda d: Dataset(d.name, d.inputs.to(device), d.targets.to(device), d.num_classes)  # noqa: E731
     return move(train), move(test)
 
