@@ -262,6 +262,29 @@ def test_the_vectorised_dp_step_matches_the_reference_dpsgd():
         torch.testing.assert_close(ours[k], reference, rtol=1e-5, atol=1e-6)
 
 
+def test_replayed_batches_come_twice_in_a_row_and_again_every_epoch():
+    model = FlatModel(build_model("mlp", input_shape=(1, 4, 4), hidden=()))
+    parts = [list(range(0, 40)), list(range(40, 70))]  # E = 8 and 6 steps per epoch
+    training = LocalTraining(batch_size=5, sampling="replay", clipping=FlatClipping(1.0))
+    clients = VectorizedClients(
+        model, torch.rand(70, 1, 4, 4), torch.randint(0, 10, (70,)), parts, training
+    )
+    gen = torch.Generator().manual_seed(0)
+    seen = []
+    for _ in range(24):
+        rows, mask = clients.sample(torch.tensor([0, 1]), gen)
+        assert mask.all() and rows.shape == (2, 5)
+        assert ((rows[0] < 40).all() and (rows[1] >= 40).all()).item()
+        seen.append(rows.clone())
+        clients.steps_done += 1
+    for s in range(0, 24, 2):
+        assert torch.equal(seen[s], seen[s + 1])  # twice in a row
+    for k, epoch in ((0, 8), (1, 6)):
+        assert all(torch.equal(seen[s][k], seen[s + epoch][k]) for s in range(24 - epoch))
+        distinct = {tuple(seen[s][k].tolist()) for s in range(24)}
+        assert len(distinct) == epoch // 2  # ⌈E/2⌉ batches, nothing else
+
+
 def test_poisson_batches_are_masked_samples_of_each_client():
     model = FlatModel(build_model("mlp", input_shape=(1, 4, 4), hidden=()))
     parts = [list(range(0, 50)), list(range(50, 80))]

@@ -116,14 +116,17 @@ class TrainingConfig:
     local_steps: int = 1
     learning_rate: float = 0.1  # the clients' step size (local steps)
     upload: str = "gradient"  # "gradient" (one step) or "delta" (after local_steps)
-    sampling: str = "poisson"  # "poisson" or "shuffle"
+    sampling: str = "poisson"  # "poisson", "shuffle" or "replay" (seed000's code)
 
     def __post_init__(self) -> None:
         _require(self.batch_size >= 1, "training.batch_size must be >= 1")
         _require(self.local_steps >= 1, "training.local_steps must be >= 1")
         _require(self.learning_rate > 0, "training.learning_rate must be > 0")
         _require(self.upload in ("gradient", "delta"), 'training.upload: "gradient" or "delta"')
-        _require(self.sampling in ("poisson", "shuffle"), 'training.sampling: "poisson"/"shuffle"')
+        _require(
+            self.sampling in ("poisson", "shuffle", "replay"),
+            'training.sampling must be "poisson", "shuffle" or "replay"',
+        )
         _require(
             self.upload == "delta" or self.local_steps == 1,
             'training.upload = "gradient" needs local_steps = 1; use upload = "delta"',

@@ -304,7 +304,7 @@ class Simulation:
             local_steps=t.local_steps,
             learning_rate=t.learning_rate,
             upload="gradient" if t.upload == "gradient" else "delta",
-            sampling="poisson" if t.sampling == "poisson" else "shuffle",
+            sampling=t.sampling,  # validated by TrainingConfig
             clipping=self.clipping,
             noise=0.0 if self.client_level else self.privacy.noise_multiplier,
             denominator=denominator,

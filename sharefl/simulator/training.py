@@ -8,7 +8,12 @@ loop over clients or examples on the hot path. Per step and per client it then
 
 * samples a batch: Poisson with rate ``q = B / n_k`` (every example independently, the
   sampling the accountant analyses; batches are padded to the round's largest and masked)
-  or ``B`` examples without replacement (``sampling = "shuffle"``);
+  or ``B`` examples without replacement (``sampling = "shuffle"``), or seed000's loader as
+  the authors' code runs it (``sampling = "replay"``: per client, ⌈E/2⌉ batches of ``B``
+  drawn with replacement once, ``E = ⌊n_k/B⌋`` steps per epoch; global step ``s`` uses
+  batch ``⌊(s mod E)/2⌋``, so every batch comes twice in a row and the same batches come
+  back every epoch — for comparing with published numbers only: the accountant's Poisson
+  assumption does not hold);
 * privatises: applies a :class:`~sharefl.privacy.clipping.ClippingMode` to the
   per-example gradients (flat, per-layer, seed003's l2-max or seed000's normalisation with
   per-example momentum), sums them, adds ``N(0, σ_t² S²)`` and divides by ``B`` — the same
@@ -35,7 +40,8 @@ from torch.func import functional_call, grad, vmap
 from sharefl.privacy.clipping import ClippingMode, Normalization
 from sharefl.privacy.schedules import NoiseSchedule
 
-Sampling = Literal["poisson", "shuffle"]
+Sampling = Literal["poisson", "shuffle", "replay"]
+SAMPLINGS: tuple[str, ...] = ("poisson", "shuffle", "replay")
 Upload = Literal["gradient", "delta"]
 
 #: memory budget of one chunk of per-example gradients (clients are processed in chunks)
@@ -113,7 +119,7 @@ class LocalTraining:
             or ``upload = "delta"``).
         upload: ``"gradient"`` (the private gradient; needs ``local_steps = 1``) or
             ``"delta"`` (``w − w_k`` after the local steps).
-        sampling: ``"poisson"`` or ``"shuffle"`` (see the module docstring).
+        sampling: ``"poisson"``, ``"shuffle"`` or ``"replay"`` (see the module docstring).
         clipping: a clipping mode, or ``None`` for non-private training (then σ must be 0).
         noise: σ, or a schedule σ_t indexed by the global local-step count.
         denominator: what the noisy sum is divided by (default ``batch_size``); seed000's
@@ -136,8 +142,8 @@ class LocalTraining:
             raise TrainingError(f'upload must be "gradient" or "delta", got {self.upload!r}')
         if self.upload == "gradient" and self.local_steps != 1:
             raise TrainingError('upload = "gradient" needs local_steps = 1; use "delta"')
-        if self.sampling not in ("poisson", "shuffle"):
-            raise TrainingError(f'sampling must be "poisson" or "shuffle", not {self.sampling!r}')
+        if self.sampling not in SAMPLINGS:
+            raise TrainingError(f"sampling must be one of {SAMPLINGS}, not {self.sampling!r}")
         if self.clipping is None and not isinstance(self.noise, NoiseSchedule) and self.noise:
             raise TrainingError("noise without clipping has unbounded sensitivity: set clipping")
         if not isinstance(self.noise, NoiseSchedule) and not self.noise >= 0:
@@ -186,7 +192,8 @@ class VectorizedClients:
         for k, part in enumerate(partitions):
             padded[k, : len(part)] = torch.as_tensor(list(part), dtype=torch.long)
         self.index = padded.to(self.device)
-        self.steps_done = 0  # global local-step counter (σ_t schedules)
+        self.steps_done = 0  # global local-step counter (σ_t schedules, replayed batches)
+        self._replay: Tensor | None = None  # [clients, ⌈E/2⌉, B] positions ("replay")
 
         module = model.module
 
@@ -220,6 +227,9 @@ class VectorizedClients:
             b = max(1, int(chosen.sum(1).max()))
             order = torch.argsort((~chosen).to(torch.int8), dim=1, stable=True)[:, :b]
             mask = torch.gather(chosen, 1, order)
+        elif self.training.sampling == "replay":
+            order = self._replayed_batch(clients, generator)
+            mask = torch.ones_like(order, dtype=torch.bool)
         else:
             if int(sizes.min()) < B:
                 raise TrainingError(f"a client holds fewer than batch_size = {B} examples")
@@ -228,6 +238,18 @@ class VectorizedClients:
             mask = torch.ones_like(order, dtype=torch.bool)
         rows = torch.gather(self.index[clients], 1, order)
         return rows, mask
+
+    def _replayed_batch(self, clients: Tensor, generator: torch.Generator) -> Tensor:
+        """Positions ``[K, B]`` into each client's examples for ``sampling = "replay"``; the
+        batches of every client are drawn (with replacement) at the first call."""
+        B = self.training.batch_size
+        epoch = (self.sizes // B).clamp_min(1)  # E_k steps per epoch
+        if self._replay is None:
+            distinct = int((epoch.max() + 1) // 2)
+            u = torch.rand(len(self.sizes), distinct, B, generator=generator, device=self.device)
+            self._replay = (u * self.sizes[:, None, None]).long()
+        batch = (self.steps_done % epoch[clients]) // 2
+        return self._replay[clients, batch]
 
     def _chunk(self, batch: int) -> int:
         per_client = max(1, batch) * self.model.dim * 4 * 3
