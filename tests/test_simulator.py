@@ -16,10 +16,11 @@ import pytest
 import torch
 
 from sharefl.cli import main as cli_main
-from sharefl.privacy import DPSGD, DPSGDConfig, FlatClipping
+from sharefl.privacy import DPSGD, DPSGDConfig, FlatClipping, L2MaxClipping, Normalization
 from sharefl.protocol.driver import secure_sum
 from sharefl.protocol.grpc_client import ClientRuntime
 from sharefl.protocol.grpc_server import serve
+from sharefl.simulator import training as training_module
 from sharefl.simulator.config import ConfigError, expand, load_runs
 from sharefl.simulator.engine import Simulation, load_data
 from sharefl.simulator.federated import SimulationStrategy, SimulationTrainer, deployment_for
@@ -235,21 +236,23 @@ def test_a_run_with_the_protocol_equals_the_same_run_in_the_clear():
     torch.testing.assert_close(secure.w, clear.w, rtol=0, atol=0)
 
 
-def test_the_vectorised_dp_step_matches_the_reference_dpsgd():
+@pytest.mark.parametrize(("sampling", "shared"), [("shuffle", False), ("poisson", True)])
+def test_the_vectorised_dp_step_matches_the_reference_dpsgd(sampling, shared):
     torch.manual_seed(0)
     model = build_model("mlp", input_shape=(1, 6, 6), hidden=(8,))
     flat = FlatModel(model)
     inputs, targets = torch.rand(60, 1, 6, 6), torch.randint(0, 10, (60,))
     parts = [list(range(0, 20)), list(range(20, 40)), list(range(40, 60))]
     training = LocalTraining(
-        batch_size=5, upload="gradient", sampling="shuffle", clipping=FlatClipping(0.5)
+        batch_size=5, upload="gradient", sampling=sampling, clipping=FlatClipping(0.5)
     )
     clients = VectorizedClients(flat, inputs, targets, parts, training)
     gen = torch.Generator().manual_seed(3)
     rows, mask = clients.sample(torch.tensor([0, 1, 2]), gen)
+    assert sampling == "shuffle" or not mask.all()  # Poisson batches are padded and masked
     w = flat.initial()
     ours = clients._private_gradient(
-        w.repeat(3, 1), rows, mask, 0.0, torch.Generator().manual_seed(0), None
+        w.repeat(3, 1), rows, mask, 0.0, torch.Generator().manual_seed(0), None, shared=shared
     )
     for k in range(3):
         dp = DPSGD(
@@ -258,8 +261,70 @@ def test_the_vectorised_dp_step_matches_the_reference_dpsgd():
             DPSGDConfig(FlatClipping(0.5), 0.0, expected_batch_size=5),
             generator=torch.Generator().manual_seed(0),
         )
-        reference = dp.privatize(inputs[rows[k]], targets[rows[k]]).flat
+        taken = rows[k][mask[k]]
+        reference = dp.privatize(inputs[taken], targets[taken]).flat
         torch.testing.assert_close(ours[k], reference, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", [Normalization(momentum=0.1), L2MaxClipping(max_norm=0.3)])
+def test_packed_per_example_steps_match_a_per_client_loop(mode):
+    torch.manual_seed(1)
+    flat = FlatModel(build_model("mlp", input_shape=(1, 4, 4), hidden=(6,)))
+    inputs, targets = torch.rand(90, 1, 4, 4), torch.randint(0, 10, (90,))
+    parts = [list(range(0, 30)), list(range(30, 60)), list(range(60, 90))]
+    training = LocalTraining(batch_size=6, upload="gradient", clipping=mode, noise=0.7)
+    clients = VectorizedClients(flat, inputs, targets, parts, training)
+    rows, mask = clients.sample(torch.tensor([0, 1, 2]), torch.Generator().manual_seed(5))
+    assert not mask.all()  # padded Poisson batches: the packed path with per-client weights
+    w = flat.initial() + 0.1 * torch.randn(flat.dim)
+    params = w.repeat(3, 1) + 0.05 * torch.randn(3, flat.dim)  # clients after local steps
+    state = torch.randn(3, flat.dim)
+    ours = clients._private_gradient(
+        params, rows, mask, 0.7, torch.Generator().manual_seed(9), state.clone()
+    )
+    noise = torch.randn(3, flat.dim, generator=torch.Generator().manual_seed(9))
+    for k in range(3):
+        total, largest = torch.zeros(flat.dim), 0.0
+        theta = params[k].clone().requires_grad_()
+        for i in rows[k][mask[k]].tolist():
+            loss = torch.nn.functional.cross_entropy(
+                flat(theta, inputs[i : i + 1]), targets[i : i + 1]
+            )
+            (g,) = torch.autograd.grad(loss, theta)
+            if isinstance(mode, Normalization):
+                phi = 0.9 * g + 0.1 * state[k]
+                total += phi / phi.norm()
+            else:
+                parts_k = torch.split(g, flat.numels)
+                largest = max(largest, max(float(p.norm()) for p in parts_k))
+                total += torch.cat([p * min(1.0, 0.3 / float(p.norm())) for p in parts_k])
+        sens = 1.0 if isinstance(mode, Normalization) else min(0.3, largest or 0.3)
+        expected = (total + noise[k] * 0.7 * sens) / 6
+        torch.testing.assert_close(ours[k], expected, rtol=1e-4, atol=1e-5)
+
+
+def test_sparse_poisson_batches_have_the_law_of_one_coin_per_example(monkeypatch):
+    monkeypatch.setattr(training_module, "SPARSE_POISSON_KEYS", 0)
+    model = FlatModel(build_model("mlp", input_shape=(1, 4, 4), hidden=()))
+    parts = [list(range(0, 400)), list(range(400, 600))]
+    training = LocalTraining(batch_size=4, clipping=FlatClipping(1.0), noise=1.0)
+    clients = VectorizedClients(
+        model, torch.rand(600, 1, 4, 4), torch.randint(0, 10, (600,)), parts, training
+    )
+    gen = torch.Generator().manual_seed(0)
+    sizes, hits = [[], []], torch.zeros(600)
+    for _ in range(2000):
+        rows, mask = clients.sample(torch.tensor([0, 1]), gen)
+        for k, (lo, hi) in enumerate(((0, 400), (400, 600))):
+            taken = rows[k][mask[k]]
+            assert ((taken >= lo) & (taken < hi)).all() and len(set(taken.tolist())) == len(taken)
+            sizes[k].append(len(taken))
+            hits[taken] += 1
+    for k, n in enumerate((400, 200)):  # Binomial(n, 4/n): mean 4, variance 4(1 - 4/n)
+        assert abs(np.mean(sizes[k]) - 4) < 0.15
+        assert abs(np.var(sizes[k]) - 4 * (1 - 4 / n)) < 0.5
+    np.testing.assert_allclose(hits[:400].mean() / 2000, 4 / 400, rtol=0.05)
+    assert hits[:400].std() < 5.5  # Binomial(2000, 0.01) spread (4.45): all about as likely
 
 
 def test_replayed_batches_come_twice_in_a_row_and_again_every_epoch():

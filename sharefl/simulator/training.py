@@ -46,6 +46,8 @@ Upload = Literal["gradient", "delta"]
 
 #: memory budget of one chunk of per-example gradients (clients are processed in chunks)
 CHUNK_BYTES = 256 * 2**20
+#: Poisson batches come from Binomial counts once K × n keys reach this many (see sample)
+SPARSE_POISSON_KEYS = 2**20
 
 
 class TrainingError(ValueError):
@@ -206,8 +208,13 @@ class VectorizedClients:
             losses = nn.functional.cross_entropy(out, y, reduction="none")
             return (losses * w).sum() / w.sum().clamp_min(1.0)
 
+        # Per-example gradients of a step's sampled examples, packed without padding, from
+        # one shared w (first local step) or each from its client's parameters; full
+        # batches from diverged clients go through a nested (clients × examples) vmap.
         per_example = vmap(grad(example_loss), in_dims=(None, 0, 0), randomness="different")
-        self._per_example = vmap(per_example, in_dims=(0, 0, 0), randomness="different")
+        self._per_example_shared = per_example
+        self._per_example_own = vmap(grad(example_loss), in_dims=(0, 0, 0), randomness="different")
+        self._per_example_nested = vmap(per_example, in_dims=(0, 0, 0), randomness="different")
         self._batch = vmap(grad(batch_loss), in_dims=(0, 0, 0, 0), randomness="different")
 
     @property
@@ -217,27 +224,56 @@ class VectorizedClients:
     def sample(self, clients: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
         """Batch indices ``[K, b]`` (into the training set) and a 0/1 mask ``[K, b]``."""
         sizes = self.sizes[clients]
-        width = self.index.shape[1]
-        keys = torch.rand(len(clients), width, generator=generator, device=self.device)
-        valid = torch.arange(width, device=self.device)[None, :] < sizes[:, None]
         B = self.training.batch_size
-        if self.training.sampling == "poisson":
-            rate = (B / sizes.to(keys.dtype)).clamp_max(1.0)
-            chosen = (keys < rate[:, None]) & valid
-            b = max(1, int(chosen.sum(1).max()))
-            order = torch.argsort((~chosen).to(torch.int8), dim=1, stable=True)[:, :b]
-            mask = torch.gather(chosen, 1, order)
-        elif self.training.sampling == "replay":
+        if self.training.sampling == "replay":
             order = self._replayed_batch(clients, generator)
             mask = torch.ones_like(order, dtype=torch.bool)
+        elif self.training.sampling == "poisson" and self._sparse(sizes):
+            order, mask = self._sparse_poisson(sizes, generator)
         else:
-            if int(sizes.min()) < B:
-                raise TrainingError(f"a client holds fewer than batch_size = {B} examples")
-            keys = torch.where(valid, keys, 2.0)
-            order = torch.topk(keys, B, dim=1, largest=False).indices
-            mask = torch.ones_like(order, dtype=torch.bool)
-        rows = torch.gather(self.index[clients], 1, order)
-        return rows, mask
+            width = self.index.shape[1]
+            keys = torch.rand(len(clients), width, generator=generator, device=self.device)
+            valid = torch.arange(width, device=self.device)[None, :] < sizes[:, None]
+            if self.training.sampling == "poisson":
+                rate = (B / sizes.to(keys.dtype)).clamp_max(1.0)
+                chosen = (keys < rate[:, None]) & valid
+                b = max(1, int(chosen.sum(1).max()))
+                order = torch.argsort((~chosen).to(torch.int8), dim=1, stable=True)[:, :b]
+                mask = torch.gather(chosen, 1, order)
+            else:
+                if int(sizes.min()) < B:
+                    raise TrainingError(f"a client holds fewer than batch_size = {B} examples")
+                keys = torch.where(valid, keys, 2.0)
+                order = torch.topk(keys, B, dim=1, largest=False).indices
+                mask = torch.ones_like(order, dtype=torch.bool)
+        return self.index[clients[:, None], order], mask
+
+    def _sparse(self, sizes: Tensor) -> bool:
+        """Whether Poisson batches are drawn as Binomial counts of distinct positions: for
+        large partitions (``K × n`` keys would cost more than the batch) at small rates
+        (few expected collisions to reject)."""
+        rate = (self.training.batch_size / sizes.double()).clamp_max(1.0)
+        keys = len(sizes) * self.index.shape[1]
+        return keys >= SPARSE_POISSON_KEYS and float((rate**2 * sizes).max()) <= 0.5
+
+    def _sparse_poisson(self, sizes: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        """Poisson sampling in O(K·b): client k takes ``c_k ~ Binomial(n_k, B/n_k)`` examples,
+        a uniform ``c_k``-subset of its positions (the same law as one coin per example)."""
+        rate = (self.training.batch_size / sizes.double()).clamp_max(1.0)
+        counts = torch.binomial(sizes.double(), rate, generator=generator).long()
+        b = max(1, int(counts.max()))
+        live = torch.arange(b, device=self.device)[None, :] < counts[:, None]
+        spare = -1 - torch.arange(b, device=self.device)[None, :]  # distinct, never a position
+        todo = torch.arange(len(sizes), device=self.device)
+        order = torch.empty(len(sizes), b, dtype=torch.long, device=self.device)
+        for _ in range(1000):  # rejection: a row is redrawn while its live positions repeat
+            u = torch.rand(len(todo), b, generator=generator, device=self.device)
+            order[todo] = (u * sizes[todo, None]).long()
+            marked = torch.where(live[todo], order[todo], spare).sort(dim=1).values
+            todo = todo[(marked[:, 1:] == marked[:, :-1]).any(dim=1)]
+            if len(todo) == 0:
+                return order, live
+        raise TrainingError("Poisson sampling did not find distinct examples; report this")
 
     def _replayed_batch(self, clients: Tensor, generator: torch.Generator) -> Tensor:
         """Positions ``[K, B]`` into each client's examples for ``sampling = "replay"``; the
@@ -252,7 +288,8 @@ class VectorizedClients:
         return self._replay[clients, batch]
 
     def _chunk(self, batch: int) -> int:
-        per_client = max(1, batch) * self.model.dim * 4 * 3
+        # per example: its gradient, its scaled copy and (own parameters) its client's w
+        per_client = max(1, batch) * self.model.dim * 4 * 4
         return max(1, CHUNK_BYTES // per_client)
 
     def train(
@@ -279,7 +316,7 @@ class VectorizedClients:
         K = len(clients)
         params = w.detach().to(self.device).unsqueeze(0).repeat(K, 1)
         last = torch.empty_like(params)
-        for _ in range(self.training.local_steps):
+        for local_step in range(self.training.local_steps):
             rows, mask = self.sample(clients, generator)
             step_sigma = self.training.sigma(self.steps_done) if sigma is None else sigma
             step = self._chunk(rows.shape[1])
@@ -287,7 +324,13 @@ class VectorizedClients:
                 hi = min(K, lo + step)
                 state = None if momentum is None else momentum[lo:hi]
                 last[lo:hi] = self._private_gradient(
-                    params[lo:hi], rows[lo:hi], mask[lo:hi], step_sigma, generator, state
+                    params[lo:hi],
+                    rows[lo:hi],
+                    mask[lo:hi],
+                    step_sigma,
+                    generator,
+                    state,
+                    shared=local_step == 0,
                 )
             self.steps_done += 1
             if self.training.upload == "delta":
@@ -311,35 +354,47 @@ class VectorizedClients:
         sigma: float,
         generator: torch.Generator,
         momentum: Tensor | None,
+        *,
+        shared: bool = False,
     ) -> Tensor:
-        """One step's (private) gradient ``[K, d]`` for a chunk of clients."""
-        x, y = self._batch_data(rows)
-        weights = mask.to(params.dtype)
+        """One step's (private) gradient ``[K, d]`` for a chunk of clients (``params``
+        ``[K, d]``, equal rows when ``shared``). Per-example gradients are computed only for
+        the sampled examples (``mask``), packed, and summed back per client."""
         mode = self.training.clipping
         if mode is None:
-            grads = self._batch(self.model.unflatten(params), x, y, weights)
+            x, y = self._batch_data(rows)
+            grads = self._batch(self.model.unflatten(params), x, y, mask.to(params.dtype))
             return torch.cat([g.reshape(len(params), -1) for g in grads.values()], dim=1)
-        per_example = self._per_example(self.model.unflatten(params), x, y)
-        K, b = rows.shape
-        layers = [per_example[n].reshape(K, b, -1) for n in self.model.names]
+        K = len(params)
+        owner, slot = mask.nonzero(as_tuple=True)  # [M]: the client of each sampled example
+        if shared:
+            x, y = self._batch_data(rows[owner, slot])
+            per_example = self._per_example_shared(self.model.unflatten(params[0]), x, y)
+        elif bool(mask.all()):  # owner = 0…0, 1…1, …: the nested order, no gather of w
+            x, y = self._batch_data(rows)
+            per_example = self._per_example_nested(self.model.unflatten(params), x, y)
+        else:
+            x, y = self._batch_data(rows[owner, slot])
+            per_example = self._per_example_own(self.model.unflatten(params[owner]), x, y)
+        layers = [per_example[n].reshape(len(owner), -1) for n in self.model.names]
         if isinstance(mode, Normalization) and mode.momentum > 0 and momentum is not None:
             beta = mode.momentum
-            state = torch.split(momentum, self.model.numels, dim=1)
-            layers = [
-                (1 - beta) * g + beta * m[:, None, :] for g, m in zip(layers, state, strict=True)
-            ]
-        norms = torch.stack([torch.linalg.vector_norm(g, dim=2) for g in layers])  # [L, K, b]
-        factors = mode.factors(norms.reshape(len(layers), K * b)).reshape(-1, K, b)
-        factors = factors * weights[None]
+            state = torch.split(momentum[owner], self.model.numels, dim=1)
+            layers = [(1 - beta) * g + beta * m for g, m in zip(layers, state, strict=True)]
+        norms = torch.stack([torch.linalg.vector_norm(g, dim=1) for g in layers])  # [L, M]
+        factors = mode.factors(norms)  # [L, M] or [1, M]
         summed = torch.cat(
             [
-                torch.einsum("kb,kbn->kn", factors[i if factors.shape[0] > 1 else 0], g)
+                params.new_zeros(K, g.shape[1]).index_add_(
+                    0, owner, g * factors[i if factors.shape[0] > 1 else 0][:, None]
+                )
                 for i, g in enumerate(layers)
             ],
             dim=1,
         )
         if mode.data_dependent:
-            raw = norms.masked_fill(~mask[None], -math.inf).amax(dim=(0, 2))
+            raw = torch.full((K,), -math.inf, dtype=norms.dtype, device=norms.device)
+            raw.scatter_reduce_(0, owner, norms.amax(dim=0), reduce="amax")
             sens = torch.tensor(
                 [
                     mode.batch_sensitivity(v if math.isfinite(v) else math.nan, self.model.numels)
