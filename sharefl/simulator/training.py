@@ -379,18 +379,17 @@ class VectorizedClients:
         layers = [per_example[n].reshape(len(owner), -1) for n in self.model.names]
         if isinstance(mode, Normalization) and mode.momentum > 0 and momentum is not None:
             beta = mode.momentum
-            state = torch.split(momentum[owner], self.model.numels, dim=1)
-            layers = [(1 - beta) * g + beta * m for g, m in zip(layers, state, strict=True)]
+            state = torch.split(momentum.index_select(0, owner), self.model.numels, dim=1)
+            for g, m in zip(layers, state, strict=True):
+                g.mul_(1 - beta).add_(m, alpha=beta)
         norms = torch.stack([torch.linalg.vector_norm(g, dim=1) for g in layers])  # [L, M]
         factors = mode.factors(norms)  # [L, M] or [1, M]
+        # Σ over each client's examples of factor · gradient, as one [K, M] × [M, n] product
+        # per layer (the weights matrix holds each example's factor in its client's row).
+        weights = params.new_zeros(factors.shape[0], K, len(owner))
+        weights[:, owner, torch.arange(len(owner), device=owner.device)] = factors
         summed = torch.cat(
-            [
-                params.new_zeros(K, g.shape[1]).index_add_(
-                    0, owner, g * factors[i if factors.shape[0] > 1 else 0][:, None]
-                )
-                for i, g in enumerate(layers)
-            ],
-            dim=1,
+            [weights[i if len(weights) > 1 else 0] @ g for i, g in enumerate(layers)], dim=1
         )
         if mode.data_dependent:
             raw = torch.full((K,), -math.inf, dtype=norms.dtype, device=norms.device)
