@@ -26,7 +26,7 @@ from sharefl.simulator.engine import Simulation, load_data
 from sharefl.simulator.federated import SimulationStrategy, SimulationTrainer, deployment_for
 from sharefl.simulator.models import build_model
 from sharefl.simulator.runner import run_grid
-from sharefl.simulator.training import FlatModel, LocalTraining, VectorizedClients
+from sharefl.simulator.training import FlatModel, LocalTraining, TrainingError, VectorizedClients
 
 
 def base_config(**overrides) -> dict:
@@ -101,6 +101,7 @@ def test_run_ids_spell_out_greek_letters():
         ({"training": {"upload": "gradient"}}, "local_steps = 1"),
         ({"privacy": {"enabled": True}}, "privacy.epsilon"),
         ({"data": {"input_mean": [0.1], "input_std": []}}, "data.input_mean and data.input_std"),
+        ({"training": {"sampling": "uniform"}}, 'training.sampling must be "poisson", "shuffle"'),
     ],
 )
 def test_invalid_configurations_name_the_key(patch, message):
@@ -303,14 +304,22 @@ def test_packed_per_example_steps_match_a_per_client_loop(mode):
         torch.testing.assert_close(ours[k], expected, rtol=1e-4, atol=1e-5)
 
 
+def tiny_clients(sizes: list[int], training: LocalTraining) -> VectorizedClients:
+    """Clients of a bias-free linear model on random 4×4 images, client k holding the next
+    ``sizes[k]`` examples (contiguous index ranges)."""
+    model = FlatModel(build_model("mlp", input_shape=(1, 4, 4), hidden=()))
+    bounds = np.cumsum([0, *sizes]).tolist()
+    parts = [list(range(lo, hi)) for lo, hi in itertools.pairwise(bounds)]
+    n = bounds[-1]
+    return VectorizedClients(
+        model, torch.rand(n, 1, 4, 4), torch.randint(0, 10, (n,)), parts, training
+    )
+
+
 def test_sparse_poisson_batches_have_the_law_of_one_coin_per_example(monkeypatch):
     monkeypatch.setattr(training_module, "SPARSE_POISSON_KEYS", 0)
-    model = FlatModel(build_model("mlp", input_shape=(1, 4, 4), hidden=()))
-    parts = [list(range(0, 400)), list(range(400, 600))]
     training = LocalTraining(batch_size=4, clipping=FlatClipping(1.0), noise=1.0)
-    clients = VectorizedClients(
-        model, torch.rand(600, 1, 4, 4), torch.randint(0, 10, (600,)), parts, training
-    )
+    clients = tiny_clients([400, 200], training)
     gen = torch.Generator().manual_seed(0)
     sizes, hits = [[], []], torch.zeros(600)
     for _ in range(2000):
@@ -327,13 +336,14 @@ def test_sparse_poisson_batches_have_the_law_of_one_coin_per_example(monkeypatch
     assert hits[:400].std() < 5.5  # Binomial(2000, 0.01) spread (4.45): all about as likely
 
 
+def test_local_training_refuses_an_unknown_sampling():
+    with pytest.raises(TrainingError, match="sampling must be one of"):
+        LocalTraining(batch_size=5, sampling="uniform", clipping=FlatClipping(1.0))  # type: ignore[arg-type]
+
+
 def test_replayed_batches_come_twice_in_a_row_and_again_every_epoch():
-    model = FlatModel(build_model("mlp", input_shape=(1, 4, 4), hidden=()))
-    parts = [list(range(0, 40)), list(range(40, 70))]  # E = 8 and 6 steps per epoch
     training = LocalTraining(batch_size=5, sampling="replay", clipping=FlatClipping(1.0))
-    clients = VectorizedClients(
-        model, torch.rand(70, 1, 4, 4), torch.randint(0, 10, (70,)), parts, training
-    )
+    clients = tiny_clients([40, 30], training)  # E = 8 and 6 steps per epoch
     gen = torch.Generator().manual_seed(0)
     seen = []
     for _ in range(24):
@@ -351,12 +361,8 @@ def test_replayed_batches_come_twice_in_a_row_and_again_every_epoch():
 
 
 def test_poisson_batches_are_masked_samples_of_each_client():
-    model = FlatModel(build_model("mlp", input_shape=(1, 4, 4), hidden=()))
-    parts = [list(range(0, 50)), list(range(50, 80))]
     training = LocalTraining(batch_size=10, clipping=FlatClipping(1.0), noise=1.0)
-    clients = VectorizedClients(
-        model, torch.rand(80, 1, 4, 4), torch.randint(0, 10, (80,)), parts, training
-    )
+    clients = tiny_clients([50, 30], training)
     gen = torch.Generator().manual_seed(0)
     counts = np.zeros(2)
     for _ in range(300):

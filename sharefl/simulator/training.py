@@ -288,7 +288,8 @@ class VectorizedClients:
         return self._replay[clients, batch]
 
     def _chunk(self, batch: int) -> int:
-        # per example: its gradient, its scaled copy and (own parameters) its client's w
+        # per example: its gradient, its client's momentum state and (per-client weights)
+        # its client's w
         per_client = max(1, batch) * self.model.dim * 4 * 4
         return max(1, CHUNK_BYTES // per_client)
 
