@@ -336,6 +336,17 @@ def test_sparse_poisson_batches_have_the_law_of_one_coin_per_example(monkeypatch
     assert hits[:400].std() < 5.5  # Binomial(2000, 0.01) spread (4.45): all about as likely
 
 
+def test_sparse_poisson_refuses_when_it_cannot_find_distinct_examples(monkeypatch):
+    # A broken uniform source (always 0) makes every batch of >= 2 repeat position 0:
+    # the rejection loop must give up with a named error instead of spinning forever.
+    monkeypatch.setattr(training_module, "SPARSE_POISSON_KEYS", 0)
+    clients = tiny_clients([400], LocalTraining(batch_size=4, clipping=FlatClipping(1.0)))
+    monkeypatch.setattr(training_module.torch, "binomial", lambda n, p, **_: torch.full_like(n, 3))
+    monkeypatch.setattr(training_module.torch, "rand", lambda *shape, **_: torch.zeros(*shape))
+    with pytest.raises(TrainingError, match="did not find distinct examples"):
+        clients.sample(torch.tensor([0]), torch.Generator().manual_seed(0))
+
+
 def test_local_training_refuses_an_unknown_sampling():
     with pytest.raises(TrainingError, match="sampling must be one of"):
         LocalTraining(batch_size=5, sampling="uniform", clipping=FlatClipping(1.0))  # type: ignore[arg-type]
