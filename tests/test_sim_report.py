@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -227,8 +228,10 @@ def test_markdown_table_positive_delta_pipes_and_hours() -> None:
         unfinished=0,
     )
     assert markdown_table([g]).splitlines()[-1] == (
-        "| a\\|b | 65.4 ± 0.0 (n=1) | 65.0 | +0.4 | 0.5 | 1.1 h | cuda, cpu |"
+        "| a\\|b | 65.4 (n=1) | 65.0 | +0.4 | 0.5 | 1.1 h | cuda, cpu |"
     )
+    two = dataclasses.replace(g, seeds=(0, 1), std_accuracy=0.012, finished=2)
+    assert "| 65.4 ± 1.2 (n=2) |" in markdown_table([two])
     assert markdown_table([]) == ""
 
 

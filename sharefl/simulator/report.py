@@ -482,6 +482,8 @@ def _accuracy_cell(group: GroupSummary) -> str:
     note = f" ({'; '.join(notes)})"
     if group.mean_accuracy is None or group.std_accuracy is None:
         return _NONE + note
+    if group.finished < 2:  # a sample std needs two seeds: show the one run alone
+        return _percent(group.mean_accuracy) + note
     return f"{_percent(group.mean_accuracy)} ± {_percent(group.std_accuracy)}{note}"
 
 
