@@ -10,9 +10,13 @@ sampling, Gaussian noise) and 30 label-flipping workers (one example each), seed
   per-example gradients in one nested ``torch.func.vmap`` call per group;
 * ``loop_plain`` (the issue's baseline): a Python loop over clients, each computing its
   per-example gradients one example at a time (forward + backward per example), then
-  momentum, normalisation, noise — what a simulator without vectorisation does;
+  momentum, normalisation, noise — what a simulator without vectorisation does; timed with
+  torch's default threads (the target) and, on CPU, on one thread (its faster setting on
+  small machines, as batch-1 passes lose more to thread synchronisation than they gain);
 * ``loop_vmap`` (a stronger baseline): a Python loop over clients, each running
-  :class:`sharefl.privacy.DPSGD` (per-example ``vmap`` inside the client).
+  :class:`sharefl.privacy.DPSGD` (per-example ``vmap`` inside the client);
+* ``batched_floor`` (a floor, not a competitor): one non-private forward + backward of all
+  the round's sampled examples as a single batch, without per-example gradients.
 
 It also reports whole simulated rounds per second (``Simulation.step``: training, the
 two-stage filter, the server step). Target (issue #7): vectorised ≥ 5× faster than the
@@ -25,6 +29,7 @@ from __future__ import annotations
 import argparse
 import copy
 import time
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -64,6 +69,28 @@ def loop_vmap(model, data, rows, byz_rows, privatizers) -> list[torch.Tensor]:
     for dp, client_rows in zip(privatizers, list(rows) + list(byz_rows), strict=True):
         out.append(dp.privatize(data.inputs[client_rows], data.targets[client_rows]).flat)
     return out
+
+
+def on_one_thread(fn: Callable[[], object]) -> Callable[[], object]:
+    """``fn`` run with torch limited to one intra-op thread (restored afterwards)."""
+
+    def call() -> object:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return fn()
+        finally:
+            torch.set_num_threads(threads)
+
+    return call
+
+
+def batched_floor(model, data, rows, byz_rows) -> None:
+    """One non-private forward + backward of every sampled example as a single batch: the
+    least any method that computes these examples' gradients has to do."""
+    batch = torch.cat([*rows, *byz_rows])
+    model.zero_grad(set_to_none=True)
+    F.cross_entropy(model(data.inputs[batch]), data.targets[batch]).backward()
 
 
 def main() -> None:
@@ -146,6 +173,24 @@ def main() -> None:
     emit(record)
     records.append(record)
 
+    if torch.get_num_threads() > 1 and sim.device.type == "cpu":
+        # Batch-1 forward/backward passes gain little from threads and can lose to their
+        # synchronisation: time the plain loop on one thread too.
+        fast1, plain1 = compare(
+            vectorised,
+            on_one_thread(lambda: loop_plain(model, data_cpu, honest_rows, byz_rows, cpu_gen)),
+            repeat=repeat,
+            warmup=1,
+        )
+        emit(
+            {
+                "name": "vectorised_vs_plain_loop_one_thread",
+                "vectorised_s": fast1,
+                "loop_plain_one_thread_s": plain1,
+                "speedup": round(plain1["best_s"] / fast1["best_s"], 2),
+            }
+        )
+
     fast2, looped = compare(
         vectorised,
         lambda: loop_vmap(model, data_cpu, honest_rows, byz_rows, privatizers),
@@ -158,6 +203,21 @@ def main() -> None:
             "vectorised_s": fast2,
             "loop_vmap_s": looped,
             "speedup": round(looped["best_s"] / fast2["best_s"], 2),
+        }
+    )
+
+    fast3, floor = compare(
+        vectorised,
+        lambda: batched_floor(model, data_cpu, honest_rows, byz_rows),
+        repeat=repeat,
+        warmup=1,
+    )
+    emit(
+        {
+            "name": "vectorised_vs_batched_nonprivate_floor",
+            "vectorised_s": fast3,
+            "batched_floor_s": floor,
+            "overhead": round(fast3["best_s"] / floor["best_s"], 2),
         }
     )
 
