@@ -1,9 +1,12 @@
-"""Describe the machine a benchmark ran on (printed with every benchmark result)."""
+"""The machine: what a benchmark ran on (printed with every benchmark result), and the
+process-wide settings that tune it (malloc's treatment of freed memory, torch's threads)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
+from collections.abc import Iterator
 
 
 def _cpu_model() -> str:
@@ -70,3 +73,20 @@ def keep_freed_memory(threshold_bytes: int = 256 << 20) -> bool:
     libc = ctypes.CDLL(name)
     ok = libc.mallopt(_M_MMAP_THRESHOLD, threshold_bytes) == 1
     return ok and libc.mallopt(_M_TRIM_THRESHOLD, 2 * threshold_bytes) == 1
+
+
+@contextlib.contextmanager
+def torch_threads(count: int | None) -> Iterator[None]:
+    """Run the block with ``count`` torch intra-op threads, then restore the previous setting
+    (also when the block raises). ``None`` leaves the setting alone."""
+    if count is None:
+        yield
+        return
+    import torch  # only callers that use torch pay for importing it
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)

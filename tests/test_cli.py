@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from sharefl.cli import main
 
 
@@ -33,3 +35,19 @@ def test_allocator_setting_is_applied_on_glibc():
     from sharefl.machine import keep_freed_memory
 
     assert keep_freed_memory() == (platform.libc_ver()[0] == "glibc")
+
+
+def test_torch_threads_sets_and_restores_the_thread_count_even_on_error():
+    import torch
+
+    from sharefl.machine import torch_threads
+
+    before = torch.get_num_threads()
+    with torch_threads(1):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+    with pytest.raises(RuntimeError), torch_threads(1):
+        raise RuntimeError("the block failed")
+    assert torch.get_num_threads() == before
+    with torch_threads(None):
+        assert torch.get_num_threads() == before

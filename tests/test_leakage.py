@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from sharefl.machine import torch_threads
 from sharefl.privacy.per_example import per_example_gradients
 from sharefl.simulator.leakage import (
     DEFAULT_SUCCESS_MSE,
@@ -36,10 +37,8 @@ SHAPE = (1, 16, 16)
 @pytest.fixture(autouse=True)
 def one_thread():
     """Tiny tensors: intra-op threads only add synchronisation (and stall on busy cores)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+    with torch_threads(1):
+        yield
 
 
 def smooth_images(n: int, shape: tuple[int, int, int] = SHAPE, seed: int = 0) -> torch.Tensor:

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
+from sharefl.machine import torch_threads
 from sharefl.simulator.models import (
     MODELS,
     ModelError,
@@ -37,10 +38,8 @@ MNIST = (1, 28, 28)
 def _one_thread():
     """These tensors are tiny: one intra-op thread avoids OpenMP synchronisation, which on a
     busy 2-core machine made a vmap step 100× slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with torch_threads(1):
+        yield
 
 
 CIFAR = (3, 32, 32)

@@ -30,17 +30,17 @@ Deviation from the authors' code: L-BFGS uses the strong-Wolfe line search by de
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import enum
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sharefl.machine import torch_threads
 from sharefl.privacy.per_example import trainable_parameters
 
 from .errors import LeakageError, enum_member
@@ -236,7 +236,7 @@ def reconstruct(
     ref = None if reference is None else _check_reference(reference, batch, shape, dummy)
     if num_threads is not None and (not isinstance(num_threads, int) or num_threads < 1):
         raise LeakageError(f"num_threads must be None or an int ≥ 1, got {num_threads!r}")
-    with _threads(num_threads):
+    with torch_threads(num_threads):
         result = _Optimiser(net, params, target, dummy, labels, soft, line_search).run(
             lbfgs_max_iter,
             history_size,
@@ -371,20 +371,6 @@ class _Optimiser:
                 break
         soft = best_vars[1] if len(best_vars) > 1 else torch.empty(0)
         return _RunResult(best_vars[0], best, soft, step, stop, distances, mses)
-
-
-@contextlib.contextmanager
-def _threads(count: int | None) -> Iterator[None]:
-    """Run the block with ``count`` torch intra-op threads, then restore the setting."""
-    if count is None:
-        yield
-        return
-    previous = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
 
 
 def _initial_input(
