@@ -26,9 +26,9 @@ from pathlib import Path
 import numpy as np
 from common import emit, emit_machine, finish
 
+from sharefl.deploy.client import demo_trainer
+from sharefl.launch import free_port
 from sharefl.protocol import secure_sum
-from sharefl.protocol.grpc_client import demo_trainer
-from sharefl.protocol.run import free_port
 
 CONFIG = """
 [server]

@@ -28,7 +28,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 
 def _cmd_keygen(args: argparse.Namespace) -> int:
-    from sharefl.protocol.keygen import keygen
+    from sharefl.deploy.keygen import keygen
 
     folder = keygen(args.out, range(args.clients), args.hosts.split(","))
     print(f"wrote keys for {args.clients} clients to {folder}")
@@ -36,13 +36,13 @@ def _cmd_keygen(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from sharefl.protocol.run import run_server
+    from sharefl.launch import run_server
 
     return run_server(args.config, address=args.address, clients=args.clients, out=args.out)
 
 
 def _cmd_client(args: argparse.Namespace) -> int:
-    from sharefl.protocol.run import run_client
+    from sharefl.launch import run_client
 
     return run_client(
         args.id,
@@ -56,7 +56,7 @@ def _cmd_client(args: argparse.Namespace) -> int:
 
 
 def _cmd_launch(args: argparse.Namespace) -> int:
-    from sharefl.protocol.run import launch
+    from sharefl.launch import launch
 
     return launch(args.config, args.clients, trainer=args.trainer, out=args.out)
 
@@ -143,7 +143,7 @@ def _add_deployment_commands(sub) -> None:
     client.add_argument("--id", type=int, required=True, help="this client's id")
     client.add_argument(
         "--trainer",
-        default="sharefl.protocol.grpc_client:demo_trainer",
+        default="sharefl.deploy.client:demo_trainer",
         help="module:function called as f(model, round=..., client_id=...) -> update",
     )
     client.add_argument(
@@ -161,7 +161,7 @@ def _add_deployment_commands(sub) -> None:
     launch.add_argument(
         "--clients", type=int, help="client processes (default for a simulation: all clients)"
     )
-    launch.add_argument("--trainer", default="sharefl.protocol.grpc_client:demo_trainer")
+    launch.add_argument("--trainer", default="sharefl.deploy.client:demo_trainer")
     launch.add_argument(
         "--out", help="folder for result.json and model.npy (a simulation: rounds, summary)"
     )

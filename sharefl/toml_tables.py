@@ -1,7 +1,7 @@
 """Typed dataclasses from parsed TOML tables, with errors that name the offending key.
 
 Both configuration files of sharefl go through :func:`build_dataclass`: the deployment file
-(:mod:`sharefl.protocol.deploy`) and the simulation file (:mod:`sharefl.simulator.config`).
+(:mod:`sharefl.deploy.config`) and the simulation file (:mod:`sharefl.simulator.config`).
 Each passes its own exception class, so a bad key surfaces as that module's named error.
 """
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sharefl.protocol.deploy import DeploymentConfig, load_config
+from sharefl.deploy.config import DeploymentConfig, load_config
 from sharefl.protocol.errors import ConfigurationError
 
 

@@ -14,20 +14,20 @@ from hypothesis import strategies as st
 
 from sharefl.crypto.encoding import choose_encoding
 from sharefl.crypto.kdf import KeyContext
-from sharefl.proto import sharefl_pb2 as pb
-from sharefl.proto import sharefl_pb2_grpc as pb_grpc
-from sharefl.protocol import wire
-from sharefl.protocol.client import ClientSession
-from sharefl.protocol.deploy import (
+from sharefl.deploy import wire
+from sharefl.deploy.client import ClientRuntime, demo_trainer
+from sharefl.deploy.config import (
     DeploymentConfig,
     ModelSection,
     SecureAggregationSection,
     ServerSection,
 )
-from sharefl.protocol.grpc_client import ClientRuntime, demo_trainer
-from sharefl.protocol.grpc_server import ClientLink, Coordinator, StreamError, serve
+from sharefl.deploy.server import ClientLink, Coordinator, StreamError, serve
+from sharefl.launch import free_port
+from sharefl.proto import sharefl_pb2 as pb
+from sharefl.proto import sharefl_pb2_grpc as pb_grpc
+from sharefl.protocol.client import ClientSession
 from sharefl.protocol.messages import ClusterAssignment
-from sharefl.protocol.run import free_port
 from sharefl.protocol.server import ServerSession
 
 DIM = 64

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sharefl.protocol.grpc_client import demo_trainer
-from sharefl.protocol.keygen import keygen
-from sharefl.protocol.run import free_port
+from sharefl.deploy.client import demo_trainer
+from sharefl.deploy.keygen import keygen
+from sharefl.launch import free_port
 
 PYTHON = [sys.executable, "-m", "sharefl.cli"]
 

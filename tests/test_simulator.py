@@ -16,14 +16,14 @@ import pytest
 import torch
 
 from sharefl.cli import main as cli_main
+from sharefl.deploy.client import ClientRuntime
+from sharefl.deploy.server import serve
 from sharefl.privacy import DPSGD, DPSGDConfig, FlatClipping, L2MaxClipping, Normalization
 from sharefl.protocol.driver import secure_sum
-from sharefl.protocol.grpc_client import ClientRuntime
-from sharefl.protocol.grpc_server import serve
+from sharefl.simulation_bridge import SimulationStrategy, SimulationTrainer, deployment_for
 from sharefl.simulator import training as training_module
 from sharefl.simulator.config import ConfigError, expand, load_runs
 from sharefl.simulator.engine import Simulation, load_data
-from sharefl.simulator.federated import SimulationStrategy, SimulationTrainer, deployment_for
 from sharefl.simulator.models import build_model
 from sharefl.simulator.runner import run_grid
 from sharefl.simulator.training import FlatModel, LocalTraining, TrainingError, VectorizedClients
@@ -506,7 +506,7 @@ def test_a_client_process_refuses_an_id_outside_the_run():
 
 
 def _free_port() -> int:
-    from sharefl.protocol.run import free_port
+    from sharefl.launch import free_port
 
     return free_port()
 

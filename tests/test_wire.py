@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from sharefl.crypto.encoding import choose_encoding
 from sharefl.crypto.kdf import KeyContext
+from sharefl.deploy import wire
 from sharefl.proto import sharefl_pb2 as pb
-from sharefl.protocol import wire
 from sharefl.protocol.messages import (
     AdvertiseKeys,
     ClusterAssignment,

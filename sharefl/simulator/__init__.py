@@ -17,5 +17,5 @@ Modules, from the data up:
   (:class:`~sharefl.simulator.engine.Simulation`);
 * :mod:`~sharefl.simulator.runner`, :mod:`~sharefl.simulator.report` — grids of runs,
   their results, tables and plots;
-* :mod:`~sharefl.simulator.federated` — the same run over gRPC (``sharefl launch``).
+* :mod:`~sharefl.simulation_bridge` — the same run over gRPC (``sharefl launch``).
 """

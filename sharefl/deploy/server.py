@@ -1,7 +1,7 @@
 """The aggregation server over gRPC: one bidirectional stream per client (grpc.aio).
 
 The service authenticates each stream (a signed Hello against the identity directory,
-optionally TLS client certificates), converts messages with :mod:`sharefl.protocol.wire`
+optionally TLS client certificates), converts messages with :mod:`sharefl.deploy.wire`
 and hands them to the :class:`Coordinator`, which drives the sans-IO
 :class:`~sharefl.protocol.server.ServerSession` of every cluster stage by stage with a
 deadline per stage. A client that misses a deadline or disconnects counts as dropped; a
@@ -31,13 +31,13 @@ from sharefl.crypto.encoding import RingEncoding, choose_encoding, decode
 from sharefl.crypto.errors import SignatureError
 from sharefl.crypto.kdf import KeyContext
 from sharefl.crypto.signatures import verify
+from sharefl.deploy import wire
+from sharefl.deploy.config import DeploymentConfig
 from sharefl.proto import sharefl_pb2 as pb
 from sharefl.proto import sharefl_pb2_grpc as pb_grpc
-from sharefl.protocol import wire
 from sharefl.protocol.assignment import plan_assignment
 from sharefl.protocol.audit import audit
 from sharefl.protocol.clustering import as_generator, random_clustering
-from sharefl.protocol.deploy import DeploymentConfig
 from sharefl.protocol.errors import ConfigurationError, LeakageError, RejectedMessage
 from sharefl.protocol.server import ClusterSum, FailedCluster, ServerSession
 
@@ -538,7 +538,7 @@ async def serve(
 
     ``ready`` is set once the port is bound (for in-process tests). ``strategy`` decides
     the initial model and what the released sums do (default :class:`AveragingStrategy`;
-    the simulator's robust training is :class:`sharefl.simulator.federated.
+    the simulator's robust training is :class:`sharefl.simulation_bridge.
     SimulationStrategy`). Raises :class:`ConfigurationError` / :class:`LeakageError` for an
     unusable configuration.
     """

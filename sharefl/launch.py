@@ -25,13 +25,13 @@ from typing import Any
 import grpc
 import numpy as np
 
+from sharefl.deploy.client import ClientRuntime, ConnectionLost, load_trainer, read_tls
+from sharefl.deploy.config import DeploymentConfig, load_config
+from sharefl.deploy.keygen import load_identity
+from sharefl.deploy.server import RunResult, load_directory, serve
 from sharefl.machine import keep_freed_memory
 from sharefl.protocol.client import ClientPolicy
-from sharefl.protocol.deploy import DeploymentConfig, load_config
 from sharefl.protocol.errors import ConfigurationError, LeakageError
-from sharefl.protocol.grpc_client import ClientRuntime, ConnectionLost, load_trainer, read_tls
-from sharefl.protocol.grpc_server import RunResult, load_directory, serve
-from sharefl.protocol.keygen import load_identity
 
 
 def _run_cancellable(coroutine: Coroutine[Any, Any, Any]) -> Any:
@@ -105,7 +105,7 @@ def _server_config(config_path: str, out: str | None) -> tuple[DeploymentConfig,
 
     if not is_simulation_config(config_path):
         return load_config(config_path), None
-    from sharefl.simulator.federated import SimulationStrategy, deployment_for, single_run
+    from sharefl.simulation_bridge import SimulationStrategy, deployment_for, single_run
 
     run = single_run(config_path)
     strategy = SimulationStrategy(run, None if out is None else Path(out) / run.run_id)
@@ -113,7 +113,7 @@ def _server_config(config_path: str, out: str | None) -> tuple[DeploymentConfig,
 
 
 def _simulation_trainer(config_path: str, client_id: int) -> Any:
-    from sharefl.simulator.federated import SimulationTrainer, single_run
+    from sharefl.simulation_bridge import SimulationTrainer, single_run
 
     return SimulationTrainer(single_run(config_path), client_id)
 
@@ -122,7 +122,7 @@ def client_runtime(
     client_id: int,
     address: str,
     *,
-    trainer: str = "sharefl.protocol.grpc_client:demo_trainer",
+    trainer: str = "sharefl.deploy.client:demo_trainer",
     keys: str | None = None,
     retries: int = 5,
     exit_before: str | None = None,
@@ -197,7 +197,7 @@ def launch(config_path: str, clients: int | None, *, trainer: str, out: str | No
     simulation = is_simulation_config(config_path)
     try:
         if simulation:
-            from sharefl.simulator.federated import single_run
+            from sharefl.simulation_bridge import single_run
 
             run = single_run(config_path)
             clients = clients or run.clients.total

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from sharefl.protocol.deploy import (
+from sharefl.deploy.config import (
     DeploymentConfig,
     ModelSection,
     SecureAggregationSection,
@@ -77,7 +77,7 @@ def deployment_for(run: RunConfig, dim: int) -> DeploymentConfig:
 
 
 class SimulationStrategy:
-    """The gRPC server's :class:`~sharefl.protocol.grpc_server.ServerStrategy` for a run.
+    """The gRPC server's :class:`~sharefl.deploy.server.ServerStrategy` for a run.
 
     Args:
         run: the run; ``out`` (optional) receives ``rounds.jsonl`` and ``summary.json``.

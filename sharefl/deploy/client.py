@@ -26,12 +26,12 @@ from grpc._cython.cygrpc import InternalError as _GrpcInternalError
 
 from sharefl.crypto.encoding import encode
 from sharefl.crypto.signatures import IdentityKey
+from sharefl.deploy import wire
+from sharefl.deploy.server import MAX_MESSAGE_BYTES, TRANSPORT_OPTIONS, hello_statement
 from sharefl.proto import sharefl_pb2 as pb
 from sharefl.proto import sharefl_pb2_grpc as pb_grpc
-from sharefl.protocol import wire
 from sharefl.protocol.client import ClientPolicy, ClientSession
 from sharefl.protocol.errors import ClientRefusal, ProtocolError
-from sharefl.protocol.grpc_server import MAX_MESSAGE_BYTES, TRANSPORT_OPTIONS, hello_statement
 from sharefl.protocol.messages import (
     ConsistencySignature,
     EncryptedShares,
