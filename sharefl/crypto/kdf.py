@@ -3,11 +3,12 @@
 Every symmetric key of the protocol is derived as
 
     HKDF-SHA256(ikm = X25519(sk_u, pk_v), salt = none,
-                info = "sharefl/kdf" ‖ version ‖ round ‖ reclustering ‖ cluster
+                info = "sharefl/kdf" ‖ version ‖ round ‖ reclustering ‖ cluster ‖ [plan digest]
                        ‖ min(u, v) ‖ max(u, v) ‖ purpose)
 
 so a key is only ever valid for one protocol version, one round, one reclustering, one
-cluster, one unordered pair of clients and one purpose. Keys derived for distinct purposes
+cluster, one committed round plan (when the server commits to one), one unordered pair of
+clients and one purpose. Keys derived for distinct purposes
 from the same shared secret are independent (HKDF with distinct ``info``).
 """
 
@@ -25,6 +26,7 @@ from sharefl.crypto.errors import InvalidKeyError
 
 PROTOCOL_VERSION = 1
 KEY_BYTES = 32
+PLAN_DIGEST_BYTES = 32
 _U64_MAX = 2**64 - 1
 _U32_MAX = 2**32 - 1
 
@@ -52,27 +54,35 @@ def _check_u32(name: str, value: int) -> int:
 
 @dataclass(frozen=True)
 class KeyContext:
-    """Where in the protocol a key is used: (version, round, reclustering, cluster).
+    """Where in the protocol a key is used: (version, round, reclustering, cluster, plan).
 
-    All fields are non-negative integers (round < 2^64; the others < 2^32). The context is
-    bound into every derived key, every AEAD associated data and every signed message, so a
-    message from one round, reclustering or cluster is useless in any other.
+    All integer fields are non-negative (round < 2^64; the others < 2^32). ``plan`` is the
+    SHA-256 digest of the round plan the server committed to
+    (:meth:`sharefl.protocol.plan.RoundPlan.digest`), or empty when there is none. The
+    context is bound into every derived key, every AEAD associated data and every signed
+    message, so a message from one round, reclustering, cluster or plan is useless in any
+    other: members shown different plans cannot even decrypt each other's shares.
     """
 
     round: int
     reclustering: int = 0
     cluster: int = 0
     version: int = PROTOCOL_VERSION
+    plan: bytes = b""
 
     def __post_init__(self) -> None:
         _check_u64("round", self.round)
         _check_u32("reclustering", self.reclustering)
         _check_u32("cluster", self.cluster)
         _check_u32("version", self.version)
+        if not isinstance(self.plan, bytes) or len(self.plan) not in (0, PLAN_DIGEST_BYTES):
+            raise ValueError(f"plan must be b'' or a {PLAN_DIGEST_BYTES}-byte digest")
 
     def to_bytes(self) -> bytes:
-        """Canonical 24 bytes, big-endian: version u32, round u64, reclustering u32, cluster u32."""
-        return struct.pack(">IQII", self.version, self.round, self.reclustering, self.cluster)
+        """Canonical bytes, big-endian: version u32, round u64, reclustering u32, cluster u32
+        (24 bytes), followed by the 32-byte plan digest when there is one."""
+        head = struct.pack(">IQII", self.version, self.round, self.reclustering, self.cluster)
+        return head + self.plan
 
     def kdf_info(self, purpose: Purpose, client_a: int, client_b: int) -> bytes:
         """HKDF ``info`` for the unordered pair {client_a, client_b} and ``purpose``."""

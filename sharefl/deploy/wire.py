@@ -18,6 +18,9 @@ from sharefl.crypto.errors import EncodingError
 from sharefl.crypto.kdf import KeyContext
 from sharefl.proto import sharefl_pb2 as pb
 from sharefl.protocol import messages as m
+from sharefl.protocol.clustering import Clustering, ClusteringError
+from sharefl.protocol.errors import ConfigurationError
+from sharefl.protocol.plan import RoundPlan
 
 CHUNK_BYTES = 3 << 20
 """Payload bytes per VectorChunk (3 MiB, below gRPC's 4 MiB message limit with headroom)."""
@@ -128,7 +131,11 @@ class VectorAssembler:
 
 def context_to_proto(c: KeyContext) -> pb.Context:
     return pb.Context(
-        version=c.version, round=c.round, reclustering=c.reclustering, cluster=c.cluster
+        version=c.version,
+        round=c.round,
+        reclustering=c.reclustering,
+        cluster=c.cluster,
+        plan=c.plan,
     )
 
 
@@ -136,7 +143,11 @@ def context_from_proto(c: pb.Context) -> KeyContext:
     """Raises :class:`WireError` for a missing or out-of-range context."""
     try:
         return KeyContext(
-            round=c.round, reclustering=c.reclustering, cluster=c.cluster, version=c.version
+            round=c.round,
+            reclustering=c.reclustering,
+            cluster=c.cluster,
+            version=c.version,
+            plan=bytes(c.plan),
         )
     except ValueError as exc:
         raise WireError(f"bad context: {exc}") from exc
@@ -163,6 +174,37 @@ def _peer_map(entries: Sequence, what: str, field: str) -> dict[int, bytes]:
             raise WireError(f"{what} names client {peer} twice")
         result[peer] = bytes(getattr(entry, field))
     return result
+
+
+MAX_PLAN_IDS = 1 << 20
+"""Most client ids a round plan may carry in total (R · n): a plan is read before use."""
+
+
+def plan_to_proto(plan: RoundPlan) -> pb.RoundPlan:
+    return pb.RoundPlan(
+        clusterings=[
+            pb.Clustering(clusters=[pb.Cluster(members=c) for c in clustering.clusters])
+            for clustering in plan.clusterings
+        ]
+    )
+
+
+def plan_from_proto(round_index: int, p: pb.RoundPlan) -> RoundPlan:
+    """Raises :class:`WireError` for an oversized plan or one that is not R partitions of
+    the same clients."""
+    total = sum(len(c.members) for clustering in p.clusterings for c in clustering.clusters)
+    if total > MAX_PLAN_IDS:
+        raise WireError(f"round plan lists {total} client ids; at most {MAX_PLAN_IDS}")
+    try:
+        return RoundPlan(
+            round_index,
+            tuple(
+                Clustering(tuple(tuple(int(i) for i in c.members) for c in clustering.clusters))
+                for clustering in p.clusterings
+            ),
+        )
+    except (ClusteringError, ConfigurationError, ValueError) as exc:
+        raise WireError(f"bad round plan: {exc}") from exc
 
 
 def encoding_to_proto(e: RingEncoding) -> pb.Encoding:

@@ -19,16 +19,18 @@ DTYPE_UINT32: DType
 DTYPE_UINT64: DType
 
 class Context(_message.Message):
-    __slots__ = ("version", "round", "reclustering", "cluster")
+    __slots__ = ("version", "round", "reclustering", "cluster", "plan")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     RECLUSTERING_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    PLAN_FIELD_NUMBER: _ClassVar[int]
     version: int
     round: int
     reclustering: int
     cluster: int
-    def __init__(self, version: _Optional[int] = ..., round: _Optional[int] = ..., reclustering: _Optional[int] = ..., cluster: _Optional[int] = ...) -> None: ...
+    plan: bytes
+    def __init__(self, version: _Optional[int] = ..., round: _Optional[int] = ..., reclustering: _Optional[int] = ..., cluster: _Optional[int] = ..., plan: _Optional[bytes] = ...) -> None: ...
 
 class VectorHeader(_message.Message):
     __slots__ = ("length", "dtype", "chunks", "sha256")
@@ -68,15 +70,35 @@ class Hello(_message.Message):
     signature: bytes
     def __init__(self, client_id: _Optional[int] = ..., identity_public: _Optional[bytes] = ..., signature: _Optional[bytes] = ...) -> None: ...
 
+class Cluster(_message.Message):
+    __slots__ = ("members",)
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    members: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, members: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class Clustering(_message.Message):
+    __slots__ = ("clusters",)
+    CLUSTERS_FIELD_NUMBER: _ClassVar[int]
+    clusters: _containers.RepeatedCompositeFieldContainer[Cluster]
+    def __init__(self, clusters: _Optional[_Iterable[_Union[Cluster, _Mapping]]] = ...) -> None: ...
+
+class RoundPlan(_message.Message):
+    __slots__ = ("clusterings",)
+    CLUSTERINGS_FIELD_NUMBER: _ClassVar[int]
+    clusterings: _containers.RepeatedCompositeFieldContainer[Clustering]
+    def __init__(self, clusterings: _Optional[_Iterable[_Union[Clustering, _Mapping]]] = ...) -> None: ...
+
 class RoundStart(_message.Message):
-    __slots__ = ("round", "model", "reclusterings")
+    __slots__ = ("round", "model", "reclusterings", "plan")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     RECLUSTERINGS_FIELD_NUMBER: _ClassVar[int]
+    PLAN_FIELD_NUMBER: _ClassVar[int]
     round: int
     model: VectorHeader
     reclusterings: int
-    def __init__(self, round: _Optional[int] = ..., model: _Optional[_Union[VectorHeader, _Mapping]] = ..., reclusterings: _Optional[int] = ...) -> None: ...
+    plan: RoundPlan
+    def __init__(self, round: _Optional[int] = ..., model: _Optional[_Union[VectorHeader, _Mapping]] = ..., reclusterings: _Optional[int] = ..., plan: _Optional[_Union[RoundPlan, _Mapping]] = ...) -> None: ...
 
 class Encoding(_message.Message):
     __slots__ = ("bits", "frac_bits", "clip", "max_summands", "l2_clip")

@@ -1,0 +1,86 @@
+"""The round plan: the R clusterings of one round that the server commits to.
+
+A :class:`RoundPlan` lists, for one round, every reclustering's partition of the round's
+participants into clusters. Its SHA-256 :meth:`~RoundPlan.digest` is bound into the
+:class:`~sharefl.crypto.kdf.KeyContext` of every cluster of the round, hence into every
+derived key, AEAD associated data and signature: members of one cluster who were shown
+different plans derive different keys and refuse each other's signed advertisements, so
+a server cannot show one plan to some clients and another to the rest of a cluster. With
+the whole plan in hand a client can check what it may take part in: at most one cluster
+per reclustering, only the clusters of the plan, and a plan whose sums leak nothing
+(:func:`sharefl.protocol.audit.audit`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from dataclasses import dataclass
+from functools import cached_property
+
+from sharefl.crypto.kdf import PROTOCOL_VERSION, KeyContext
+from sharefl.protocol.clustering import Clustering
+from sharefl.protocol.errors import ConfigurationError
+
+PLAN_TAG = b"sharefl/round-plan\x00"
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    """The clusterings of one round, over the same participants.
+
+    Attributes:
+        round: the round number.
+        clusterings: one :class:`Clustering` per reclustering (R >= 1), each a partition of
+            the same client ids.
+
+    Raises :class:`ConfigurationError` for an empty plan or clusterings over different
+    clients.
+    """
+
+    round: int
+    clusterings: tuple[Clustering, ...]
+
+    def __post_init__(self) -> None:
+        if not self.clusterings:
+            raise ConfigurationError("a round plan needs at least one clustering")
+        object.__setattr__(self, "clusterings", tuple(self.clusterings))
+        first = set(self.clusterings[0].members)
+        if any(set(c.members) != first for c in self.clusterings[1:]):
+            raise ConfigurationError("every clustering of a round plan must cover the same clients")
+        KeyContext(round=self.round)  # range check
+
+    @property
+    def participants(self) -> tuple[int, ...]:
+        """The round's clients, sorted."""
+        return self.clusterings[0].members
+
+    @property
+    def reclusterings(self) -> int:
+        """R, the number of clusterings."""
+        return len(self.clusterings)
+
+    @cached_property
+    def _digest(self) -> bytes:
+        h = hashlib.sha256(PLAN_TAG)
+        h.update(struct.pack(">IQI", PROTOCOL_VERSION, self.round, self.reclusterings))
+        for clustering in self.clusterings:
+            h.update(struct.pack(">I", len(clustering)))
+            for cluster in clustering.clusters:
+                h.update(struct.pack(f">I{len(cluster)}Q", len(cluster), *cluster))
+        return h.digest()
+
+    def digest(self) -> bytes:
+        """SHA-256 over a canonical encoding: tag, protocol version, round, R, then per
+        clustering its number of clusters and per cluster its size and sorted member ids."""
+        return self._digest
+
+    def context(self, reclustering: int, cluster: int) -> KeyContext:
+        """The key context of one cluster of this plan (the plan digest bound in)."""
+        return KeyContext(
+            round=self.round, reclustering=reclustering, cluster=cluster, plan=self.digest()
+        )
+
+    def members(self, reclustering: int, cluster: int) -> tuple[int, ...]:
+        """The planned members of a cluster; raises IndexError if it is not in the plan."""
+        return self.clusterings[reclustering].clusters[cluster]
