@@ -22,7 +22,7 @@ from sharefl.deploy.config import (
     SecureAggregationSection,
     ServerSection,
 )
-from sharefl.deploy.server import ClientLink, Coordinator, StreamError, serve
+from sharefl.deploy.server import ClientLink, ServerRun, StreamError, serve
 from sharefl.launch import free_port
 from sharefl.proto import sharefl_pb2 as pb
 from sharefl.proto import sharefl_pb2_grpc as pb_grpc
@@ -171,8 +171,8 @@ def client_messages(draw):
     return message
 
 
-def _coordinator() -> tuple[Coordinator, ClientLink]:
-    coordinator = Coordinator(config(free_port()), log=lambda _: None)
+def _coordinator() -> tuple[ServerRun, ClientLink]:
+    coordinator = ServerRun(config(free_port()), log=lambda _: None)
     assignment = ClusterAssignment(CTX, (0, 1, 2, 3), 3, DIM, 32)
     coordinator.context = CTX
     coordinator.sessions = {0: ServerSession(assignment)}
@@ -296,7 +296,9 @@ def test_a_leaking_reclustering_plan_is_refused_before_any_model_is_sent():
         port = free_port()
         cfg = dataclasses.replace(
             config(port, clients=6),
-            secure_aggregation=SecureAggregationSection(cluster_size=3, reclusterings=10),
+            secure_aggregation=SecureAggregationSection(
+                cluster_size=3, reclusterings=10, planner="random"
+            ),
         )
         ready = asyncio.Event()
         server = asyncio.create_task(serve(cfg, ready=ready, log=lambda _: None))

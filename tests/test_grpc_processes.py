@@ -200,7 +200,7 @@ def test_tls_round_and_refusal_of_wrong_certificate_or_identity(tmp_path):
 
 
 def test_launch_runs_a_server_and_clients_and_reports(tmp_path):
-    config = write_config(tmp_path, clients=4, dim=50, secure_aggregation={"cluster_size": 2})
+    config = write_config(tmp_path, clients=4, dim=50, secure_aggregation={"cluster_size": 3})
     out = tmp_path / "launched"
     done = subprocess.run(
         [*PYTHON, "launch", "--config", str(config), "--clients", "4", "--out", str(out)],

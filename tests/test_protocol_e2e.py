@@ -7,8 +7,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sharefl.protocol import secure_sum
+from sharefl.protocol import Planner, secure_sum
 from sharefl.protocol.client import threshold_floor
+from sharefl.protocol.clustering import Clustering
 from sharefl.protocol.errors import ConfigurationError, LeakageError
 
 STAGE_ORDER = ("advertise", "share", "mask", "unmask")
@@ -68,7 +69,9 @@ def test_every_released_sum_is_exact_and_failures_are_reported(scenario):
     t = None
     if smallest > 1:
         t = min(threshold_floor(largest, 0.5) + extra_t, smallest)
-    result = secure_sum(inputs, cluster_size=m, threshold=t, dropouts=drops, seed=seed)
+    result = secure_sum(
+        inputs, cluster_size=m, threshold=t, dropouts=drops, seed=seed, min_sum_size=2
+    )
     dtype = np.uint32 if bits == 32 else np.uint64
     accounted = set()
     released = {c.cluster: c for c in result.clusters}
@@ -145,18 +148,74 @@ def test_secagg_plus_sparse_graph_with_dropouts():
     np.testing.assert_array_equal(cluster.sum, sum(inputs[c] for c in cluster.members))
 
 
-def test_paper_default_reclustering_is_refused_as_leaking():
+def test_paper_default_reclustering_is_refused_as_leaking_unless_planned_safely():
     inputs = _inputs(np.random.default_rng(0), 60, 4, 32)
     with pytest.raises(LeakageError, match="LEAKS"):
-        secure_sum(inputs, cluster_size=3, reclusterings=10, seed=0)
-    result = secure_sum(inputs, cluster_size=3, reclusterings=10, seed=0, allow_leakage=True)
+        secure_sum(inputs, cluster_size=3, reclusterings=10, seed=0, planner=Planner.RANDOM)
+    result = secure_sum(
+        inputs,
+        cluster_size=3,
+        reclusterings=10,
+        seed=0,
+        planner=Planner.RANDOM,
+        allow_leakage=True,
+    )
     assert len(result.planned_audit.recoverable_clients) == 60
-    safe = secure_sum(inputs, cluster_size=3, reclusterings=1, seed=0)
-    assert not safe.planned_audit.leaks
+    assert result.realised_audit.leaks  # allowed, and reported
+    safe = secure_sum(inputs, cluster_size=3, reclusterings=10, seed=0)  # the safe planner
+    assert not safe.planned_audit.leaks and not safe.realised_audit.leaks
+    total = sum(inputs.values())
+    for rec in safe.reclusterings:
+        assert not rec.failed
+        np.testing.assert_array_equal(sum(c.sum for c in rec.clusters), total)
 
 
-def test_realised_audit_sees_dropouts_shrinking_a_sum():
+def test_a_sum_shrunk_below_the_minimum_by_a_dropout_is_withheld():
     inputs = _inputs(np.random.default_rng(0), 6, 4, 32)
     result = secure_sum(inputs, cluster_size=3, threshold=2, dropouts={"mask": [0]}, seed=1)
-    assert not result.planned_audit.leaks
-    assert result.realised_audit.leaks  # a sum of 2 < m = 3 clients was released
+    assert not result.planned_audit.leaks and not result.realised_audit.leaks
+    (withheld,) = result.reclusterings[0].withheld
+    assert 0 in withheld.members and "sums" in withheld.reason
+    (released,) = result.clusters
+    assert 0 not in released.members
+    np.testing.assert_array_equal(released.sum, sum(inputs[c] for c in released.members))
+
+
+def test_a_dropout_between_reclusterings_cannot_expose_an_update():
+    """{0,1,2} is released in reclustering 0; in reclustering 1 client 0 drops from the
+    same cluster, so {1,2} would give x_0 by subtraction: the coordinator withholds it."""
+    inputs = _inputs(np.random.default_rng(3), 6, 8, 32)
+    fixed = Clustering(((0, 1, 2), (3, 4, 5)))
+    result = secure_sum(
+        inputs,
+        cluster_size=3,
+        reclusterings=2,
+        clusterings=[fixed, fixed],
+        threshold=2,
+        min_sum_size=2,
+        dropouts=[{}, {"mask": [0]}],
+        seed=1,
+    )
+    first, second = result.reclusterings
+    assert {c.members for c in first.clusters} == {(0, 1, 2), (3, 4, 5)}
+    (withheld,) = second.withheld
+    assert withheld.members == (0, 1, 2) and "updates of [0]" in withheld.reason
+    assert [c.members for c in second.clusters] == [(3, 4, 5)]
+    assert not result.realised_audit.leaks
+
+
+def test_an_out_of_range_input_flags_its_cluster_as_corrupted():
+    rng = np.random.default_rng(7)
+    inputs = {cid: rng.uniform(-1, 1, 64).astype(np.float32) for cid in range(9)}
+    plan = Clustering(((0, 1, 2), (3, 4, 5), (6, 7, 8)))
+    huge = np.full(64, 2**31 - 1, dtype=np.uint32)
+    result = secure_sum(
+        inputs, cluster_size=3, clip=1.0, clusterings=[plan], byzantine_inputs={4: huge}, seed=4
+    )
+    (corrupted,) = result.reclusterings[0].corrupted
+    assert corrupted.members == (3, 4, 5) and "exceeds" in corrupted.reason
+    bound = result.encoding.sum_error_bound(3)
+    assert [c.members for c in result.clusters] == [(0, 1, 2), (6, 7, 8)]
+    for cluster in result.clusters:
+        exact = sum(inputs[c].astype(np.float64) for c in cluster.members)
+        assert np.max(np.abs(cluster.sum - exact)) <= bound

@@ -45,7 +45,7 @@ from typing import Any, Final, TypeAlias
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-from sharefl.crypto.errors import EncodingError, UnsafeEncodingError
+from sharefl.crypto.errors import EncodingError, SumOutOfRange, UnsafeEncodingError
 
 __all__ = [
     "MAX_FRAC_BITS",
@@ -274,9 +274,10 @@ def decode(total: np.ndarray, encoding: RingEncoding, num_summands: int) -> np.n
     Raises:
         UnsafeEncodingError: ``num_summands > encoding.max_summands``.
         EncodingError: ``total`` is not an array of ``encoding.dtype``; ``num_summands`` is
-            not an int >= 1; or a coordinate exceeds ``num_summands * max_abs_encoded`` in
-            magnitude, which no honest sum can (masks did not cancel, more vectors were
-            added, or they were encoded with other parameters).
+            not an int >= 1.
+        SumOutOfRange: a coordinate exceeds ``num_summands * max_abs_encoded`` in
+            magnitude, which no honest sum can (a summand was out of range, masks did not
+            cancel, or the summands were encoded with other parameters).
     """
     if not isinstance(total, np.ndarray) or total.dtype != encoding.dtype:
         got = total.dtype if isinstance(total, np.ndarray) else type(total).__name__
@@ -290,7 +291,7 @@ def decode(total: np.ndarray, encoding: RingEncoding, num_summands: int) -> np.n
         limit = k * encoding.max_abs_encoded
         lo, hi = int(signed.min()), int(signed.max())
         if max(-lo, hi) > limit:
-            raise EncodingError(
+            raise SumOutOfRange(
                 f"decoded value {lo if -lo > hi else hi} exceeds the largest possible sum of"
                 f" {k} encodings ({limit} units): the masks did not cancel, more than {k}"
                 " vectors were added, or they used different encodings"

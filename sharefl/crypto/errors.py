@@ -47,3 +47,9 @@ class EncodingError(CryptoError, ValueError):
 class UnsafeEncodingError(EncodingError):
     """The ring Z_2^b is too small: the sum of the configured number of clients could wrap
     around. Lower the fractional bits, the clipping range or the cluster size, or use b = 64."""
+
+
+class SumOutOfRange(EncodingError):
+    """A decoded sum lies outside what the honest summands could add up to: some summand was
+    out of range (a Byzantine input), masks did not cancel, or encodings differed. The
+    secure-aggregation coordinator flags such a cluster sum as corrupted instead of using it."""

@@ -22,6 +22,9 @@ A TOML file with four tables; every key is optional except where noted::
     clip = 1.0                # per-coordinate bound of the updates
     signed = false            # untrusted-server mode (needs [tls] identities)
     neighbour_degree = 0      # > 0: SecAgg+ sparse masking
+    planner = "safe"          # "safe": reclusterings that leak nothing; "random"
+    min_sum_size = 3          # no update, no sum of fewer clients may become recoverable
+    exclude_after = 1         # rounds named a culprit before a client is excluded (0: never)
     allow_leakage = false
     seed = 0
 
@@ -80,6 +83,9 @@ class SecureAggregationSection:
     clip: float = 1.0
     signed: bool = False
     neighbour_degree: int = 0
+    planner: str = "safe"
+    min_sum_size: int = 3
+    exclude_after: int = 1
     allow_leakage: bool = False
     seed: int = 0
 
@@ -90,6 +96,16 @@ class SecureAggregationSection:
         _require(self.bits in (32, 64), "secure_aggregation.bits must be 32 or 64")
         _require(self.clip > 0, "secure_aggregation.clip must be > 0")
         _require(self.neighbour_degree >= 0, "secure_aggregation.neighbour_degree >= 0")
+        _require(
+            self.planner in ("safe", "random"), 'secure_aggregation.planner: "safe" or "random"'
+        )
+        _require(self.min_sum_size >= 2, "secure_aggregation.min_sum_size must be >= 2")
+        _require(
+            self.allow_leakage or self.cluster_size >= self.min_sum_size,
+            "secure_aggregation.cluster_size must be >= min_sum_size (every cluster sum "
+            "reveals the sum of its members)",
+        )
+        _require(self.exclude_after >= 0, "secure_aggregation.exclude_after must be >= 0")
 
 
 @dataclass(frozen=True)

@@ -2,12 +2,15 @@
 
 The service authenticates each stream (a signed Hello against the identity directory,
 optionally TLS client certificates), converts messages with :mod:`sharefl.deploy.wire`
-and hands them to the :class:`Coordinator`, which drives the sans-IO
-:class:`~sharefl.protocol.server.ServerSession` of every cluster stage by stage with a
-deadline per stage. A client that misses a deadline or disconnects counts as dropped; a
-client whose message is malformed or out of place gets its stream ended with
-``INVALID_ARGUMENT`` or ``FAILED_PRECONDITION`` and a message, and also counts as dropped.
-Either way the other clients' rounds continue through the protocol's drop-out recovery.
+and hands them to the :class:`ServerRun`, which drives one sans-IO
+:class:`~sharefl.protocol.coordinator.RoundCoordinator` per round, stage by stage with a
+deadline per stage, routing every message by the stream's authenticated client id. A
+client that misses a deadline or disconnects counts as dropped; a late message (its stage
+has closed) is dropped with a log line; a client whose message no honest client sends
+(malformed, oversized, contradictory) gets its stream ended with ``INVALID_ARGUMENT`` or
+``FAILED_PRECONDITION`` and a message, is named a culprit of the round and counts as
+dropped. Either way the other clients' rounds continue through the protocol's drop-out
+recovery.
 """
 
 from __future__ import annotations
@@ -18,8 +21,8 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -27,19 +30,21 @@ import grpc
 import numpy as np
 
 from sharefl import __version__
-from sharefl.crypto.encoding import RingEncoding, choose_encoding, decode
 from sharefl.crypto.errors import SignatureError
-from sharefl.crypto.kdf import KeyContext
 from sharefl.crypto.signatures import verify
 from sharefl.deploy import wire
 from sharefl.deploy.config import DeploymentConfig
 from sharefl.proto import sharefl_pb2 as pb
 from sharefl.proto import sharefl_pb2_grpc as pb_grpc
-from sharefl.protocol.assignment import plan_assignment
-from sharefl.protocol.audit import audit
-from sharefl.protocol.clustering import as_generator, random_clustering
-from sharefl.protocol.errors import ConfigurationError, LeakageError, RejectedMessage
-from sharefl.protocol.server import ClusterSum, FailedCluster, ServerSession
+from sharefl.protocol.clustering import as_generator
+from sharefl.protocol.coordinator import (
+    Exclusions,
+    Planner,
+    RoundCoordinator,
+    RoundResult,
+    SecureAggregationSettings,
+)
+from sharefl.protocol.errors import ConfigurationError, RejectedMessage
 
 HELLO_TAG = b"sharefl/hello\x00"
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
@@ -93,19 +98,75 @@ class ClientLink:
 
 @dataclass
 class RoundReport:
-    """What one round released: its participants, the clusters (members, drop-outs) and
-    failed clusters of every reclustering, the largest number of clients whose updates a
-    reclustering aggregated, its wall time, and ``total``, the aggregate over the
-    reclusterings (mean of each reclustering's sum or per-client mean, before the learning
-    rate; ``None`` when every cluster failed)."""
+    """What one round did, as written to ``result.json``.
+
+    Attributes:
+        round: the round index (from 0).
+        participants: the clients planned into the round.
+        clusters: the released sums of every reclustering (reclustering, cluster, members,
+            dropped, excluded, complaints).
+        failed: clusters without a sum (reclustering, cluster, members, stage, reason,
+            culprits); ``withheld`` lists those the release check held back.
+        withheld: clusters whose sum would have made an update or a too-small sum
+            recoverable (reclustering, cluster, members, reason).
+        corrupted: sums outside the honest range, left out of the aggregate.
+        culprits: client id → why it was named (malformed or rejected messages, secrets
+            that could not be rebuilt, disowned by its peers).
+        excluded: clients left out of later rounds by the exclusion policy (cumulative).
+        contributors: the largest number of clients one reclustering aggregated.
+        seconds: the round's wall time.
+        total: the aggregate over the reclusterings (see :class:`AveragingStrategy`;
+            ``None`` when nothing was released). Not written to JSON.
+    """
 
     round: int
     participants: list[int]
     clusters: list[dict]
     failed: list[dict]
+    withheld: list[dict]
+    corrupted: list[dict]
+    culprits: dict[int, str]
+    excluded: list[int]
     contributors: int
     seconds: float
     total: np.ndarray | None = None
+
+    @classmethod
+    def of(
+        cls, result: RoundResult, excluded: list[int], seconds: float, total: np.ndarray | None
+    ) -> RoundReport:
+        clusters, failed, withheld, corrupted = [], [], [], []
+        contributors = 0
+        for rec in result.reclusterings:
+            for s in rec.clusters:
+                clusters.append(
+                    {
+                        "reclustering": rec.index,
+                        "cluster": s.cluster,
+                        "members": list(s.members),
+                        "dropped": list(s.dropped),
+                        "excluded": list(s.excluded),
+                        "complaints": [list(c) for c in s.complaints],
+                    }
+                )
+            for f in rec.failed:
+                entry = {"reclustering": rec.index, **asdict(f)}
+                (withheld if f.stage == "release" else failed).append(entry)
+            corrupted += [{"reclustering": rec.index, **asdict(c)} for c in rec.corrupted]
+            contributors = max(contributors, sum(len(s.members) for s in rec.clusters))
+        return cls(
+            round=result.plan.round,
+            participants=list(result.plan.participants),
+            clusters=clusters,
+            failed=failed,
+            withheld=withheld,
+            corrupted=corrupted,
+            culprits=dict(sorted(result.culprits.items())),
+            excluded=excluded,
+            contributors=contributors,
+            seconds=seconds,
+            total=total,
+        )
 
 
 @dataclass
@@ -167,22 +228,54 @@ def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-class Coordinator:
-    """Runs the training rounds: model broadcast, clusters, stages, aggregation."""
+def round_settings(config: DeploymentConfig) -> SecureAggregationSettings:
+    """The protocol's settings from a deployment file (one translation, used by every
+    round): thresholds below the clients' floor are raised to it, as clusters vary."""
+    sa = config.secure_aggregation
+    return SecureAggregationSettings(
+        cluster_size=sa.cluster_size,
+        reclusterings=sa.reclusterings,
+        threshold=sa.threshold or None,
+        raise_threshold_to_floor=True,
+        bits=sa.bits,
+        clip=sa.clip,
+        signed=sa.signed,
+        neighbour_degree=sa.neighbour_degree or None,
+        min_sum_size=sa.min_sum_size,
+        planner=Planner(sa.planner),
+        allow_leakage=sa.allow_leakage,
+    )
+
+
+class ServerRun:
+    """The server's side of a training run over gRPC: client links and rounds.
+
+    Each round is one :class:`~sharefl.protocol.coordinator.RoundCoordinator` (planning,
+    audit, encoding, routing, release); this class only moves its messages over the
+    authenticated links, closes stages on the configured deadline, and applies the
+    strategy to what the round released. A client named a culprit is excluded from later
+    rounds by the configured policy (``secure_aggregation.exclude_after``) and its stream
+    ended with ``PERMISSION_DENIED``.
+    """
 
     def __init__(
-        self, config: DeploymentConfig, log: Log = _stderr, strategy: ServerStrategy | None = None
+        self,
+        config: DeploymentConfig,
+        log: Log = _stderr,
+        strategy: ServerStrategy | None = None,
+        directory: Mapping[int, bytes] | None = None,
     ) -> None:
         self.config = config
+        self.settings = round_settings(config)
         self.strategy = strategy or AveragingStrategy(config)
         self.log = log
+        self.directory = dict(directory or {})
         self.links: dict[int, ClientLink] = {}
         self.accepting = True
         self.changed = asyncio.Event()
-        self.sessions: dict[int, ServerSession] = {}  # cluster index -> session
-        self.cluster_of: dict[int, int] = {}
-        self.context: KeyContext | None = None
+        self.round: RoundCoordinator | None = None
         self.rng = as_generator(config.secure_aggregation.seed)
+        self.exclusions = Exclusions(config.secure_aggregation.exclude_after)
         self.model = np.asarray(self.strategy.initial_model(), dtype=np.float32)
         if self.model.shape != (config.model.dim,):
             raise ConfigurationError(
@@ -197,6 +290,11 @@ class Coordinator:
         old = self.links.get(client_id)
         if old is not None and old.alive:
             raise StreamError(grpc.StatusCode.ALREADY_EXISTS, f"client {client_id} is connected")
+        if client_id in self.exclusions.excluded:
+            raise StreamError(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"client {client_id} is excluded: {self.exclusions.reasons[client_id]}",
+            )
         if not self.accepting and old is None:
             raise StreamError(
                 grpc.StatusCode.FAILED_PRECONDITION, "the run has started; new clients are closed"
@@ -213,10 +311,19 @@ class Coordinator:
     def alive(self) -> list[int]:
         return sorted(cid for cid, link in self.links.items() if link.alive)
 
+    def misbehaved(self, link: ClientLink, error: StreamError) -> None:
+        """End ``link`` for what only the transport sees (undecodable or oversized bytes,
+        broken chunking) and name its client in the current round."""
+        if self.round is not None:
+            self.round.name_culprit(link.client_id, f"{error.code.name}: {error}")
+        link.close(error)
+        self.changed.set()
+
     # -- incoming ---------------------------------------------------------------------------
 
     def on_message(self, link: ClientLink, envelope: pb.ClientMessage) -> None:
-        """Route one client message; raises :class:`StreamError` for a bad one."""
+        """Route one client message; raises :class:`StreamError` for one that no honest
+        client sends (the caller ends the stream and names the client)."""
         link.bytes_in += envelope.ByteSize()
         kind = envelope.WhichOneof("body")
         try:
@@ -243,37 +350,25 @@ class Coordinator:
         except RejectedMessage as exc:
             raise StreamError(grpc.StatusCode.FAILED_PRECONDITION, str(exc)) from exc
 
-    def _session_for(self, link: ClientLink, context: KeyContext) -> ServerSession:
-        if self.context is None or (context.round, context.reclustering) != (
-            self.context.round,
-            self.context.reclustering,
-        ):
-            raise RejectedMessage(
-                f"message for round {context.round} reclustering {context.reclustering}; the "
-                f"server is at {self.context}",
-                link.client_id,
-            )
-        cluster = self.cluster_of.get(link.client_id)
-        if cluster is None or cluster != context.cluster:
-            raise RejectedMessage(
-                f"client {link.client_id} is not in cluster {context.cluster}", link.client_id
-            )
-        return self.sessions[cluster]
-
     def _deliver(self, link: ClientLink, message) -> None:
-        if message.sender != link.client_id:
-            raise RejectedMessage(
-                f"stream of client {link.client_id} sent a message as client {message.sender}",
-                link.client_id,
-            )
-        self._session_for(link, message.context).receive(message)
+        """Hand ``message`` to the round as sent by the link's authenticated client. A late
+        message (its stage or reclustering has closed) is dropped with a log line; anything
+        else the round rejects ends the stream."""
+        if self.round is None:
+            raise RejectedMessage("no round is running", link.client_id)
+        try:
+            self.round.receive(link.client_id, message)
+        except RejectedMessage as exc:
+            if exc.misbehaviour:
+                raise
+            self.log(f"client {link.client_id}: late message ignored: {exc}")
         self.changed.set()
 
     def _on_masked_header(self, link: ClientLink, header: pb.MaskedInput) -> None:
-        context = wire.context_from_proto(header.context)
-        session = self._session_for(link, context)
-        dtype = np.uint32 if session.assignment.bits == 32 else np.uint64
-        assembler = wire.VectorAssembler(header.vector, session.assignment.length, dtype)
+        # Every cluster of a run has the model's length and the ring's width, so a masked
+        # input is reassembled before its context is checked (a late one is then dropped).
+        dtype = np.uint32 if self.settings.bits == 32 else np.uint64
+        assembler = wire.VectorAssembler(header.vector, self.config.model.dim, dtype)
         link.pending = (header, assembler)
         if assembler.complete:
             self._finish_masked(link)
@@ -311,117 +406,92 @@ class Coordinator:
         self._finish()
         return self.reports
 
-    def _encoding(self, largest_cluster: int) -> RingEncoding:
-        sa = self.config.secure_aggregation
-        return choose_encoding(sa.clip, largest_cluster, bits=sa.bits)
-
     async def _round(self, round_index: int) -> RoundReport:
         start = time.monotonic()
-        sa = self.config.secure_aggregation
-        participants = self.alive()
-        plan = [
-            random_clustering(participants, sa.cluster_size, self.rng)
-            for _ in range(sa.reclusterings)
-        ]
-        report = audit(plan, client_ids=participants)
-        if report.leaks and not sa.allow_leakage:
-            raise LeakageError(f"{report.summary()}\nset allow_leakage = true to run anyway")
+        participants = self.exclusions.eligible(self.alive())
+        rc = RoundCoordinator(
+            self.settings,
+            round=round_index,
+            participants=participants,
+            length=self.config.model.dim,
+            rng=self.rng,
+            directory=self.directory,
+        )
+        self.round = rc
         header, chunks = wire.vector_to_proto(self.model)
         chunk_list = list(chunks)
-        for cid in participants:
-            self.links[cid].send_vector(
-                pb.ServerMessage(
-                    round_start=pb.RoundStart(
-                        round=round_index, model=header, reclusterings=sa.reclusterings
-                    )
-                ),
-                chunk_list,
+        start_message = pb.ServerMessage(
+            round_start=pb.RoundStart(
+                round=round_index,
+                model=header,
+                reclusterings=rc.plan.reclusterings,
+                plan=wire.plan_to_proto(rc.plan),
             )
-        released, clusters, failed = [], [], []
-        contributors = 0
-        for r, clustering in enumerate(plan):
-            outcomes = await self._reclustering(round_index, r, clustering)
-            sums = [o for o in outcomes if isinstance(o, ClusterSum)]
-            failed += [vars(o) for o in outcomes if isinstance(o, FailedCluster)]
-            encoding = self._encoding(max(clustering.sizes))
-            decoded = []
-            for s in sums:
-                decoded.append((decode(s.ring_sum, encoding, len(s.members)), len(s.members)))
-                clusters.append(
-                    {
-                        "reclustering": r,
-                        "cluster": s.cluster,
-                        "members": list(s.members),
-                        "dropped": list(s.dropped),
-                        "excluded": list(s.excluded),
-                    }
+        )
+        for cid in participants:
+            self.links[cid].send_vector(start_message, chunk_list)
+        assert rc.encoding is not None  # deployments always encode float updates
+        while not rc.done:
+            for cid, assignment in rc.open_reclustering().items():
+                self._send(
+                    cid,
+                    pb.ServerMessage(assignment=wire.assignment_to_proto(assignment, rc.encoding)),
                 )
-            if decoded:
-                released.append(decoded)
-            contributors = max(contributors, sum(size for _, size in decoded))
-        total = None
-        note = ""
+            while not rc.reclustering_done:
+                await self._wait_stage(rc)
+                for cid, message in rc.advance().items():
+                    self._send(cid, wire.server_message_to_proto(message))
+            rc.close_reclustering()
+        result = rc.result()
+        self.round = None
+        released = [[(s.sum, len(s.members)) for s in rec.clusters] for rec in result.reclusterings]
+        released = [sums for sums in released if sums]
+        total, note = None, ""
         if released:
             self.model, total, note = self.strategy.apply(self.model, round_index, released)
+        self._exclude(result.culprits)
+        report = RoundReport.of(
+            result, sorted(self.exclusions.excluded), time.monotonic() - start, total
+        )
         for cid in self.alive():
             self.links[cid].send(
                 pb.ServerMessage(
                     round_end=pb.RoundEnd(
-                        round=round_index, clusters_ok=len(clusters), clusters_failed=len(failed)
+                        round=round_index,
+                        clusters_ok=len(report.clusters),
+                        clusters_failed=len(report.failed) + len(report.withheld),
                     )
                 )
             )
-        seconds = time.monotonic() - start
         self.log(
             f"round {round_index + 1}/{self.config.server.rounds}: {len(participants)} clients, "
-            f"{len(clusters)} clusters ok, {len(failed)} failed, {contributors} contributions, "
-            f"{seconds:.2f} s, bytes in {sum(lk.bytes_in for lk in self.links.values())}{note}"
+            f"{len(report.clusters)} clusters ok, {len(report.failed)} failed, "
+            f"{len(report.withheld)} withheld, {len(report.corrupted)} corrupted, "
+            f"{report.contributors} contributions, {report.seconds:.2f} s"
+            + (f", culprits {sorted(report.culprits)}" if report.culprits else "")
+            + note
         )
-        return RoundReport(
-            round_index, participants, clusters, failed, contributors, seconds, total
-        )
+        return report
 
-    async def _reclustering(self, round_index: int, r: int, clustering) -> list:
-        sa = self.config.secure_aggregation
-        encoding = self._encoding(max(clustering.sizes))
-        self.sessions, self.cluster_of = {}, {}
-        self.context = KeyContext(round=round_index, reclustering=r, cluster=0)
-        for index, members in enumerate(clustering.clusters):
-            assignment = plan_assignment(
-                KeyContext(round=round_index, reclustering=r, cluster=index),
-                members,
-                length=self.config.model.dim,
-                bits=sa.bits,
-                threshold=sa.threshold,
-                neighbour_degree=sa.neighbour_degree,
-                signed=sa.signed,
-                rng=self.rng,
-                raise_to_floor=True,  # clusters grow when clients drop out
+    def _send(self, cid: int, message: pb.ServerMessage) -> None:
+        link = self.links.get(cid)
+        if link is not None:
+            link.send(message)
+
+    def _exclude(self, culprits: Mapping[int, str]) -> None:
+        self.exclusions.record(culprits)
+        for cid in sorted(self.exclusions.excluded & set(self.alive())):
+            reason = self.exclusions.reasons[cid]
+            self.log(f"client {cid} excluded from later rounds: {reason}")
+            self.links[cid].close(
+                StreamError(grpc.StatusCode.PERMISSION_DENIED, f"excluded: {reason}")
             )
-            self.sessions[index] = ServerSession(assignment)
-            message = pb.ServerMessage(assignment=wire.assignment_to_proto(assignment, encoding))
-            for cid in members:
-                self.cluster_of[cid] = index
-                self.links[cid].send(message)
-        while any(s.outcome is None for s in self.sessions.values()):
-            await self._wait_stage()
-            for session in self.sessions.values():
-                if session.outcome is not None:
-                    continue
-                for cid, message in session.advance().items():
-                    if cid in self.links:
-                        self.links[cid].send(wire.server_message_to_proto(message))
-        return [self.sessions[i].outcome for i in sorted(self.sessions)]
 
-    async def _wait_stage(self) -> None:
+    async def _wait_stage(self, rc: RoundCoordinator) -> None:
         deadline = time.monotonic() + self.config.server.stage_timeout_s
         while time.monotonic() < deadline:
             waiting = {
-                cid
-                for s in self.sessions.values()
-                if s.outcome is None
-                for cid in s.waiting_for()
-                if cid in self.links and self.links[cid].alive
+                cid for cid in rc.waiting_for() if cid in self.links and self.links[cid].alive
             }
             if not waiting:
                 return
@@ -442,10 +512,10 @@ class Coordinator:
 
 
 class AggregationService(pb_grpc.AggregationServicer):
-    """The gRPC face of a :class:`Coordinator`."""
+    """The gRPC face of a :class:`ServerRun`."""
 
-    def __init__(self, coordinator: Coordinator, directory: dict[int, bytes] | None) -> None:
-        self.coordinator = coordinator
+    def __init__(self, run: ServerRun, directory: dict[int, bytes] | None) -> None:
+        self.run = run
         self.directory = directory
 
     async def Session(self, request_iterator, context):
@@ -455,7 +525,7 @@ class AggregationService(pb_grpc.AggregationServicer):
             pb.ServerMessage(challenge=pb.Challenge(nonce=nonce, server_version=__version__))
         )
         try:
-            link = self.coordinator.register(await self._authenticate(incoming, nonce))
+            link = self.run.register(await self._authenticate(incoming, nonce))
         except StreamError as exc:
             await context.abort(exc.code, str(exc))
             return
@@ -465,7 +535,7 @@ class AggregationService(pb_grpc.AggregationServicer):
                 await context.write(message)
         finally:
             reader.cancel()
-            self.coordinator.disconnect(link)
+            self.run.disconnect(link)
         if link.error is not None:
             await context.abort(link.error.code, str(link.error))
 
@@ -495,16 +565,16 @@ class AggregationService(pb_grpc.AggregationServicer):
     async def _read(self, link: ClientLink, incoming) -> None:
         try:
             async for envelope in incoming:
-                self.coordinator.on_message(link, envelope)
+                self.run.on_message(link, envelope)
         except StreamError as exc:
-            self.coordinator.log(f"client {link.client_id}: {exc.code.name}: {exc}")
-            link.close(exc)
+            self.run.log(f"client {link.client_id}: {exc.code.name}: {exc}")
+            self.run.misbehaved(link, exc)
         except (grpc.aio.AioRpcError, asyncio.CancelledError):
             link.close()
         else:
             link.close()
         finally:
-            self.coordinator.changed.set()
+            self.run.changed.set()
 
 
 def load_directory(path: str) -> dict[int, bytes] | None:
@@ -542,8 +612,8 @@ async def serve(
     SimulationStrategy`). Raises :class:`ConfigurationError` / :class:`LeakageError` for an
     unusable configuration.
     """
-    coordinator = Coordinator(config, log, strategy)
     directory = load_directory(config.tls.directory)
+    run = ServerRun(config, log, strategy, directory)
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -551,7 +621,7 @@ async def serve(
             *TRANSPORT_OPTIONS,
         ]
     )
-    pb_grpc.add_AggregationServicer_to_server(AggregationService(coordinator, directory), server)
+    pb_grpc.add_AggregationServicer_to_server(AggregationService(run, directory), server)
     credentials = server_credentials(config)
     address = config.server.address
     port = (
@@ -567,11 +637,11 @@ async def serve(
     if ready is not None:
         ready.set()
     try:
-        reports = await coordinator.run()
+        reports = await run.run()
         traffic = {
             cid: {"in": link.bytes_in, "out": link.bytes_out}
-            for cid, link in sorted(coordinator.links.items())
+            for cid, link in sorted(run.links.items())
         }
-        return RunResult(reports, coordinator.model, traffic)
+        return RunResult(reports, run.model, traffic)
     finally:
         await server.stop(grace=2.0)

@@ -339,15 +339,18 @@ def masked_header_to_proto(x: m.MaskedInput) -> tuple[pb.MaskedInput, Iterator[p
     message = pb.MaskedInput(
         sender=x.sender,
         context=context_to_proto(x.context),
-        complaints=x.complaints,
         vector=header,
+        complaints=[pb.Complaint(peer=peer, pair_seed=seed) for peer, seed in x.complaints.items()],
     )
     return message, chunks
 
 
 def masked_from_parts(p: pb.MaskedInput, vector: np.ndarray) -> m.MaskedInput:
     return m.MaskedInput(
-        int(p.sender), context_from_proto(p.context), vector, _ids(p.complaints, "complaints")
+        int(p.sender),
+        context_from_proto(p.context),
+        vector,
+        _peer_map(p.complaints, "complaints", "pair_seed"),
     )
 
 

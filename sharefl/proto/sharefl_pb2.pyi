@@ -196,17 +196,25 @@ class MaskingRequest(_message.Message):
     bundles: _containers.RepeatedCompositeFieldContainer[Bundle]
     def __init__(self, context: _Optional[_Union[Context, _Mapping]] = ..., receiver: _Optional[int] = ..., survivors: _Optional[_Iterable[int]] = ..., bundles: _Optional[_Iterable[_Union[Bundle, _Mapping]]] = ...) -> None: ...
 
+class Complaint(_message.Message):
+    __slots__ = ("peer", "pair_seed")
+    PEER_FIELD_NUMBER: _ClassVar[int]
+    PAIR_SEED_FIELD_NUMBER: _ClassVar[int]
+    peer: int
+    pair_seed: bytes
+    def __init__(self, peer: _Optional[int] = ..., pair_seed: _Optional[bytes] = ...) -> None: ...
+
 class MaskedInput(_message.Message):
-    __slots__ = ("sender", "context", "complaints", "vector")
+    __slots__ = ("sender", "context", "vector", "complaints")
     SENDER_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_FIELD_NUMBER: _ClassVar[int]
-    COMPLAINTS_FIELD_NUMBER: _ClassVar[int]
     VECTOR_FIELD_NUMBER: _ClassVar[int]
+    COMPLAINTS_FIELD_NUMBER: _ClassVar[int]
     sender: int
     context: Context
-    complaints: _containers.RepeatedScalarFieldContainer[int]
     vector: VectorHeader
-    def __init__(self, sender: _Optional[int] = ..., context: _Optional[_Union[Context, _Mapping]] = ..., complaints: _Optional[_Iterable[int]] = ..., vector: _Optional[_Union[VectorHeader, _Mapping]] = ...) -> None: ...
+    complaints: _containers.RepeatedCompositeFieldContainer[Complaint]
+    def __init__(self, sender: _Optional[int] = ..., context: _Optional[_Union[Context, _Mapping]] = ..., vector: _Optional[_Union[VectorHeader, _Mapping]] = ..., complaints: _Optional[_Iterable[_Union[Complaint, _Mapping]]] = ...) -> None: ...
 
 class ConsistencyRequest(_message.Message):
     __slots__ = ("context", "survivors")

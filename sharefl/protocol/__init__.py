@@ -2,6 +2,8 @@
 
 - :class:`ClientSession` / :class:`ServerSession`: the state machines; any transport
   (in-process, gRPC, another FL stack) moves their typed messages.
+- :class:`RoundCoordinator`: every rule of one round (plan, audit, encoding, routing by
+  authenticated sender, release check, decoding), driven by any transport.
 - :func:`secure_sum`: the in-process driver for simulation and tests.
 - :func:`random_clustering`, :func:`audit`, :func:`sample_safe_reclusterings`: SHARE's
   clusters and the audit of what reclustering reveals.
@@ -10,13 +12,16 @@
 from sharefl.protocol.audit import LeakageReport, audit, sample_safe_reclusterings
 from sharefl.protocol.client import ClientPolicy, ClientSession, ClientState
 from sharefl.protocol.clustering import Clustering, random_clustering, random_reclusterings
-from sharefl.protocol.driver import (
-    STAGES,
+from sharefl.protocol.coordinator import (
+    CorruptedCluster,
+    Exclusions,
+    Planner,
     ReclusteringResult,
-    SecureSumResult,
-    run_cluster,
-    secure_sum,
+    RoundCoordinator,
+    RoundResult,
+    SecureAggregationSettings,
 )
+from sharefl.protocol.driver import STAGES, SecureSumResult, run_cluster, secure_sum
 from sharefl.protocol.errors import (
     ClientRefusal,
     ConfigurationError,
@@ -37,12 +42,18 @@ __all__ = [
     "ClusterSum",
     "Clustering",
     "ConfigurationError",
+    "CorruptedCluster",
+    "Exclusions",
     "FailedCluster",
     "LeakageError",
     "LeakageReport",
+    "Planner",
     "ProtocolError",
     "ReclusteringResult",
     "RejectedMessage",
+    "RoundCoordinator",
+    "RoundResult",
+    "SecureAggregationSettings",
     "SecureSumResult",
     "ServerSession",
     "ServerState",

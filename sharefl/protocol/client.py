@@ -331,20 +331,9 @@ class ClientSession:
         unexpected = set(message.bundles) - (survivors & self._neighbours)
         if unexpected:
             raise InconsistentRequest(f"bundles from non-neighbours {sorted(unexpected)}")
-        complaints = []
-        for peer in sorted(survivors & self._neighbours):
-            sealed = message.bundles.get(peer)
-            try:
-                if sealed is None:
-                    raise BundleError(f"no bundle from {peer}")
-                envelope = aead.Envelope(peer, self.id, self.context)
-                plain = aead.decrypt(self._share_key(peer), sealed, envelope)
-                self._held[peer] = SharePair.from_plaintext(plain, peer, self.id)
-            except (DecryptionError, BundleError, CryptoError):
-                complaints.append(peer)
-        self._survivors = message.survivors
+        complaints: dict[int, bytes] = {}
         masks = [(self._seed, +1)]
-        for peer in sorted(survivors & self._neighbours - set(complaints)):
+        for peer in sorted(survivors & self._neighbours):
             seed = pairwise_key(
                 self._mask,
                 self._adverts[peer].mask_public,
@@ -353,10 +342,21 @@ class ClientSession:
                 self.id,
                 peer,
             )
+            sealed = message.bundles.get(peer)
+            try:
+                if sealed is None:
+                    raise BundleError(f"no bundle from {peer}")
+                envelope = aead.Envelope(peer, self.id, self.context)
+                plain = aead.decrypt(self._share_key(peer), sealed, envelope)
+                self._held[peer] = SharePair.from_plaintext(plain, peer, self.id)
+            except (DecryptionError, BundleError, CryptoError):
+                complaints[peer] = seed  # not used here; the server undoes the peer's half
+                continue
             masks.append((seed, +1 if peer > self.id else -1))
+        self._survivors = message.survivors
         vector = combine_masks(np.empty_like(self._vector), [self._vector], masks)
         self.state = ClientState.MASKED
-        return MaskedInput(self.id, self.context, vector, tuple(complaints))
+        return MaskedInput(self.id, self.context, vector, complaints)
 
     def _on_consistency(self, message: ConsistencyRequest) -> ConsistencySignature:
         if not self.assignment.signed:

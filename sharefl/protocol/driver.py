@@ -1,36 +1,38 @@
-"""In-process driver: moves messages between the client and server state machines.
+"""In-process driver: moves messages between the client state machines and the server side.
 
-:func:`run_cluster` runs one cluster with simulated drop-outs; :func:`secure_sum` runs a
-whole SHARE round (random clusters, R reclusterings, leakage audit) for simulation, tests
-and as the reference the gRPC runtime must agree with.
+:func:`secure_sum` runs a whole SHARE round in this process — the
+:class:`~sharefl.protocol.coordinator.RoundCoordinator` plans, audits, encodes, routes and
+releases; this module only plays the clients (with simulated drop-outs) and carries their
+messages. :func:`run_cluster` runs one :class:`ServerSession` alone, for tests of a single
+cluster. Both share one message loop (:func:`_drive`).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from sharefl.crypto.encoding import RingEncoding, choose_encoding, decode, encode
-from sharefl.crypto.kdf import KeyContext
+from sharefl.crypto.encoding import RingEncoding, encode
 from sharefl.crypto.signatures import IdentityKey
-from sharefl.protocol.assignment import plan_assignment
-from sharefl.protocol.audit import LeakageReport, audit
 from sharefl.protocol.client import ClientPolicy, ClientSession
-from sharefl.protocol.clustering import (
-    Clustering,
-    ClusteringError,
-    as_generator,
-    random_clustering,
+from sharefl.protocol.clustering import Clustering, as_generator
+from sharefl.protocol.coordinator import (
+    Planner,
+    RoundCoordinator,
+    RoundResult,
+    SecureAggregationSettings,
 )
-from sharefl.protocol.errors import ClientRefusal, ConfigurationError, LeakageError, RejectedMessage
+from sharefl.protocol.errors import ClientRefusal, ConfigurationError, RejectedMessage
 from sharefl.protocol.messages import (
+    ClientMessage,
     ClusterAssignment,
     ConsistencyRequest,
     KeysBroadcast,
     MaskingRequest,
+    ServerMessage,
     UnmaskRequest,
 )
 from sharefl.protocol.server import ClusterSum, FailedCluster, ServerSession, ServerState
@@ -51,6 +53,9 @@ Observer = Callable[[str, int | None, float], None]
 """``observer(stage, client_id or None for the server, seconds)``: called after every
 client transition and every server stage close, with its wall time (for benchmarks and
 progress displays)."""
+
+SecureSumResult = RoundResult
+"""What :func:`secure_sum` returns (one round's :class:`RoundResult`)."""
 
 
 @dataclass(frozen=True)
@@ -76,7 +81,7 @@ def run_cluster(
     directory: Mapping[int, bytes] | None = None,
     observer: Observer | None = None,
 ) -> tuple[ClusterSum | FailedCluster, ClusterEvents]:
-    """Run one cluster to its end in this process.
+    """Run one cluster's :class:`ServerSession` to its end in this process.
 
     Args:
         assignment: the cluster (members, threshold, length, bits, mode).
@@ -90,30 +95,74 @@ def run_cluster(
         The outcome (:class:`ClusterSum` or :class:`FailedCluster`) and the refusals and
         rejections that happened on the way (the affected clients count as dropped).
     """
-    dropouts = dropouts or {}
-    _check_dropouts(dropouts)
-    policies = policies or {}
-    events = ClusterEvents()
     server = ServerSession(assignment, directory)
+    events = ClusterEvents()
+    clients = _clients(dict.fromkeys(assignment.members, assignment), vectors, policies, events)
+    _drive(
+        clients,
+        lambda sender, message: server.receive(message),
+        server.advance,
+        lambda: server.state.value,
+        dropouts or {},
+        observer,
+        lambda cid: events,
+    )
+    assert server.state in (ServerState.DONE, ServerState.FAILED) and server.outcome is not None
+    return server.outcome, events
+
+
+def _clients(
+    assignments: Mapping[int, ClusterAssignment],
+    vectors: Mapping[int, np.ndarray],
+    policies: Mapping[int, ClientPolicy] | None,
+    events: ClusterEvents,
+) -> dict[int, ClientSession]:
+    """A session per assigned client; a client that refuses its assignment is recorded."""
+    policies = policies or {}
     clients: dict[int, ClientSession] = {}
-    for cid in assignment.members:
+    for cid, assignment in assignments.items():
         try:
             clients[cid] = ClientSession(cid, assignment, vectors[cid], policies.get(cid))
         except ClientRefusal as exc:
             events.refusals[cid] = str(exc)
+    return clients
+
+
+def _drive(
+    clients: Mapping[int, ClientSession],
+    deliver: Callable[[int, ClientMessage], None],
+    advance: Callable[[], dict[int, ServerMessage]],
+    stage: Callable[[], str],
+    dropouts: Dropouts,
+    observer: Observer | None,
+    events_of: Callable[[int], ClusterEvents],
+) -> None:
+    """The message loop: adverts in, then server stage closes and client replies until
+    the server side sends nothing more. Drop-outs, refusals and rejections are recorded
+    in each client's cluster events; the clients concerned count as dropped."""
+    _check_dropouts(dropouts)
     observe = observer or (lambda stage, actor, seconds: None)
+
+    def send(cid: int, message: ClientMessage) -> None:
+        try:
+            deliver(cid, message)
+        except RejectedMessage as exc:
+            events_of(cid).rejected[cid] = str(exc)
+
     gone = set(dropouts.get("advertise", ()))
     for cid, client in clients.items():
         if cid not in gone:
             start = time.perf_counter()
             advert = client.advertise()
             observe("advertise", cid, time.perf_counter() - start)
-            _deliver(server, advert, events)
-    stage = server.state.value
-    start = time.perf_counter()
-    outgoing = server.advance()
-    observe(stage, None, time.perf_counter() - start)
-    while outgoing:
+            send(cid, advert)
+    while True:
+        closing = stage()
+        start = time.perf_counter()
+        outgoing = advance()
+        observe(closing, None, time.perf_counter() - start)
+        if not outgoing:
+            return
         for cid, message in outgoing.items():
             reply_stage = _REPLY_STAGE[type(message)]
             gone |= set(dropouts.get(reply_stage, ()))
@@ -124,70 +173,16 @@ def run_cluster(
                 reply = clients[cid].handle(message)
                 observe(reply_stage, cid, time.perf_counter() - start)
             except ClientRefusal as exc:
-                events.refusals[cid] = str(exc)
+                events_of(cid).refusals[cid] = str(exc)
                 continue
-            _deliver(server, reply, events)
-        stage = server.state.value
-        start = time.perf_counter()
-        outgoing = server.advance()
-        observe(stage, None, time.perf_counter() - start)
-    assert server.state in (ServerState.DONE, ServerState.FAILED) and server.outcome is not None
-    return server.outcome, events
-
-
-def _deliver(server: ServerSession, message, events: ClusterEvents) -> None:
-    try:
-        server.receive(message)
-    except RejectedMessage as exc:
-        events.rejected[message.sender] = str(exc)
-
-
-@dataclass(frozen=True)
-class ReclusteringResult:
-    """One reclustering of a round: its clusters, the successful sums and the failures."""
-
-    index: int
-    clustering: Clustering
-    clusters: list[ClusterSum]
-    failed: list[FailedCluster]
-    events: dict[int, ClusterEvents]
-
-
-@dataclass(frozen=True)
-class SecureSumResult:
-    """The outcome of :func:`secure_sum`.
-
-    ``clusters`` / ``failed`` are those of the first reclustering; ``reclusterings[r]``
-    holds each one. ``planned_audit`` is the leakage audit of the clusterings before the
-    run, ``realised_audit`` the audit of the sums actually released (drop-outs shrink
-    sums). ``encoding`` is the fixed-point encoding used for float inputs (else ``None``);
-    then each :attr:`ClusterSum.sum` is the decoded float64 sum and ``ring_sum`` the exact
-    sum in Z_2^b.
-    """
-
-    reclusterings: list[ReclusteringResult]
-    planned_audit: LeakageReport
-    realised_audit: LeakageReport
-    encoding: RingEncoding | None
-
-    @property
-    def clusters(self) -> list[ClusterSum]:
-        return self.reclusterings[0].clusters
-
-    @property
-    def failed(self) -> list[FailedCluster]:
-        return self.reclusterings[0].failed
+            send(cid, reply)
 
 
 def _ring_inputs(
-    inputs: Mapping[int, np.ndarray],
-    bits: int | None,
-    encoding: RingEncoding | None,
-    clip: float | None,
-    max_summands: int,
-    rng: np.random.Generator,
-) -> tuple[dict[int, np.ndarray], int, RingEncoding | None]:
-    """Check the inputs; encode float inputs; return ring vectors, b and the encoding."""
+    inputs: Mapping[int, np.ndarray], bits: int | None, encoding: RingEncoding | None
+) -> tuple[dict[int, np.ndarray], int, bool]:
+    """Check the inputs; return them as arrays, the ring width b, and whether they are
+    floats (to be encoded) rather than ring elements."""
     arrays = {cid: np.asarray(x) for cid, x in inputs.items()}
     lengths = {a.shape for a in arrays.values()}
     if any(a.ndim != 1 for a in arrays.values()) or len(lengths) != 1:
@@ -202,23 +197,13 @@ def _ring_inputs(
             raise ConfigurationError(f"{dtype} inputs are summed mod 2^{width}, not 2^{bits}")
         if encoding is not None:
             raise ConfigurationError("integer inputs are not encoded; drop encoding=")
-        return arrays, width, None
+        return arrays, width, False
     if dtype.kind != "f":
         raise ConfigurationError(f"inputs must be uint32, uint64 or float; got {dtype}")
-    if encoding is None:
-        if clip is None:
-            raise ConfigurationError(
-                "float inputs need clip= (per-coordinate bound) or encoding= to fix the "
-                "fixed-point scale"
-            )
-        encoding = choose_encoding(clip, max_summands, bits=bits or 32)
-    elif encoding.max_summands < max_summands:
-        raise ConfigurationError(
-            f"encoding allows {encoding.max_summands} summands; clusters have up to "
-            f"{max_summands} clients"
-        )
-    encoded = {cid: encode(x, encoding, rng) for cid, x in sorted(arrays.items())}
-    return encoded, encoding.bits, encoding
+    width = encoding.bits if encoding is not None else bits or 32
+    if bits is not None and bits != width:
+        raise ConfigurationError(f"the encoding is {width}-bit; bits={bits} disagrees")
+    return arrays, width, True
 
 
 def _per_reclustering_dropouts(
@@ -242,18 +227,22 @@ def secure_sum(
     threshold: int | None = None,
     reclusterings: int = 1,
     dropouts: Dropouts | Sequence[Dropouts] | None = None,
-    seed: int | None = None,
+    seed: int | np.random.Generator | None = None,
     bits: int | None = None,
     clip: float | None = None,
     encoding: RingEncoding | None = None,
     signed: bool = False,
     neighbour_degree: int | None = None,
     clusterings: Sequence[Clustering] | None = None,
+    min_sum_size: int = 3,
+    planner: Planner = Planner.SAFE,
     allow_leakage: bool = False,
     round: int = 0,
     observer: Observer | None = None,
     protocol: bool = True,
-) -> SecureSumResult:
+    policies: Mapping[int, ClientPolicy] | None = None,
+    byzantine_inputs: Mapping[int, np.ndarray] | None = None,
+) -> RoundResult:
     """Securely sum ``inputs`` inside random clusters, R times, in this process.
 
     Args:
@@ -261,22 +250,33 @@ def secure_sum(
             2^32/2^64; float vectors are encoded (``encoding``, or ``clip`` with the largest
             safe scale) and the sums decoded to float64.
         cluster_size: m (1: no secure aggregation; ≥ n: one cluster, plain SecAgg).
-        threshold: t for every cluster (default ⌊size/2⌋ + 1, at least 2).
-        reclusterings: R, the number of fresh clusterings of the same inputs.
+        threshold: t for every cluster (default: the clients' floor).
+        reclusterings: R, the number of clusterings of the same inputs.
         dropouts: stage → clients that vanish before sending that stage's message (applies
             to every reclustering), or one such mapping per reclustering.
         seed: seeds the clustering and the stochastic rounding (keys are always fresh).
         bits: ring width for float inputs (32 default, or 64).
         signed: untrusted-server mode (signed advertisements and consistency check).
         neighbour_degree: SecAgg+ sparse masking with a random k-regular graph per cluster.
-        clusterings: explicit clusterings (one per reclustering) instead of random ones.
-        allow_leakage: run even if the audit finds recoverable updates or small sums.
+        clusterings: explicit clusterings (one per reclustering) instead of planned ones.
+        min_sum_size: no update and no sum of fewer clients may become recoverable.
+        planner: how clusterings are drawn (the safe sampler by default, so R > 1 runs).
+        allow_leakage: run and release even if the audits find recoverable sums.
         round: the round number bound into every key and message.
-        observer: passed to :func:`run_cluster` (wall time of every step).
+        observer: called with the wall time of every client and server step.
         protocol: ``False`` adds each cluster's encoded inputs in the clear instead of
-            running the protocol (ablations): the clusterings, encoding and stochastic
-            rounding are drawn exactly as with the protocol, so the ring sums are
-            identical; drop-outs and signing need the protocol.
+            running the protocol (ablations): the plan, encoding and stochastic rounding
+            are drawn exactly as with the protocol, so the ring sums are identical, and the
+            same release check applies; drop-outs and signing need the protocol.
+        policies: each client's :class:`ClientPolicy` (signed mode makes fresh identities
+            and a directory when not given).
+        byzantine_inputs: client id → the ring vector (of the ring's dtype and the inputs'
+            length) that Byzantine client masks instead of its encoded input: any value,
+            in or out of the honest range.
+
+    Returns:
+        The :class:`RoundResult`: per reclustering the released (decoded) sums, the failed,
+        withheld and corrupted clusters, the audits, and the culprits.
 
     Raises:
         LeakageError: the planned clusterings leak and ``allow_leakage`` is False.
@@ -284,90 +284,101 @@ def secure_sum(
     """
     if not inputs:
         raise ConfigurationError("no inputs")
-    if cluster_size < 1 or reclusterings < 1:
-        raise ConfigurationError("cluster_size and reclusterings must be >= 1")
     if not protocol and (dropouts or signed):
         raise ConfigurationError("dropouts and signed mode need protocol=True")
-    rng = as_generator(seed)
-    ids = sorted(inputs)
-    try:
-        plan = (
-            list(clusterings)
-            if clusterings is not None
-            else [random_clustering(ids, cluster_size, rng) for _ in range(reclusterings)]
+    arrays, width, floats = _ring_inputs(inputs, bits, encoding)
+    if floats and encoding is None and clip is None:
+        raise ConfigurationError(
+            "float inputs need clip= (per-coordinate bound) or encoding= to fix the "
+            "fixed-point scale"
         )
-    except ClusteringError as exc:
-        raise ConfigurationError(str(exc)) from exc
-    if len(plan) != reclusterings or any(set(c.members) != set(ids) for c in plan):
-        raise ConfigurationError("each clustering must partition exactly the input clients")
-    planned = audit(plan, client_ids=ids)
-    by_design = min(min(c.sizes) for c in plan) == 1  # m = 1: no secure aggregation asked
-    if planned.leaks and not by_design and not allow_leakage:
-        raise LeakageError(
-            f"{planned.summary()}\nUse fewer reclusterings or larger clusters, draw them with "
-            "sharefl.protocol.audit.sample_safe_reclusterings, or pass allow_leakage=True."
-        )
-    largest = max(max(c.sizes) for c in plan)
-    vectors, width, used_encoding = _ring_inputs(inputs, bits, encoding, clip, largest, rng)
-    length = next(iter(vectors.values())).shape[0]
-    identities = {cid: IdentityKey.generate() for cid in ids} if signed else {}
-    directory = {cid: key.public for cid, key in identities.items()}
-    policies = {
-        cid: ClientPolicy(identity=key, directory=directory) for cid, key in identities.items()
-    }
-    results = []
-    for r, (clustering, drops) in enumerate(
-        zip(plan, _per_reclustering_dropouts(dropouts, reclusterings), strict=True)
-    ):
-        _check_dropouts(drops)
-        dropped_anywhere = set().union(*map(set, drops.values())) if drops else set()
-        sums, failed, events = [], [], {}
-        for index, members in enumerate(clustering.clusters):
-            context = KeyContext(round=round, reclustering=r, cluster=index)
-            if len(members) == 1:  # m = 1: no secure aggregation, the input is the sum
-                (cid,) = members
-                if cid in dropped_anywhere:
-                    failed.append(FailedCluster(index, members, "advertise", "client dropped"))
-                else:
-                    sums.append(ClusterSum(index, members, vectors[cid], vectors[cid]))
-                continue
-            if not protocol:
-                ring = np.zeros(length, dtype=vectors[members[0]].dtype)
-                for cid in members:
-                    ring += vectors[cid]  # unsigned arithmetic wraps modulo 2^b
-                sums.append(ClusterSum(index, tuple(sorted(members)), ring, ring))
-                continue
-            assignment = plan_assignment(
-                context,
-                members,
-                length=length,
-                bits=width,
-                threshold=threshold,
-                neighbour_degree=neighbour_degree,
-                signed=signed,
-                rng=rng,
-            )
-            outcome, events[index] = run_cluster(
-                assignment,
-                {cid: vectors[cid] for cid in members},
-                dropouts=drops,
-                policies=policies,
-                directory=directory,
-                observer=observer,
-            )
-            (sums if isinstance(outcome, ClusterSum) else failed).append(outcome)
-        if used_encoding is not None:
-            sums = [replace(s, sum=decode(s.ring_sum, used_encoding, len(s.members))) for s in sums]
-        results.append(ReclusteringResult(r, clustering, sums, failed, events))
-    realised = audit(
-        plan,
-        client_ids=ids,
-        dropouts=[_not_in_sums(res) for res in results],
-        min_sum_size=planned.min_sum_size,
+    settings = SecureAggregationSettings(
+        cluster_size=cluster_size,
+        reclusterings=reclusterings,
+        threshold=threshold,
+        bits=width,
+        clip=clip if floats and encoding is None else None,
+        signed=signed,
+        neighbour_degree=neighbour_degree,
+        min_sum_size=min_sum_size,
+        planner=planner,
+        allow_leakage=allow_leakage,
     )
-    return SecureSumResult(results, planned, realised, used_encoding)
+    rng = as_generator(seed)
+    ids = sorted(arrays)
+    identities = {cid: IdentityKey.generate() for cid in ids} if signed and not policies else {}
+    directory = {cid: key.public for cid, key in identities.items()}
+    if identities:
+        policies = {
+            cid: ClientPolicy(identity=key, directory=directory) for cid, key in identities.items()
+        }
+    elif signed:
+        directory = {cid: p.identity.public for cid, p in (policies or {}).items() if p.identity}
+    coordinator = RoundCoordinator(
+        settings,
+        round=round,
+        participants=ids,
+        length=next(iter(arrays.values())).shape[0],
+        rng=rng,
+        directory=directory,
+        clusterings=clusterings,
+        encoding=encoding,
+    )
+    used = coordinator.encoding
+    vectors = {cid: encode(x, used, rng) for cid, x in sorted(arrays.items())} if floats else arrays
+    for cid, ring in (byzantine_inputs or {}).items():
+        like = vectors.get(cid)
+        if like is None or not isinstance(ring, np.ndarray) or ring.dtype != like.dtype:
+            raise ConfigurationError(
+                f"the byzantine input of client {cid} must be a {vectors[ids[0]].dtype} vector "
+                "of a client that has an input"
+            )
+        if ring.shape != like.shape:
+            raise ConfigurationError(f"the byzantine input of client {cid} has the wrong shape")
+        vectors[cid] = ring
+    for drops in _per_reclustering_dropouts(dropouts, reclusterings):
+        _check_dropouts(drops)
+        assignments = coordinator.open_reclustering()
+        clustering = coordinator.plan.clusterings[coordinator.reclustering]
+        clear = {
+            index: _clear_sum(members, vectors)
+            for index, members in enumerate(clustering.clusters)
+            if len(members) == 1 or not protocol
+        }
+        events: dict[int, ClusterEvents] = {}
+        if protocol:
+            cluster_of = {cid: a.context.cluster for cid, a in assignments.items()}
+
+            def events_of(cid: int, cluster_of=cluster_of, events=events) -> ClusterEvents:
+                return events.setdefault(cluster_of[cid], ClusterEvents())
+
+            refused = ClusterEvents()
+            clients = _clients(assignments, vectors, policies, refused)
+            for cid, reason in refused.refusals.items():
+                events_of(cid).refusals[cid] = reason
+            _drive(
+                clients,
+                coordinator.receive,
+                coordinator.advance,
+                lambda: coordinator.stage,
+                drops,
+                observer,
+                events_of,
+            )
+        dropped_anywhere = set().union(*map(set, drops.values())) if drops else set()
+        coordinator.release_in_clear(
+            {
+                index: None if dropped_anywhere & set(clustering.clusters[index]) else ring
+                for index, ring in clear.items()
+            }
+        )
+        coordinator.close_reclustering().events.update(events)
+    return coordinator.result()
 
 
-def _not_in_sums(result: ReclusteringResult) -> set[int]:
-    released = {cid for s in result.clusters for cid in s.members}
-    return set(result.clustering.members) - released
+def _clear_sum(members: Sequence[int], vectors: Mapping[int, np.ndarray]) -> np.ndarray:
+    """The ring sum of ``members``' inputs, added in the clear (wrapping modulo 2^b)."""
+    ring = np.zeros_like(vectors[members[0]])
+    for cid in members:
+        ring += vectors[cid]  # unsigned arithmetic wraps modulo 2^b
+    return ring

@@ -53,11 +53,18 @@ class RejectedMessage(ProtocolError):
 
     Attributes:
         sender: the claimed sender id (may be ``None`` if it could not be read).
+        misbehaviour: ``True`` when no honest client sends such a message (malformed, bad
+            key or signature, contradictory): the round coordinator names the sender as a
+            culprit. ``False`` for what an honest but slow client can cause (a message of
+            a stage that has closed, of a cluster that ended).
     """
 
-    def __init__(self, message: str, sender: int | None = None) -> None:
+    def __init__(
+        self, message: str, sender: int | None = None, *, misbehaviour: bool = True
+    ) -> None:
         super().__init__(message)
         self.sender = sender
+        self.misbehaviour = misbehaviour
 
 
 class StageError(ProtocolError):

@@ -109,14 +109,15 @@ class MaskingRequest:
 class MaskedInput:
     """Stage 3: y_u = x_u + PRG(b_u) + Σ_{v>u} PRG(s_uv) − Σ_{v<u} PRG(s_uv) (mod 2^b).
 
-    ``complaints`` names the peers whose share bundle for this client did not decrypt or
-    parse; this client did not mask with them, and the server excludes them.
+    ``complaints`` maps each peer whose share bundle for this client did not decrypt or
+    parse to the pairwise mask seed s_uv this client therefore left out of y_u; the server
+    removes the peer's half of that pair mask with it, so the peer stays in the sum.
     """
 
     sender: int
     context: KeyContext
     vector: np.ndarray
-    complaints: tuple[int, ...] = ()
+    complaints: dict[int, bytes] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,25 @@ client still in the protocol. Clients that did not answer in time are dropped, a
 double-masking recovery carries the cluster as long as t clients reach the end.
 
 States: ``ADVERTISE → SHARE → MASK → [CONSISTENCY] → UNMASK → DONE`` or ``FAILED`` (fewer
-than t clients at some stage, or a secret that cannot be reconstructed). A rejected
-message raises :class:`RejectedMessage` and changes nothing else: the server keeps serving
-the other clients, and the sender counts as dropped unless it sends a valid message in time.
+than t clients at some stage, a sum the release check withholds, or a secret that cannot be
+reconstructed). A rejected message raises :class:`RejectedMessage` and changes nothing else:
+the server keeps serving the other clients, and the sender counts as dropped unless it
+sends a valid message in time.
+
+Complaints. A client whose share bundle from peer u does not decrypt does not mask with u
+and reveals, with its masked input, the pairwise mask seed s_uv it left out. The server
+removes u's half of that pair mask with it, so the accused stays in the sum: a false
+complaint cannot remove an honest peer (only the complaints of all of u's peers exclude u,
+when nobody masked with it) (a wrong seed only corrupts the complainer's own
+cluster sum, which the range check of the decoded sum then flags). Revealing s_uv costs no
+one privacy: the complainer did not use it, and u's input stays hidden by its self-mask.
+A client whose secrets cannot be rebuilt (its dealing was bad, its commitment wrong, or
+every peer complained about it) makes its cluster fail and is named in
+:attr:`FailedCluster.culprits`.
+
+Release check. ``approve(members)`` (optional) is asked once the members of the sum are
+final, before any unmask request is sent: a refusal ends the cluster as failed at stage
+``release``, so the sum is never computed.
 """
 
 from __future__ import annotations
@@ -65,7 +81,10 @@ class ClusterSum:
             float64 sum when the driver encoded float inputs.
         ring_sum: the exact sum in Z_2^b (1-D uint32/uint64 array).
         dropped: assigned clients whose inputs are not in the sum (any stage).
-        excluded: clients excluded because peers complained about their share bundles.
+        excluded: clients left out because every neighbour complained about their share
+            bundles (the culprits of the cluster; see the module docstring).
+        complaints: (complainer, accused) pairs: the accused's share bundle did not decrypt
+            for the complainer (both stay in the sum unless the accused is excluded).
         bad_shares: (holder, owner) pairs: shares that did not match the owner's secret.
     """
 
@@ -75,6 +94,7 @@ class ClusterSum:
     ring_sum: np.ndarray
     dropped: tuple[int, ...] = ()
     excluded: tuple[int, ...] = ()
+    complaints: tuple[tuple[int, int], ...] = ()
     bad_shares: tuple[tuple[int, int], ...] = ()
 
 
@@ -85,14 +105,17 @@ class FailedCluster:
     Attributes:
         cluster: the cluster id.
         members: every client assigned to the cluster.
-        stage: the stage at which it failed.
+        stage: the stage at which it failed (``release``: withheld by the release check).
         reason: why (which count fell below t, or which secret could not be rebuilt).
+        culprits: the clients that provably made it fail (their secrets could not be
+            rebuilt from their own dealing), empty when it failed for lack of clients.
     """
 
     cluster: int
     members: tuple[int, ...]
     stage: str
     reason: str
+    culprits: tuple[int, ...] = ()
 
 
 @dataclass
@@ -111,10 +134,15 @@ class ServerSession:
         assignment: the cluster assignment sent to the members.
         directory: members' Ed25519 public keys; in signed mode, advertisements and
             consistency signatures are checked on receipt (an invalid one is rejected early).
+        approve: the release check, called with the final members of the sum before any
+            unmask request; it returns ``None`` to go on, or the reason to withhold the sum.
     """
 
     def __init__(
-        self, assignment: ClusterAssignment, directory: Mapping[int, bytes] | None = None
+        self,
+        assignment: ClusterAssignment,
+        directory: Mapping[int, bytes] | None = None,
+        approve: Callable[[tuple[int, ...]], str | None] | None = None,
     ) -> None:
         if assignment.threshold < 2 or assignment.threshold > len(assignment.members):
             raise ConfigurationError(
@@ -124,13 +152,14 @@ class ServerSession:
         self.context = assignment.context
         self.state = ServerState.ADVERTISE
         self._directory = dict(directory or {})
+        self._approve = approve
+        self._excluded: tuple[int, ...] = ()
         self._dtype = ring_dtype(assignment.bits)
         self._x = {m: i + 1 for i, m in enumerate(assignment.members)}
         self._got = _Collected()
         self._u1: tuple[int, ...] = ()
         self._u2: tuple[int, ...] = ()
         self._u3: tuple[int, ...] = ()
-        self._excluded: tuple[int, ...] = ()
         self._recipients: tuple[int, ...] = ()
         self.outcome: ClusterSum | FailedCluster | None = None
 
@@ -151,13 +180,16 @@ class ServerSession:
         }
         sender = getattr(message, "sender", None)
         if self.state not in expected:
-            raise RejectedMessage(f"cluster {self.context.cluster} is {self.state.value}", sender)
+            raise RejectedMessage(
+                f"cluster {self.context.cluster} is {self.state.value}", sender, misbehaviour=False
+            )
         kind, allowed, handler = expected[self.state]
         if not isinstance(message, kind):
             raise RejectedMessage(
                 f"expected {kind.__name__} in stage {self.state.value}, got "
                 f"{type(message).__name__}",
                 sender,
+                misbehaviour=False,
             )
         if message.context != self.context:
             raise RejectedMessage(
@@ -169,6 +201,7 @@ class ServerSession:
             raise RejectedMessage(
                 f"client {sender} may not send {kind.__name__} in stage {self.state.value}",
                 sender,
+                misbehaviour=sender not in self.assignment.members,
             )
         handler(message)
 
@@ -217,9 +250,15 @@ class ServerSession:
                 m.sender,
             )
         bad = set(m.complaints) - (self.assignment.neighbours_of(m.sender) & set(self._u2))
-        if bad or len(set(m.complaints)) != len(m.complaints):
+        if bad:
             raise RejectedMessage(
                 f"client {m.sender}: complaints about non-neighbours {sorted(bad)}", m.sender
+            )
+        short = sorted(peer for peer, seed in m.complaints.items() if len(seed) != KEY_BYTES)
+        if short:
+            raise RejectedMessage(
+                f"client {m.sender}: complaint seeds for {short} are not {KEY_BYTES} bytes",
+                m.sender,
             )
         self._got.masked[m.sender] = m
 
@@ -298,10 +337,13 @@ class ServerSession:
             raise StageError(f"cluster {self.context.cluster} already {self.state.value}")
         return steps[self.state]()
 
-    def _fail(self, stage: ServerState, reason: str) -> dict[int, ServerMessage]:
+    def _fail(
+        self, stage: ServerState | str, reason: str, culprits: tuple[int, ...] = ()
+    ) -> dict[int, ServerMessage]:
         self.state = ServerState.FAILED
+        name = stage.value if isinstance(stage, ServerState) else stage
         self.outcome = FailedCluster(
-            self.context.cluster, self.assignment.members, stage.value, reason
+            self.context.cluster, self.assignment.members, name, reason, culprits
         )
         return {}
 
@@ -338,15 +380,26 @@ class ServerSession:
         }
 
     def _close_mask(self) -> dict[int, ServerMessage]:
-        complained = {c for m in self._got.masked.values() for c in m.complaints}
-        self._excluded = tuple(sorted(complained))
-        self._u3 = tuple(sorted(set(self._got.masked) - complained))
+        masked = set(self._got.masked)
+        self._excluded = tuple(sorted(u for u in masked if self._disowned(u, masked)))
+        self._u3 = tuple(sorted(masked - set(self._excluded)))
         if not self._enough(ServerState.MASK, self._u3, "sent masked inputs"):
             return {}
+        if self._approve is not None:
+            withheld = self._approve(self._u3)
+            if withheld is not None:
+                return self._fail("release", withheld)
         if self.assignment.signed:
             self.state = ServerState.CONSISTENCY
             return dict.fromkeys(self._u3, ConsistencyRequest(self.context, self._u3))
         return self._request_unmask(self._u3, {})
+
+    def _disowned(self, u: int, masked: set[int]) -> bool:
+        """Every one of u's (at least two) neighbours that sent a masked input complained
+        that u's share bundle did not decrypt: nobody masked with u and nobody holds its
+        shares, so u is left out of the sum (and named) instead of failing the cluster."""
+        peers = self.assignment.neighbours_of(u) & masked
+        return len(peers) >= 2 and all(u in self._got.masked[v].complaints for v in peers)
 
     def _close_consistency(self) -> dict[int, ServerMessage]:
         signers = tuple(sorted(self._got.signatures))
@@ -367,20 +420,23 @@ class ServerSession:
         responders = tuple(sorted(self._got.unmasked))
         if not self._enough(ServerState.UNMASK, responders, "answered the unmask request"):
             return {}
-        dropped = tuple(sorted(set(self._u2) - set(self._u3)))
+        survivors = set(self._u3)
+        dropped = tuple(sorted(set(self._u2) - survivors))
+        complaints = {v: self._got.masked[v].complaints for v in self._u3}
         # Dropped clients matter only if some survivor masked with them.
         masked_with = {
-            v: (self.assignment.neighbours_of(v) & set(self._u2))
-            - set(self._got.masked[v].complaints)
+            v: (self.assignment.neighbours_of(v) & set(self._u2)) - set(complaints[v])
             for v in self._u3
         }
         needed_keys = [w for w in dropped if any(w in masked_with[v] for v in self._u3)]
-        try:
-            bad: list[tuple[int, int]] = []
-            seeds = self._reconstruct(self._u3, "seed_shares", self._seed_ok, bad)
-            keys = self._reconstruct(needed_keys, "key_shares", self._key_ok, bad)
-        except ShareVerificationError as exc:
-            return self._fail(ServerState.UNMASK, str(exc))
+        bad: list[tuple[int, int]] = []
+        seeds, lost_seeds = self._reconstruct(self._u3, "seed_shares", self._seed_ok, bad)
+        keys, lost_keys = self._reconstruct(needed_keys, "key_shares", self._key_ok, bad)
+        lost = {**lost_seeds, **lost_keys}
+        if lost:
+            culprits = tuple(sorted(owner for owner, (_, fault) in lost.items() if fault))
+            reasons = "; ".join(why for why, _ in lost.values())
+            return self._fail(ServerState.UNMASK, reasons, culprits)
         masks = [(seeds[v], -1) for v in self._u3]
         for w in needed_keys:
             for v in self._u3:
@@ -395,6 +451,11 @@ class ServerSession:
                     )
                     # v added +PRG(s_vw) if w > v, else subtracted it: undo exactly that.
                     masks.append((seed, -1 if w > v else +1))
+        for v, revealed in complaints.items():
+            for u, seed in revealed.items():
+                if u in survivors and v in masked_with[u]:
+                    # u added +PRG(s_uv) if v > u, else subtracted it; v did not: undo u's half.
+                    masks.append((seed, -1 if v > u else +1))
         total = combine_masks(
             np.empty(self.assignment.length, dtype=self._dtype),
             [self._got.masked[v].vector for v in self._u3],
@@ -406,8 +467,9 @@ class ServerSession:
             members=self._u3,
             sum=total,
             ring_sum=total,
-            dropped=tuple(sorted(set(self.assignment.members) - set(self._u3))),
+            dropped=tuple(sorted(set(self.assignment.members) - survivors)),
             excluded=self._excluded,
+            complaints=tuple(sorted((v, u) for v, c in complaints.items() for u in c)),
             bad_shares=tuple(sorted(bad)),
         )
         return {}
@@ -424,18 +486,23 @@ class ServerSession:
         field_name: str,
         check: Callable[[int, bytes], bool],
         bad: list[tuple[int, int]],
-    ) -> dict[int, bytes]:
+    ) -> tuple[dict[int, bytes], dict[int, tuple[str, bool]]]:
         """Rebuild one secret per owner from the responders' shares.
 
         Fast path: the first t shares of each owner, grouped by holder set so one Lagrange
         computation serves all owners with the same holders; each result is checked
         (commitment or public key). A secret that fails the check is rebuilt with verified
         Shamir over all its shares, which names the bad shares (recorded in ``bad``).
-        Raises :class:`ShareVerificationError` when an owner's secret cannot be rebuilt.
+        Returns the rebuilt secrets and, for each owner whose secret cannot be rebuilt
+        (fewer than t shares, or none consistent with its commitment / public key), why and
+        whether it is the owner's own fault: shares inconsistent with what it advertised,
+        or too few shares only because responders could not decrypt its bundles.
         """
         t = self.assignment.threshold
+        what = field_name.split("_")[0]
         by_x = {self._x[h]: h for h in self._got.unmasked}
         shares: dict[int, list[shamir.Share]] = {}
+        lost: dict[int, tuple[str, bool]] = {}
         for owner in owners:
             shares[owner] = [
                 shamir.Share.from_bytes(getattr(self._got.unmasked[h], field_name)[owner])
@@ -443,13 +510,21 @@ class ServerSession:
                 if owner in getattr(self._got.unmasked[h], field_name)
             ]
             if len(shares[owner]) < t:
-                raise ShareVerificationError(
-                    f"only {len(shares[owner])} shares of client {owner}'s "
-                    f"{field_name.split('_')[0]} arrived, fewer than t = {t}"
+                complainers = [
+                    h
+                    for h in self._got.unmasked
+                    if h in self._got.masked and owner in self._got.masked[h].complaints
+                ]
+                lost[owner] = (
+                    f"only {len(shares[owner])} shares of client {owner}'s {what} arrived, "
+                    f"fewer than t = {t} ({len(complainers)} holders could not decrypt its "
+                    "bundle)",
+                    len(shares[owner]) + len(complainers) >= t,
                 )
         groups: dict[tuple[int, ...], list[int]] = {}
         for owner in owners:
-            groups.setdefault(tuple(s.x for s in shares[owner][:t]), []).append(owner)
+            if owner not in lost:
+                groups.setdefault(tuple(s.x for s in shares[owner][:t]), []).append(owner)
         secrets: dict[int, bytes] = {}
         for xs, members in groups.items():
             rebuilt = shamir.Reconstructor(xs, t).reconstruct_many(
@@ -465,9 +540,8 @@ class ServerSession:
                         shares[owner], t, lambda s, o=owner: check(o, s)
                     )
                 except ShareVerificationError as exc:
-                    raise ShareVerificationError(
-                        f"cannot rebuild client {owner}'s {field_name.split('_')[0]}: {exc}"
-                    ) from exc
+                    lost[owner] = (f"cannot rebuild client {owner}'s {what}: {exc}", True)
+                    continue
                 secrets[owner] = verified.secret
                 bad.extend((by_x[x], owner) for x in verified.bad)
-        return secrets
+        return secrets, lost

@@ -1,0 +1,602 @@
+"""The round coordinator: every rule of one secure-aggregation round, sans-IO.
+
+One :class:`RoundCoordinator` runs one round: it plans the R clusterings, audits the plan,
+chooses the fixed-point encoding once, builds each cluster's assignment, routes every
+received message by its *authenticated* sender to that sender's cluster, closes stages when
+the caller says so (all messages in, or the caller's deadline passed), checks every sum
+against what was already released before it may be unmasked, and decodes what it releases.
+It never touches sockets, threads or clocks: the in-process driver
+(:func:`sharefl.protocol.driver.secure_sum`), the gRPC server (:mod:`sharefl.deploy.server`)
+and other FL stacks drive the same object, so none of them re-implements planning,
+auditing, encoding or decoding.
+
+A round, as a transport drives it::
+
+    rc = RoundCoordinator(settings, round=t, participants=ids, length=d, rng=rng)
+    send rc.plan to every participant                   # the committed plan (RoundStart)
+    while not rc.done:
+        send rc.open_reclustering()                     # client id -> ClusterAssignment
+        while not rc.reclustering_done:
+            rc.receive(sender, message) for each message  # sender: authenticated by transport
+            ... until rc.waiting_for() is empty or the stage deadline passed ...
+            send rc.advance()                           # client id -> next server message
+        rc.close_reclustering()
+    result = rc.result()                                # RoundResult
+
+What the coordinator promises (the threat model of DESIGN.md):
+
+- Byzantine clients. Every sum is decoded to its signed representative; a sum outside the
+  honest range (cluster size × clip) is *corrupted*: reported with its cluster and left out,
+  never an exception. A client whose message no honest client would send (malformed, bad
+  key or signature), whose secrets cannot be rebuilt from its own dealing, or whom every
+  peer disowned, is named in :attr:`RoundResult.culprits`; :class:`Exclusions` turns those
+  names into exclusion from later rounds. Nothing a client sends reaches another cluster.
+- Curious server. A sum is released only if everything released in the round so far plus
+  this sum still reveals no individual update and no sum of fewer than
+  ``min_sum_size`` clients (an exact rational audit, :mod:`sharefl.protocol.audit`); else it
+  is *withheld* before any unmask request goes out, so it is never computed. An audit that
+  cannot finish withholds too.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from sharefl.crypto.encoding import RingEncoding, choose_encoding, decode
+from sharefl.crypto.errors import EncodingError, SumOutOfRange
+from sharefl.protocol.assignment import plan_assignment
+from sharefl.protocol.audit import (
+    AuditError,
+    LeakageReport,
+    SafeSamplingError,
+    audit,
+    sample_safe_reclusterings,
+)
+from sharefl.protocol.clustering import Clustering, ClusteringError, random_clustering
+from sharefl.protocol.errors import ConfigurationError, LeakageError, RejectedMessage, StageError
+from sharefl.protocol.messages import ClientMessage, ClusterAssignment, ServerMessage
+from sharefl.protocol.plan import RoundPlan
+from sharefl.protocol.server import ClusterSum, FailedCluster, ServerSession
+
+RANGE_HEADROOM = 2
+"""The encoding is chosen for ``RANGE_HEADROOM`` × the largest cluster, so that at least
+half of Z_2^b lies outside the honest range of every cluster sum: a Byzantine value there
+(e.g. a uniformly random ring element, half the time per coordinate) is detected as
+corrupted. It costs one bit of fixed-point precision."""
+
+
+class Planner(enum.Enum):
+    """How the R clusterings of a round are drawn."""
+
+    RANDOM = "random"
+    """Independent uniformly random partitions (R > 1 usually leaks: the audit refuses)."""
+    SAFE = "safe"
+    """R = 1: a random partition; R > 1: :func:`~sharefl.protocol.audit.
+    sample_safe_reclusterings`, reclusterings that together leak nothing."""
+
+
+@dataclass(frozen=True)
+class SecureAggregationSettings:
+    """The rules of every round (one typed place for what a transport configures).
+
+    Attributes:
+        cluster_size: m; 1 means no secure aggregation at all (each input is its own sum,
+            by design); otherwise ``min_sum_size <= m``.
+        reclusterings: R >= 1 clusterings of the same inputs per round.
+        threshold: t for every cluster; ``None``: the clients' floor.
+        raise_threshold_to_floor: lift a smaller ``threshold`` to the floor instead of
+            refusing it (deployments whose clusters vary in size).
+        bits: ring width b (32 or 64).
+        clip: per-coordinate bound of float inputs (fixes the encoding); ``None`` for
+            integer inputs in Z_2^b (no decoding, no range check).
+        signed: untrusted-server mode (signed adverts and consistency check).
+        neighbour_degree: > 0: SecAgg+ masking on a random k-regular graph per cluster.
+        min_sum_size: no individual update and no sum of fewer than this many clients may
+            become recoverable from what the round releases (>= 2).
+        planner: how the clusterings are drawn.
+        allow_leakage: run and release even when the audit finds a leak (reported only).
+    """
+
+    cluster_size: int
+    reclusterings: int = 1
+    threshold: int | None = None
+    raise_threshold_to_floor: bool = False
+    bits: int = 32
+    clip: float | None = None
+    signed: bool = False
+    neighbour_degree: int | None = None
+    min_sum_size: int = 3
+    planner: Planner = Planner.SAFE
+    allow_leakage: bool = False
+
+    def __post_init__(self) -> None:
+        if self.cluster_size < 1 or self.reclusterings < 1:
+            raise ConfigurationError("cluster_size and reclusterings must be >= 1")
+        if self.min_sum_size < 2:
+            raise ConfigurationError(
+                f"min_sum_size must be >= 2 (1 would allow releasing single updates); "
+                f"got {self.min_sum_size}"
+            )
+        if 1 < self.cluster_size < self.min_sum_size and not self.allow_leakage:
+            raise ConfigurationError(
+                f"cluster_size {self.cluster_size} is below min_sum_size {self.min_sum_size}: "
+                "every cluster sum would reveal a sum of too few clients; use larger clusters, "
+                "lower min_sum_size, or cluster_size = 1 (no secure aggregation)"
+            )
+        if self.bits not in (32, 64):
+            raise ConfigurationError(f"bits must be 32 or 64, got {self.bits}")
+
+    @property
+    def secure(self) -> bool:
+        """False for cluster_size 1: no secure aggregation by design."""
+        return self.cluster_size > 1
+
+
+@dataclass(frozen=True)
+class CorruptedCluster:
+    """A cluster whose unmasked sum lies outside the honest range: left out of the result.
+
+    Attributes:
+        cluster: the cluster id; ``members`` the clients whose inputs it summed;
+        ``reason`` what the range check found.
+    """
+
+    cluster: int
+    members: tuple[int, ...]
+    reason: str
+
+
+@dataclass(frozen=True)
+class ReclusteringResult:
+    """One reclustering of a round.
+
+    Attributes:
+        index: r.
+        clustering: its planned clusters.
+        clusters: the released sums (decoded to float64 in ``sum`` when the round has an
+            encoding; ``ring_sum`` is always the exact sum in Z_2^b).
+        failed: clusters that produced no sum (too few clients, a secret that could not be
+            rebuilt, or withheld by the release check: ``stage == "release"``).
+        corrupted: sums outside the honest range, left out of ``clusters``.
+        events: per cluster, what the in-process driver saw (refusals, rejections).
+    """
+
+    index: int
+    clustering: Clustering
+    clusters: list[ClusterSum]
+    failed: list[FailedCluster]
+    corrupted: list[CorruptedCluster] = field(default_factory=list)
+    events: dict = field(default_factory=dict)
+
+    @property
+    def withheld(self) -> list[FailedCluster]:
+        """The clusters the release check withheld."""
+        return [f for f in self.failed if f.stage == "release"]
+
+
+@dataclass(frozen=True)
+class RoundResult:
+    """Everything one round produced.
+
+    ``planned_audit`` is the audit of the plan before the round, ``realised_audit`` the
+    audit of the sums it released (drop-outs shrink sums). ``culprits`` maps each client
+    that provably misbehaved to the first reason found.
+    """
+
+    plan: RoundPlan
+    reclusterings: list[ReclusteringResult]
+    planned_audit: LeakageReport
+    realised_audit: LeakageReport
+    encoding: RingEncoding | None
+    culprits: dict[int, str]
+
+    @property
+    def clusters(self) -> list[ClusterSum]:
+        return self.reclusterings[0].clusters
+
+    @property
+    def failed(self) -> list[FailedCluster]:
+        return self.reclusterings[0].failed
+
+
+def plan_round(
+    round_index: int,
+    participants: Sequence[int],
+    settings: SecureAggregationSettings,
+    rng: np.random.Generator,
+    clusterings: Sequence[Clustering] | None = None,
+) -> tuple[RoundPlan, LeakageReport]:
+    """Draw (or take) the round's clusterings and audit them.
+
+    Raises :class:`ConfigurationError` when the clusterings cannot be drawn or do not
+    partition ``participants``, and :class:`LeakageError` when the plan leaks (or its audit
+    cannot finish) and ``settings.allow_leakage`` is off.
+    """
+    ids = sorted(participants)
+    if len(set(ids)) != len(ids) or not ids:
+        raise ConfigurationError("participants must be distinct client ids, at least one")
+    m, r = settings.cluster_size, settings.reclusterings
+    try:
+        if clusterings is not None:
+            plan = list(clusterings)
+        elif settings.planner is Planner.SAFE and r > 1 and settings.secure:
+            plan = sample_safe_reclusterings(ids, m, r, rng, min_sum_size=settings.min_sum_size)
+        else:
+            plan = [random_clustering(ids, m, rng) for _ in range(r)]
+    except (ClusteringError, SafeSamplingError) as exc:
+        raise ConfigurationError(str(exc)) from exc
+    if len(plan) != r or any(set(c.members) != set(ids) for c in plan):
+        raise ConfigurationError(
+            f"each of the {r} clusterings must partition exactly the round's participants"
+        )
+    report = audit(plan, client_ids=ids, min_sum_size=settings.min_sum_size)
+    if settings.secure and (report.leaks or not report.complete) and not settings.allow_leakage:
+        raise LeakageError(
+            f"{report.summary()}\nUse fewer reclusterings or larger clusters, the safe "
+            "planner, or allow_leakage to run anyway."
+        )
+    return RoundPlan(round_index, tuple(plan)), report
+
+
+class ReleaseAuditor:
+    """Decides, sum by sum, whether releasing one more cluster sum stays safe.
+
+    Holds the member sets of the sums approved so far in the round. A new set is approved
+    when the plan's audit passed and every approved set is a planned cluster (the released
+    row space is then inside the audited one), or else when an exact audit of the
+    connected component of the new set (the sums sharing clients with it, transitively;
+    the equations are block-diagonal over components) finds no recoverable update and no
+    recoverable sum of fewer than ``min_sum_size`` clients, and finishes.
+    """
+
+    def __init__(self, plan: RoundPlan, min_sum_size: int, *, plan_is_safe: bool) -> None:
+        self._planned = {
+            frozenset(cluster) for clustering in plan.clusterings for cluster in clustering.clusters
+        }
+        self._min = min_sum_size
+        self._plan_is_safe = plan_is_safe
+        self.approved: list[frozenset[int]] = []
+
+    def check(self, members: Sequence[int]) -> str | None:
+        """``None`` (and the sum counts as released from now on) or why it is withheld."""
+        row = frozenset(members)
+        rows = [*self.approved, row]
+        if not (self._plan_is_safe and all(r in self._planned for r in rows)):
+            component = _component_of(row, rows)
+            clients = sorted(set().union(*component))
+            try:
+                report = audit(
+                    [Clustering((tuple(r),)) for r in component],
+                    client_ids=clients,
+                    min_sum_size=self._min,
+                )
+            except AuditError as exc:  # pragma: no cover - rows are built here
+                return f"withheld: the release audit failed: {exc}"
+            if report.leaks or not report.complete:
+                what = (
+                    f"updates of {list(report.recoverable_clients)}"
+                    if report.recoverable_clients
+                    else f"sums {[list(s) for s in report.recoverable_small_sums]}"
+                    if report.recoverable_small_sums
+                    else "an unfinished audit (search budget exhausted)"
+                )
+                return (
+                    f"withheld: with the sums released so far, releasing the sum of "
+                    f"{sorted(row)} would reveal {what} (min_sum_size {self._min})"
+                )
+        self.approved.append(row)
+        return None
+
+
+def _component_of(row: frozenset[int], rows: Sequence[frozenset[int]]) -> list[frozenset[int]]:
+    """The rows linked to ``row`` through shared clients (including ``row``)."""
+    clients, component, rest = set(row), [row], [r for r in rows if r != row]
+    grew = True
+    while grew:
+        grew = False
+        for r in list(rest):
+            if r & clients:
+                component.append(r)
+                clients |= r
+                rest.remove(r)
+                grew = True
+    return list(dict.fromkeys(component))
+
+
+class RoundCoordinator:
+    """One round of secure aggregation over any transport (see the module docstring).
+
+    Args:
+        settings: the round's rules.
+        round: the round number (bound into every key and message through the plan).
+        participants: the clients taking part.
+        length: the number of ring elements of every input.
+        rng: randomness for the plan and the SecAgg+ graphs (a deployment passes one seeded
+            by the operating system; a simulation its seeded generator).
+        directory: client id → Ed25519 public key (signed mode: adverts and consistency
+            signatures are checked on receipt).
+        clusterings: explicit clusterings instead of drawing them.
+        encoding: the fixed-point encoding of float inputs; default: chosen from
+            ``settings.clip`` for :data:`RANGE_HEADROOM` × the largest planned cluster
+            (``None`` when clip is None).
+
+    Raises :class:`ConfigurationError` / :class:`LeakageError` as :func:`plan_round`.
+    """
+
+    def __init__(
+        self,
+        settings: SecureAggregationSettings,
+        *,
+        round: int,
+        participants: Sequence[int],
+        length: int,
+        rng: np.random.Generator,
+        directory: Mapping[int, bytes] | None = None,
+        clusterings: Sequence[Clustering] | None = None,
+        encoding: RingEncoding | None = None,
+    ) -> None:
+        if length < 0:
+            raise ConfigurationError(f"length must be >= 0, got {length}")
+        self.settings = settings
+        self.length = length
+        self._rng = rng
+        self._directory = dict(directory or {})
+        self.plan, self.planned_audit = plan_round(round, participants, settings, rng, clusterings)
+        largest = max(max(c.sizes) for c in self.plan.clusterings)
+        if encoding is None and settings.clip is not None:
+            try:
+                encoding = choose_encoding(
+                    settings.clip, largest * RANGE_HEADROOM, bits=settings.bits
+                )
+            except EncodingError as exc:
+                raise ConfigurationError(str(exc)) from exc
+        if encoding is not None and (
+            encoding.bits != settings.bits or encoding.max_summands < largest
+        ):
+            raise ConfigurationError(
+                f"the encoding ({encoding.bits} bits, up to {encoding.max_summands} summands) "
+                f"does not fit {settings.bits}-bit clusters of up to {largest} clients"
+            )
+        self.encoding = encoding
+        enforce = settings.secure and not settings.allow_leakage
+        self._release = ReleaseAuditor(
+            self.plan, settings.min_sum_size, plan_is_safe=not self.planned_audit.leaks
+        )
+        self._enforce = enforce
+        self.culprits: dict[int, str] = {}
+        self._results: list[ReclusteringResult] = []
+        self._sessions: dict[int, ServerSession] = {}
+        self._clear: dict[int, ClusterSum | FailedCluster] = {}
+        self._cluster_of: dict[int, int] = {}
+        self._open = False
+
+    # -- reclusterings ----------------------------------------------------------------------
+
+    @property
+    def reclustering(self) -> int:
+        """The index of the current (or next) reclustering."""
+        return len(self._results)
+
+    @property
+    def done(self) -> bool:
+        return len(self._results) == self.plan.reclusterings
+
+    @property
+    def reclustering_done(self) -> bool:
+        """Every cluster of the open reclustering has an outcome."""
+        return all(s.outcome is not None for s in self._sessions.values())
+
+    def open_reclustering(self) -> dict[int, ClusterAssignment]:
+        """Start the next reclustering; returns each member's assignment (clusters of one
+        client, possible only with cluster_size 1, run no protocol: see
+        :meth:`release_in_clear`)."""
+        if self._open or self.done:
+            raise StageError("close the open reclustering first, or the round is done")
+        r = self.reclustering
+        self._sessions, self._clear, self._cluster_of = {}, {}, {}
+        assignments: dict[int, ClusterAssignment] = {}
+        for index, members in enumerate(self.plan.clusterings[r].clusters):
+            if len(members) == 1:
+                continue
+            assignment = plan_assignment(
+                self.plan.context(r, index),
+                members,
+                length=self.length,
+                bits=self.settings.bits,
+                threshold=self.settings.threshold,
+                neighbour_degree=self.settings.neighbour_degree,
+                signed=self.settings.signed,
+                rng=self._rng,
+                raise_to_floor=self.settings.raise_threshold_to_floor,
+            )
+            self._sessions[index] = ServerSession(
+                assignment, self._directory, self._approve if self._enforce else self._record
+            )
+            for cid in members:
+                self._cluster_of[cid] = index
+                assignments[cid] = assignment
+        self._open = True
+        return assignments
+
+    def _approve(self, members: tuple[int, ...]) -> str | None:
+        return self._release.check(members)
+
+    def _record(self, members: tuple[int, ...]) -> None:
+        self._release.approved.append(frozenset(members))
+        return None
+
+    def assignment_of(self, client: int) -> ClusterAssignment | None:
+        """The open reclustering's assignment of ``client`` (None if it has none)."""
+        index = self._cluster_of.get(client)
+        return None if index is None else self._sessions[index].assignment
+
+    # -- messages ---------------------------------------------------------------------------
+
+    def receive(self, sender: int, message: ClientMessage) -> None:
+        """Route one message from the authenticated ``sender`` to its cluster.
+
+        Raises :class:`RejectedMessage` (and names the sender a culprit when
+        ``misbehaviour``) for a message claiming another sender, of another round,
+        reclustering, cluster or plan, or that its cluster's session rejects.
+        """
+        claimed = getattr(message, "sender", None)
+        try:
+            if claimed != sender:
+                raise RejectedMessage(f"client {sender} sent a message as client {claimed}", sender)
+            index = self._cluster_of.get(sender)
+            context = getattr(message, "context", None)
+            if not self._open or index is None:
+                raise RejectedMessage(
+                    f"client {sender} has no open cluster", sender, misbehaviour=False
+                )
+            if context != self._sessions[index].context:
+                stale = (
+                    context is not None
+                    and context.plan == self.plan.digest()
+                    and context.reclustering < self.reclustering
+                )
+                raise RejectedMessage(
+                    f"client {sender}: message for {context}, but its cluster is "
+                    f"{self._sessions[index].context}",
+                    sender,
+                    misbehaviour=not stale,
+                )
+            self._sessions[index].receive(message)
+        except RejectedMessage as exc:
+            if exc.misbehaviour:
+                self.name_culprit(sender, f"sent a rejected message: {exc}")
+            raise
+
+    def name_culprit(self, client: int, reason: str) -> None:
+        """Record ``client`` as misbehaving (the first reason is kept). Transports call this
+        for what they alone can see (undecodable bytes, oversized messages)."""
+        self.culprits.setdefault(client, reason)
+
+    @property
+    def stage(self) -> str:
+        """The stage the open clusters are in (that of the first unfinished one)."""
+        for session in self._sessions.values():
+            if session.outcome is None:
+                return session.state.value
+        return "done"
+
+    def waiting_for(self) -> frozenset[int]:
+        """Clients whose message for the current stage has not arrived yet."""
+        return frozenset().union(
+            *(s.waiting_for() for s in self._sessions.values() if s.outcome is None)
+        )
+
+    def advance(self) -> dict[int, ServerMessage]:
+        """Close the current stage of every unfinished cluster (the caller decides when:
+        all messages in, or its deadline passed); returns each client's next message."""
+        outgoing: dict[int, ServerMessage] = {}
+        for session in self._sessions.values():
+            if session.outcome is None:
+                outgoing.update(session.advance())
+        return outgoing
+
+    # -- results ----------------------------------------------------------------------------
+
+    def release_in_clear(self, sums: Mapping[int, np.ndarray | None]) -> None:
+        """Protocol-free sums for the open reclustering (cluster_size 1 by design, or an
+        ablation that adds encoded inputs in the clear): ``sums[cluster] = ring sum``, or
+        ``None`` when a member dropped out. They pass the same release check as protocol
+        sums, and replace the cluster's protocol session."""
+        if not self._open:
+            raise StageError("open a reclustering first")
+        r = self.reclustering
+        for index, ring in sums.items():
+            members = self.plan.clusterings[r].clusters[index]
+            if self._sessions.pop(index, None) is not None:
+                for cid in members:
+                    self._cluster_of.pop(cid, None)
+            if ring is None:
+                self._clear[index] = FailedCluster(index, members, "advertise", "client dropped")
+                continue
+            withheld = self._approve(members) if self._enforce else self._record(members)
+            self._clear[index] = (
+                FailedCluster(index, members, "release", withheld)
+                if withheld is not None
+                else ClusterSum(index, members, ring, ring)
+            )
+
+    def close_reclustering(self) -> ReclusteringResult:
+        """Decode the open reclustering's sums, flag the corrupted ones, collect culprits."""
+        if not self._open or not self.reclustering_done:
+            raise StageError("the open reclustering has clusters without an outcome")
+        r = self.reclustering
+        outcomes = {i: s.outcome for i, s in self._sessions.items()} | self._clear
+        sums, failed, corrupted = [], [], []
+        for index in sorted(outcomes):
+            outcome = outcomes[index]
+            if isinstance(outcome, FailedCluster):
+                failed.append(outcome)
+                for culprit in outcome.culprits:
+                    self.name_culprit(culprit, f"cluster {r}/{index} failed: {outcome.reason}")
+                continue
+            assert isinstance(outcome, ClusterSum)
+            for culprit in outcome.excluded:
+                self.name_culprit(
+                    culprit, f"every peer in cluster {r}/{index} disowned its share bundles"
+                )
+            if self.encoding is None:
+                sums.append(outcome)
+                continue
+            try:
+                values = decode(outcome.ring_sum, self.encoding, len(outcome.members))
+            except SumOutOfRange as exc:
+                corrupted.append(CorruptedCluster(index, outcome.members, str(exc)))
+                continue
+            sums.append(replace(outcome, sum=values))
+        result = ReclusteringResult(r, self.plan.clusterings[r], sums, failed, corrupted)
+        self._results.append(result)
+        self._open = False
+        self._sessions, self._clear, self._cluster_of = {}, {}, {}
+        return result
+
+    def result(self) -> RoundResult:
+        """The round's results (after the last reclustering closed)."""
+        if not self.done:
+            raise StageError(f"{self.plan.reclusterings - self.reclustering} reclusterings left")
+        realised = audit(
+            [Clustering((tuple(row),)) for row in self._release.approved],
+            client_ids=self.plan.participants,
+            min_sum_size=self.settings.min_sum_size,
+        )
+        return RoundResult(
+            self.plan, self._results, self.planned_audit, realised, self.encoding, self.culprits
+        )
+
+
+@dataclass
+class Exclusions:
+    """The exclusion policy across rounds: a client named a culprit in ``after`` rounds is
+    left out of every later round (``after = 0``: never exclude).
+
+    Attributes:
+        strikes: client id → rounds in which it was named.
+        reasons: client id → the last reason.
+    """
+
+    after: int = 1
+    strikes: dict[int, int] = field(default_factory=dict)
+    reasons: dict[int, str] = field(default_factory=dict)
+
+    def record(self, culprits: Mapping[int, str]) -> None:
+        for client, reason in culprits.items():
+            self.strikes[client] = self.strikes.get(client, 0) + 1
+            self.reasons[client] = reason
+
+    @property
+    def excluded(self) -> frozenset[int]:
+        if self.after <= 0:
+            return frozenset()
+        return frozenset(c for c, n in self.strikes.items() if n >= self.after)
+
+    def eligible(self, clients: Sequence[int]) -> list[int]:
+        """``clients`` without the excluded ones, sorted."""
+        return sorted(set(clients) - self.excluded)
