@@ -8,16 +8,22 @@ States: ``NEW → ADVERTISED → SHARED → MASKED → [SIGNED] → DONE``; any 
 ``ABORTED`` (secrets dropped, nothing more revealed). The refusals that protect the client
 against a misbehaving server:
 
-- a threshold below the policy's floor, or unsigned mode when the policy demands signatures
+- a threshold below the policy's floor (:func:`threshold_floor`: t > (holders +
+  colluders)/2), or unsigned mode when the policy demands signatures
   (:class:`ThresholdTooLow`, :class:`InconsistentRequest`);
 - a message of another round, reclustering or cluster (:class:`ContextMismatch`);
-- a relayed advertisement that is malformed, duplicated, substituted or not signed by its
-  owner (:class:`BadAdvertisement`);
+- a relayed advertisement that is malformed, duplicated, substituted, not signed by its
+  owner or carrying a low-order X25519 key (:class:`BadAdvertisement`), and any message
+  whose fields cannot be used (:class:`MalformedRequest`);
 - survivor lists that are not subsets of earlier lists, that have fewer than t members,
   or survivor/dropped lists that overlap (both secrets of one peer), and any second unmask
   request (:class:`InconsistentRequest`);
 - in signed mode, fewer than t valid signatures on the exact survivor list this client saw
   (:class:`ConsistencyCheckFailed`).
+
+What needs the whole round (one cluster per reclustering, the committed plan, cluster size
+and degree, releases that leak across clusters) is
+:class:`~sharefl.protocol.client_round.ClientRound`'s job; a session works without it.
 """
 
 from __future__ import annotations
