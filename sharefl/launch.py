@@ -4,7 +4,8 @@ Each returns a process exit status and handles SIGINT/SIGTERM by cancelling its 
 task, so the gRPC server stops cleanly and a client closes its stream.
 
 Exit statuses: 0 done; 2 bad configuration (message on stderr); 3 server unreachable;
-4 refused by the server (identity, certificate, malformed message); 130 interrupted.
+4 refused by the server (identity, certificate, malformed message); 5 the server's stream
+could not be followed (a client leaves a misbehaving server); 130 interrupted.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from sharefl.deploy.keygen import load_identity
 from sharefl.deploy.server import RunResult, load_directory, serve
 from sharefl.machine import keep_freed_memory
 from sharefl.protocol.client import ClientPolicy
-from sharefl.protocol.errors import ConfigurationError, LeakageError
+from sharefl.protocol.errors import ConfigurationError, LeakageError, ProtocolError
 
 
 def _run_cancellable(coroutine: Coroutine[Any, Any, Any]) -> Any:
@@ -138,7 +139,8 @@ def client_runtime(
         cert, key = folder / f"client-{client_id}.pem", folder / f"client-{client_id}.key"
         tls = read_tls(str(folder / "ca.pem"), str(cert), str(key))
         directory = load_directory(str(folder / "directory.json"))
-        policy = ClientPolicy(identity=identity, directory=directory)
+        # A client with an identity and a directory never runs unsigned: no downgrade.
+        policy = ClientPolicy(identity=identity, directory=directory, require_signed=True)
     return ClientRuntime(
         client_id,
         address,
@@ -163,6 +165,9 @@ def run_client(client_id: int, address: str, **kwargs: Any) -> int:
     except ConnectionLost as exc:
         _error(str(exc))
         return 3
+    except ProtocolError as exc:  # ServerMisbehaved: nothing was revealed
+        _error(f"client {client_id}: leaving the server: {exc}")
+        return 5
     except grpc.aio.AioRpcError as exc:
         _error(f"client {client_id}: the server refused: {exc.code().name}: {exc.details()}")
         return 4

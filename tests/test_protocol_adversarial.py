@@ -128,7 +128,7 @@ def test_lowered_threshold_is_refused():
         ClientSession(0, low, c.vectors[0])
     with pytest.raises(ThresholdTooLow):
         ClientSession(0, dataclasses.replace(c.assignment, threshold=1), c.vectors[0])
-    strict = ClientPolicy(threshold_fraction=2 / 3)  # active-adversary floor: t > 2n/3
+    strict = ClientPolicy(colluders=2)  # t > (5 + 2)/2: two colluders cannot split views
     with pytest.raises(ThresholdTooLow):
         ClientSession(0, c.assignment, c.vectors[0], strict)
 
@@ -162,7 +162,7 @@ def test_replayed_advertisement_inside_a_broadcast_is_refused():
 
 
 def test_substituted_public_key_fails_the_signature_check():
-    c = Cluster(signed=True)
+    c = Cluster(t=4, signed=True)
     out = c.advertise()
     adverts = list(out[0].advertisements)
     attacker = X25519KeyPair.generate()
@@ -202,7 +202,7 @@ def test_different_survivor_lists_fail_the_consistency_check():
 
 
 def test_forged_consistency_signatures_do_not_count():
-    c = Cluster(n=5, t=3, signed=True)
+    c = Cluster(n=5, t=4, signed=True)
     out = c.to_unmask()
     request = out[0]
     forged = dict.fromkeys(request.survivors, os.urandom(64))
@@ -289,7 +289,7 @@ def test_a_false_complaint_does_not_remove_an_honest_peer():
 
 
 def test_advertisement_with_a_bad_signature_is_rejected():
-    c = Cluster(signed=True)
+    c = Cluster(t=4, signed=True)
     for cid, client in c.clients.items():
         advert = client.advertise()
         if cid == 1:

@@ -12,8 +12,10 @@ from hypothesis import strategies as st
 
 from sharefl.crypto.encoding import choose_encoding
 from sharefl.crypto.kdf import KeyContext
+from sharefl.crypto.shamir import SHARE_BYTES
 from sharefl.deploy import wire
 from sharefl.proto import sharefl_pb2 as pb
+from sharefl.protocol.bundles import SEALED_BYTES
 from sharefl.protocol.messages import (
     AdvertiseKeys,
     ClusterAssignment,
@@ -25,6 +27,8 @@ from sharefl.protocol.messages import (
 
 ROOT = Path(__file__).resolve().parent.parent
 CTX = KeyContext(round=3, reclustering=1, cluster=2)
+SEALED = b"x" * SEALED_BYTES
+SHARE = b"a" * SHARE_BYTES
 
 
 def test_generated_modules_match_the_proto(tmp_path):
@@ -106,15 +110,17 @@ def test_headers_that_disagree_are_refused(change, match):
 def test_protocol_messages_round_trip():
     advert = AdvertiseKeys(4, CTX, b"e" * 32, b"m" * 32, b"c" * 32, b"s" * 64)
     assert wire.advert_from_proto(wire.advert_to_proto(advert)) == advert
-    shares = EncryptedShares(4, CTX, {1: b"x", 9: b"y"})
+    shares = EncryptedShares(4, CTX, {1: SEALED, 9: SEALED})
     assert wire.shares_from_proto(wire.shares_to_proto(shares)) == shares
-    masking = MaskingRequest(CTX, 4, (1, 4, 9), {1: b"x"})
+    masking = MaskingRequest(CTX, 4, (1, 4, 9), {1: SEALED})
     assert wire.masking_from_proto(wire.masking_to_proto(masking)) == masking
     unmask = UnmaskRequest(CTX, (1, 4), (9,), {1: b"s" * 64})
     assert wire.server_message_from_proto(wire.server_message_to_proto(unmask)) == unmask
-    response = UnmaskResponse(4, CTX, {1: b"a"}, {9: b"b"})
+    response = UnmaskResponse(4, CTX, {1: SHARE}, {9: SHARE})
     assert wire.unmask_response_from_proto(wire.unmask_response_to_proto(response)) == response
-    assignment = ClusterAssignment(CTX, (1, 4, 9), 2, 10, 32, {1: frozenset({4})}, True)
+    assignment = ClusterAssignment(
+        CTX, (1, 4, 9), 2, 10, 32, {1: frozenset({4}), 4: frozenset({1})}, True
+    )
     encoding = choose_encoding(1.0, 3)
     back, enc = wire.assignment_from_proto(wire.assignment_to_proto(assignment, encoding))
     assert back == assignment and enc == encoding
@@ -141,7 +147,13 @@ def test_malformed_advertisements(mutate, match):
 def test_duplicates_and_unsafe_encodings_are_refused():
     with pytest.raises(wire.WireError, match="twice"):
         wire.shares_from_proto(
-            pb.EncryptedShares(sender=1, bundles=[pb.Bundle(peer=2), pb.Bundle(peer=2)])
+            pb.EncryptedShares(
+                sender=1,
+                bundles=[
+                    pb.Bundle(peer=2, ciphertext=SEALED),
+                    pb.Bundle(peer=2, ciphertext=SEALED),
+                ],
+            )
         )
     with pytest.raises(wire.WireError, match="duplicate"):
         wire.masking_from_proto(pb.MaskingRequest(survivors=[1, 1]))
@@ -156,3 +168,133 @@ def test_payload_digest_is_sha256_of_little_endian_bytes():
     vector = np.array([1, 2, 3], dtype=np.uint32)
     header, _ = wire.vector_to_proto(vector)
     assert header.sha256 == hashlib.sha256(vector.astype("<u4").tobytes()).digest()
+
+
+# --- size limits: every field is checked before use --------------------------------------
+
+
+def _advert(**change) -> pb.Advertisement:
+    proto = wire.advert_to_proto(AdvertiseKeys(4, CTX, b"e" * 32, b"m" * 32, b"c" * 32, b"s" * 64))
+    for key, value in change.items():
+        setattr(proto, key, value)
+    return proto
+
+
+@pytest.mark.parametrize(
+    "field,size",
+    [
+        ("encryption_public", 31),
+        ("encryption_public", 33),
+        ("mask_public", 0),
+        ("mask_public", 64),
+        ("commitment", 31),
+        ("commitment", 33),
+        ("signature", 63),
+        ("signature", 65),
+        ("signature", 4096),
+    ],
+)
+def test_advertisement_fields_have_exact_sizes(field, size):
+    with pytest.raises(wire.WireError, match=f"{size}"):
+        wire.advert_from_proto(_advert(**{field: b"z" * size}))
+    wire.advert_from_proto(_advert(signature=b""))  # unsigned mode: no signature at all
+
+
+@pytest.mark.parametrize("size", [0, SEALED_BYTES - 1, SEALED_BYTES + 1, 1 << 20])
+def test_share_bundles_are_exactly_sealed_bytes(size):
+    bundle = [pb.Bundle(peer=2, ciphertext=b"x" * size)]
+    with pytest.raises(wire.WireError, match=f"{SEALED_BYTES} bytes"):
+        wire.shares_from_proto(pb.EncryptedShares(sender=1, bundles=bundle))
+    with pytest.raises(wire.WireError, match=f"{SEALED_BYTES} bytes"):
+        wire.masking_from_proto(pb.MaskingRequest(receiver=1, survivors=[1, 2], bundles=bundle))
+
+
+@pytest.mark.parametrize("size", [0, 63, 65])
+def test_signatures_are_exactly_64_bytes(size):
+    with pytest.raises(wire.WireError, match="64 bytes"):
+        wire.signature_from_proto(pb.ConsistencySignature(sender=1, signature=b"s" * size))
+    entry = pb.SignatureEntry(signer=1, signature=b"s" * size)
+    with pytest.raises(wire.WireError, match="64 bytes"):
+        wire.unmask_request_from_proto(pb.UnmaskRequest(survivors=[1], signatures=[entry]))
+
+
+@pytest.mark.parametrize("size", [0, SHARE_BYTES - 1, SHARE_BYTES + 1])
+def test_unmask_shares_are_exactly_share_bytes(size):
+    share = [pb.PeerShare(peer=2, share=b"a" * size)]
+    for field in ("seed_shares", "key_shares"):
+        with pytest.raises(wire.WireError, match=f"{SHARE_BYTES} bytes"):
+            wire.unmask_response_from_proto(pb.UnmaskResponse(sender=1, **{field: share}))
+
+
+def test_plan_digest_in_a_context_is_empty_or_32_bytes():
+    with pytest.raises(wire.WireError, match="plan"):
+        wire.context_from_proto(pb.Context(round=1, plan=b"d" * 31))
+    assert wire.context_from_proto(pb.Context(round=1, plan=b"d" * 32)).plan == b"d" * 32
+
+
+TOO_MANY = range(wire.MAX_CLUSTER_MEMBERS + 1)
+
+
+@pytest.mark.parametrize(
+    "convert,message",
+    [
+        (wire.masking_from_proto, pb.MaskingRequest(survivors=TOO_MANY)),
+        (wire.consistency_request_from_proto, pb.ConsistencyRequest(survivors=TOO_MANY)),
+        (wire.unmask_request_from_proto, pb.UnmaskRequest(dropped=TOO_MANY)),
+        (wire.assignment_from_proto, pb.ClusterAssignment(members=TOO_MANY, bits=32)),
+        (
+            wire.keys_from_proto,
+            pb.KeysBroadcast(advertisements=[pb.Advertisement()] * (wire.MAX_CLUSTER_MEMBERS + 1)),
+        ),
+        (
+            wire.unmask_response_from_proto,
+            pb.UnmaskResponse(seed_shares=[pb.PeerShare(peer=i) for i in TOO_MANY]),
+        ),
+    ],
+)
+def test_repeated_fields_are_capped(convert, message):
+    with pytest.raises(wire.WireError, match=f"at most {wire.MAX_CLUSTER_MEMBERS}"):
+        convert(message)
+
+
+def test_neighbour_entries_are_bounded_by_the_membership():
+    entries = [pb.Neighbours(client_id=i, peers=[0]) for i in range(4)]
+    with pytest.raises(wire.WireError, match="at most 3"):
+        wire.assignment_from_proto(
+            pb.ClusterAssignment(members=[0, 1, 2], bits=32, neighbours=entries)
+        )
+
+
+def test_round_plans_are_capped_in_clusterings_and_ids():
+    clustering = pb.Clustering(clusters=[pb.Cluster(members=[0, 1, 2])])
+    too_long = pb.RoundPlan(clusterings=[clustering] * (wire.MAX_RECLUSTERINGS + 1))
+    with pytest.raises(wire.WireError, match=f"at most {wire.MAX_RECLUSTERINGS}"):
+        wire.plan_from_proto(0, too_long)
+    huge = pb.RoundPlan(
+        clusterings=[pb.Clustering(clusters=[pb.Cluster(members=range(wire.MAX_PLAN_IDS + 1))])]
+    )
+    with pytest.raises(wire.WireError, match="at most"):
+        wire.plan_from_proto(0, huge)
+
+
+def test_refusal_reasons_are_printable_and_capped():
+    nasty = "\x1b[2Jcleared\n\x00" + "é" * 2000
+    sent = wire.refusal_to_proto(CTX, nasty)
+    assert len(sent.reason.encode()) <= wire.MAX_REASON_BYTES
+    assert sent.reason.startswith("?[2Jcleared??") and sent.reason.isprintable()
+    received = wire.refusal_reason(pb.Refusal(reason="ok\r\nforged log line" + "x" * 5000))
+    assert received.startswith("ok??forged log line") and received.isprintable()
+    assert len(received.encode()) <= wire.MAX_REASON_BYTES
+    assert wire.context_from_proto(sent.context) == CTX
+
+
+def test_a_model_header_longer_than_the_bound_is_refused_before_allocation():
+    header, _ = wire.vector_to_proto(np.zeros(10, dtype=np.float32))
+    with pytest.raises(wire.WireError, match="at most 9"):
+        wire.VectorAssembler.bounded(header, 9, np.float32)
+    header.length = 2**62  # would be an exabyte buffer if trusted
+    with pytest.raises(wire.WireError, match="at most"):
+        wire.VectorAssembler.bounded(header, 1 << 20, np.float32)
+    assert wire.VectorAssembler.bounded(
+        wire.vector_to_proto(np.zeros(10, np.float32))[0], 10, np.float32
+    )

@@ -3,8 +3,15 @@
 The trainer is any callable ``train(model, *, round, client_id) -> update`` (1-D float
 arrays of the model's length), given as a Python object or a ``"module:function"`` entry
 point, so an existing training loop can be wrapped. The protocol decisions are the sans-IO
-:class:`~sharefl.protocol.client.ClientSession`'s: a request it refuses is answered with a
-``Refusal`` and nothing more is revealed in that cluster.
+:class:`~sharefl.protocol.client.ClientSession`'s and, for the round, the
+:class:`~sharefl.protocol.client_round.ClientRound`'s built from ``RoundStart.plan``: a
+request either refuses is answered with a ``Refusal`` (its reason printable, capped) and
+nothing more is revealed in that cluster. A client whose policy requires signed mode (one
+started with keys) refuses every assignment of a round that comes without a plan.
+
+Malformed server input never ends in a traceback: a bad stage message or assignment gets a
+``Refusal``; a bad challenge or model stream (a length above ``max_model_length``, or one
+that changes between rounds) raises :class:`ServerMisbehaved` and the stream is closed.
 
 Connection loss: the client retries with exponential backoff (``retries`` attempts), then
 raises :class:`ConnectionLost` with a clear message.
@@ -31,7 +38,8 @@ from sharefl.deploy.server import MAX_MESSAGE_BYTES, TRANSPORT_OPTIONS, hello_st
 from sharefl.proto import sharefl_pb2 as pb
 from sharefl.proto import sharefl_pb2_grpc as pb_grpc
 from sharefl.protocol.client import ClientPolicy, ClientSession
-from sharefl.protocol.errors import ClientRefusal, ProtocolError
+from sharefl.protocol.client_round import ClientRound
+from sharefl.protocol.errors import ClientRefusal, MalformedRequest, PlanRefused, ProtocolError
 from sharefl.protocol.messages import (
     ConsistencySignature,
     EncryptedShares,
@@ -43,8 +51,53 @@ Trainer = Callable[..., np.ndarray]
 STAGES = ("advertise", "share", "mask", "consistency", "unmask")
 
 
+MAX_MODEL_LENGTH = 1 << 28
+"""Default bound on the model length a client accepts (2^28 float32 = 1 GiB)."""
+
+NONCE_BYTES = 32
+
+
 class ConnectionLost(ProtocolError):
     """The server could not be reached (or was lost) after all retries."""
+
+
+class ServerMisbehaved(ProtocolError):
+    """The server's stream cannot be followed (no Challenge, a malformed or oversized model
+    stream); the client closes it. Nothing of the protocol was revealed."""
+
+
+@dataclass
+class RoundGuard:
+    """What a client knows of the current round: its guard (None without a plan when the
+    policy allows that), or the refusal every assignment of the round gets."""
+
+    guard: ClientRound | None = None
+    refusal: ClientRefusal | None = None
+
+    @classmethod
+    def start(cls, client_id: int, start: pb.RoundStart, policy: ClientPolicy) -> RoundGuard:
+        """The guard of a round from its RoundStart; never raises."""
+        if not start.plan.clusterings:
+            if policy.require_signed:
+                return cls(
+                    refusal=PlanRefused(
+                        f"round {start.round} comes without a committed plan (RoundStart.plan "
+                        "is empty); a client in signed mode needs one: the server must send it"
+                    )
+                )
+            return cls()
+        try:
+            plan = wire.plan_from_proto(start.round, start.plan)
+            if plan.reclusterings != start.reclusterings:
+                raise PlanRefused(
+                    f"RoundStart announces {start.reclusterings} reclusterings but its plan "
+                    f"has {plan.reclusterings}"
+                )
+            return cls(guard=ClientRound(client_id, plan, policy))
+        except wire.WireError as exc:
+            return cls(refusal=PlanRefused(f"malformed round plan: {exc}"))
+        except ClientRefusal as exc:
+            return cls(refusal=exc)
 
 
 def load_trainer(spec: str) -> Trainer:
@@ -104,6 +157,7 @@ class ClientRuntime:
         exit_before: testing aid: SIGKILL this process right before sending the named
             stage's first message (``advertise``, ``share``, ``mask``, ``consistency``,
             ``unmask``), to play a client that vanishes at that stage.
+        max_model_length: the longest model (elements) this client accepts from the server.
     """
 
     def __init__(
@@ -117,6 +171,7 @@ class ClientRuntime:
         tls: ClientTLS | None = None,
         retries: int = 5,
         exit_before: str | None = None,
+        max_model_length: int = MAX_MODEL_LENGTH,
     ) -> None:
         if exit_before is not None and exit_before not in STAGES:
             raise ValueError(f"exit_before must be one of {STAGES}")
@@ -128,7 +183,9 @@ class ClientRuntime:
         self.tls = tls
         self.retries = retries
         self.exit_before = exit_before
+        self.max_model_length = max_model_length
         self.report = ClientReport(client_id)
+        self._model_length: int | None = None
 
     def _channel(self) -> grpc.aio.Channel:
         options = [
@@ -148,7 +205,8 @@ class ClientRuntime:
     async def run(self) -> ClientReport:
         """Take part until the server finishes; returns the report.
 
-        Raises :class:`ConnectionLost` when the server stays unreachable, and
+        Raises :class:`ConnectionLost` when the server stays unreachable,
+        :class:`ServerMisbehaved` when its stream cannot be followed, and
         ``grpc.aio.AioRpcError`` when the server refuses this client (wrong identity,
         certificate, malformed message) — those are not retried.
         """
@@ -185,8 +243,10 @@ class ClientRuntime:
         call = stub.Session()
         challenge = await call.read()
         if challenge is grpc.aio.EOF or challenge.WhichOneof("body") != "challenge":
-            raise ProtocolError("the server did not open with a Challenge")
+            raise ServerMisbehaved("the server did not open with a Challenge")
         nonce = challenge.challenge.nonce
+        if len(nonce) != NONCE_BYTES:
+            raise ServerMisbehaved(f"the Challenge nonce must be {NONCE_BYTES} bytes")
         await self._send(
             call,
             pb.ClientMessage(
@@ -198,8 +258,8 @@ class ClientRuntime:
             ),
         )
         update: np.ndarray | None = None
-        model: np.ndarray | None = None
         session: ClientSession | None = None
+        round_guard = RoundGuard()
         finished = False
         while (envelope := await call.read()) is not grpc.aio.EOF:
             kind = envelope.WhichOneof("body")
@@ -212,17 +272,19 @@ class ClientRuntime:
                     self.report.model = model
                     finished = True
                     break
+                session = None
+                round_guard = RoundGuard.start(self.client_id, envelope.round_start, self.policy)
                 update = await asyncio.to_thread(
                     self.trainer, model, round=envelope.round_start.round, client_id=self.client_id
                 )
                 update = np.asarray(update, dtype=np.float32)
             elif kind == "assignment":
-                session = await self._start_cluster(call, envelope.assignment, update)
+                session = await self._start_cluster(call, envelope.assignment, update, round_guard)
             elif kind == "round_end":
                 self.report.rounds += 1
-                session = None
+                session, round_guard = None, RoundGuard()
             elif session is not None and kind in ("keys", "masking", "consistency", "unmask"):
-                session = await self._step(call, session, envelope)
+                session = await self._step(call, session, envelope, round_guard.guard)
         try:
             await call.done_writing()
         except (grpc.aio.AioRpcError, _GrpcInternalError):
@@ -232,27 +294,44 @@ class ClientRuntime:
                 raise
 
     async def _read_vector(self, call, header: pb.VectorHeader) -> np.ndarray:
-        assembler = wire.VectorAssembler(header, header.length, np.float32)
-        while not assembler.complete:
-            envelope = await call.read()
-            if envelope is grpc.aio.EOF or envelope.WhichOneof("body") != "chunk":
-                raise ProtocolError("the server interrupted a vector")
-            assembler.add(envelope.chunk)
-        return assembler.result()
+        """The model that follows ``header``: at most ``max_model_length`` elements, and the
+        same length every time. Raises :class:`ServerMisbehaved`."""
+        try:
+            if self._model_length is not None and header.length != self._model_length:
+                raise wire.WireError(
+                    f"the model had {self._model_length} elements; now {header.length} are "
+                    "announced"
+                )
+            assembler = wire.VectorAssembler.bounded(header, self.max_model_length, np.float32)
+            while not assembler.complete:
+                envelope = await call.read()
+                if envelope is grpc.aio.EOF or envelope.WhichOneof("body") != "chunk":
+                    raise wire.WireError("the server interrupted a vector")
+                assembler.add(envelope.chunk)
+            model = assembler.result()
+        except wire.WireError as exc:
+            raise ServerMisbehaved(f"client {self.client_id}: bad model stream: {exc}") from exc
+        self._model_length = model.shape[0]
+        return model
 
     async def _start_cluster(
-        self, call, proto: pb.ClusterAssignment, update
+        self, call, proto: pb.ClusterAssignment, update, round_guard: RoundGuard
     ) -> ClientSession | None:
         try:
             assignment, encoding = wire.assignment_from_proto(proto)
+            if round_guard.refusal is not None:
+                raise round_guard.refusal
             if update is None or update.shape != (assignment.length,):
-                raise ProtocolError("cluster assignment before a model of the right length")
+                raise MalformedRequest(
+                    f"an assignment of length {assignment.length} before a model of that length"
+                )
             vector = encode(update, encoding, rng=None)
-            session = ClientSession(self.client_id, assignment, vector, self.policy)
+            if round_guard.guard is not None:
+                session = round_guard.guard.session(assignment, vector)
+            else:
+                session = ClientSession(self.client_id, assignment, vector, self.policy)
         except (ClientRefusal, wire.WireError, ProtocolError, ValueError) as exc:
-            await self._refuse(
-                call, wire.context_to_proto(wire.context_from_proto(proto.context)), exc
-            )
+            await self._refuse(call, proto.context, exc)
             return None
         self._maybe_exit("advertise")
         await self._send(
@@ -261,15 +340,22 @@ class ClientRuntime:
         return session
 
     async def _refuse(self, call, context: pb.Context, exc: Exception) -> None:
-        self.report.refusals.append(f"{type(exc).__name__}: {exc}")
-        await self._send(
-            call, pb.ClientMessage(refusal=pb.Refusal(context=context, reason=str(exc)))
-        )
+        reason = wire.printable(f"{type(exc).__name__}: {exc}")
+        self.report.refusals.append(reason)
+        await self._send(call, pb.ClientMessage(refusal=wire.refusal_to_proto(context, reason)))
 
-    async def _step(self, call, session: ClientSession, envelope: pb.ServerMessage):
+    async def _step(
+        self,
+        call,
+        session: ClientSession,
+        envelope: pb.ServerMessage,
+        guard: ClientRound | None,
+    ):
         try:
-            reply = session.handle(wire.server_message_from_proto(envelope))
+            message = wire.server_message_from_proto(envelope)
+            reply = guard.handle(session, message) if guard else session.handle(message)
         except (ClientRefusal, wire.WireError) as exc:
+            session.abort()
             await self._refuse(call, wire.context_to_proto(session.context), exc)
             return None
         if isinstance(reply, EncryptedShares):

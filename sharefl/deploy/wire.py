@@ -9,15 +9,19 @@ it to ``INVALID_ARGUMENT``); no protocol logic lives here.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
 from sharefl.crypto.encoding import RingEncoding
 from sharefl.crypto.errors import EncodingError
-from sharefl.crypto.kdf import KeyContext
+from sharefl.crypto.kdf import KEY_BYTES, KeyContext
+from sharefl.crypto.shamir import SHARE_BYTES
+from sharefl.crypto.signatures import SIGNATURE_BYTES
 from sharefl.proto import sharefl_pb2 as pb
 from sharefl.protocol import messages as m
+from sharefl.protocol.bundles import SEALED_BYTES
+from sharefl.protocol.client import COMMITMENT_BYTES
 from sharefl.protocol.clustering import Clustering, ClusteringError
 from sharefl.protocol.errors import ConfigurationError
 from sharefl.protocol.plan import RoundPlan
@@ -34,9 +38,22 @@ _CODES = {np.dtype(np.float32): pb.DTYPE_FLOAT32, np.dtype(np.uint32): pb.DTYPE_
 _CODES[np.dtype(np.uint64)] = pb.DTYPE_UINT64
 
 
+MAX_CLUSTER_MEMBERS = 1 << 16
+"""Most client ids (or per-peer entries) any one repeated field of a cluster's messages may
+carry: members, neighbours, survivors, dropped, complaints, advertisements, bundles,
+signatures, shares. The protocol layer then bounds them by the cluster's membership."""
+
+MAX_RECLUSTERINGS = 1 << 10
+"""Most clusterings a round plan may carry on the wire (the client's policy is stricter)."""
+
+MAX_REASON_BYTES = 1024
+"""Refusal reasons are cut to this many UTF-8 bytes of printable characters."""
+
+
 class WireError(ValueError):
-    """A protobuf message is malformed: missing fields, values out of range, vectors whose
-    chunks arrive out of order or do not match their header's length or digest."""
+    """A protobuf message is malformed: missing fields, values out of range, fields of the
+    wrong size, repeated fields longer than their cap, vectors whose chunks arrive out of
+    order or do not match their header's length or digest."""
 
 
 # ---- vectors ------------------------------------------------------------------------------
@@ -90,9 +107,21 @@ class VectorAssembler:
         if len(header.sha256) != 32:
             raise WireError("vector digest must be 32 bytes (SHA-256)")
         self._header = header
-        self._buffer = bytearray(self._size)
+        self._buffer = bytearray(self._size)  # allocated only after the length is checked
         self._filled = 0
         self._next = 0
+
+    @classmethod
+    def bounded(cls, header: pb.VectorHeader, max_length: int, dtype: np.dtype):
+        """An assembler for a vector whose length the receiver does not know in advance
+        (e.g. the model): the announced length is accepted up to ``max_length`` elements.
+        Raises :class:`WireError` for a longer one (nothing is allocated)."""
+        if header.length > max_length:
+            raise WireError(
+                f"vector of {header.length} elements announced; this receiver accepts at most "
+                f"{max_length}"
+            )
+        return cls(header, int(header.length), dtype)
 
     @property
     def complete(self) -> bool:
@@ -153,8 +182,14 @@ def context_from_proto(c: pb.Context) -> KeyContext:
         raise WireError(f"bad context: {exc}") from exc
 
 
-def _ids(values: Iterable[int], what: str) -> tuple[int, ...]:
-    ids = tuple(int(v) for v in values)
+def _capped(values: Sequence, what: str, cap: int = MAX_CLUSTER_MEMBERS) -> Sequence:
+    if len(values) > cap:
+        raise WireError(f"{what} has {len(values)} entries; at most {cap}")
+    return values
+
+
+def _ids(values: Sequence[int], what: str) -> tuple[int, ...]:
+    ids = tuple(int(v) for v in _capped(values, what))
     if len(set(ids)) != len(ids):
         raise WireError(f"{what} has duplicate client ids")
     return ids
@@ -166,14 +201,36 @@ def _bytes(value: bytes, size: int | None, what: str) -> bytes:
     return bytes(value)
 
 
-def _peer_map(entries: Sequence, what: str, field: str) -> dict[int, bytes]:
+def _peer_map(entries: Sequence, what: str, field: str, size: int) -> dict[int, bytes]:
+    """``{peer: bytes}`` from repeated entries: capped in number, each value exactly
+    ``size`` bytes, no peer twice."""
     result: dict[int, bytes] = {}
-    for entry in entries:
+    for entry in _capped(entries, what):
         peer = int(entry.peer if hasattr(entry, "peer") else entry.signer)
         if peer in result:
             raise WireError(f"{what} names client {peer} twice")
-        result[peer] = bytes(getattr(entry, field))
+        result[peer] = _bytes(getattr(entry, field), size, f"{what} entry of client {peer}")
     return result
+
+
+def printable(reason: str, limit: int = MAX_REASON_BYTES) -> str:
+    """``reason`` with every non-printable character replaced by ``?``, cut to at most
+    ``limit`` UTF-8 bytes (never mid-character)."""
+    clean = "".join(c if c.isprintable() else "?" for c in reason[:limit])
+    return clean.encode()[:limit].decode(errors="ignore")
+
+
+def refusal_to_proto(context: KeyContext | pb.Context, reason: str) -> pb.Refusal:
+    """A Refusal whose reason is :func:`printable` (at most ``MAX_REASON_BYTES``)."""
+    if isinstance(context, KeyContext):
+        context = context_to_proto(context)
+    return pb.Refusal(context=context, reason=printable(reason))
+
+
+def refusal_reason(p: pb.Refusal) -> str:
+    """A received Refusal's reason, reduced to printable characters and capped (it is
+    written to logs; a client may send anything)."""
+    return printable(p.reason)
 
 
 MAX_PLAN_IDS = 1 << 20
@@ -192,6 +249,7 @@ def plan_to_proto(plan: RoundPlan) -> pb.RoundPlan:
 def plan_from_proto(round_index: int, p: pb.RoundPlan) -> RoundPlan:
     """Raises :class:`WireError` for an oversized plan or one that is not R partitions of
     the same clients."""
+    _capped(p.clusterings, "round plan", MAX_RECLUSTERINGS)
     total = sum(len(c.members) for clustering in p.clusterings for c in clustering.clusters)
     if total > MAX_PLAN_IDS:
         raise WireError(f"round plan lists {total} client ids; at most {MAX_PLAN_IDS}")
@@ -244,9 +302,10 @@ def assignment_to_proto(a: m.ClusterAssignment, encoding: RingEncoding) -> pb.Cl
 
 def assignment_from_proto(p: pb.ClusterAssignment) -> tuple[m.ClusterAssignment, RingEncoding]:
     neighbours = None
+    members = _ids(p.members, "member list")
     if p.neighbours:
         neighbours = {}
-        for entry in p.neighbours:
+        for entry in _capped(p.neighbours, "neighbour graph", len(members)):
             if entry.client_id in neighbours:
                 raise WireError(f"neighbours of {entry.client_id} listed twice")
             neighbours[int(entry.client_id)] = frozenset(_ids(entry.peers, "neighbour list"))
@@ -254,7 +313,7 @@ def assignment_from_proto(p: pb.ClusterAssignment) -> tuple[m.ClusterAssignment,
         raise WireError(f"ring width must be 32 or 64, got {p.bits}")
     assignment = m.ClusterAssignment(
         context=context_from_proto(p.context),
-        members=tuple(sorted(_ids(p.members, "member list"))),
+        members=tuple(sorted(members)),
         threshold=int(p.threshold),
         length=int(p.length),
         bits=int(p.bits),
@@ -282,10 +341,12 @@ def advert_from_proto(p: pb.Advertisement) -> m.AdvertiseKeys:
     return m.AdvertiseKeys(
         sender=int(p.sender),
         context=context_from_proto(p.context),
-        encryption_public=_bytes(p.encryption_public, 32, "encryption public key"),
-        mask_public=_bytes(p.mask_public, 32, "mask public key"),
-        commitment=_bytes(p.commitment, 32, "seed commitment"),
-        signature=_bytes(p.signature, None, "signature"),
+        encryption_public=_bytes(p.encryption_public, KEY_BYTES, "encryption public key"),
+        mask_public=_bytes(p.mask_public, KEY_BYTES, "mask public key"),
+        commitment=_bytes(p.commitment, COMMITMENT_BYTES, "seed commitment"),
+        signature=_bytes(
+            p.signature, SIGNATURE_BYTES if p.signature else 0, "advertisement signature"
+        ),
     )
 
 
@@ -298,7 +359,8 @@ def keys_to_proto(k: m.KeysBroadcast) -> pb.KeysBroadcast:
 
 def keys_from_proto(p: pb.KeysBroadcast) -> m.KeysBroadcast:
     return m.KeysBroadcast(
-        context_from_proto(p.context), tuple(advert_from_proto(a) for a in p.advertisements)
+        context_from_proto(p.context),
+        tuple(advert_from_proto(a) for a in _capped(p.advertisements, "advertisements")),
     )
 
 
@@ -312,7 +374,9 @@ def shares_to_proto(s: m.EncryptedShares) -> pb.EncryptedShares:
 
 def shares_from_proto(p: pb.EncryptedShares) -> m.EncryptedShares:
     return m.EncryptedShares(
-        int(p.sender), context_from_proto(p.context), _peer_map(p.bundles, "bundles", "ciphertext")
+        int(p.sender),
+        context_from_proto(p.context),
+        _peer_map(p.bundles, "bundles", "ciphertext", SEALED_BYTES),
     )
 
 
@@ -330,7 +394,7 @@ def masking_from_proto(p: pb.MaskingRequest) -> m.MaskingRequest:
         context_from_proto(p.context),
         int(p.receiver),
         _ids(p.survivors, "survivor list"),
-        _peer_map(p.bundles, "bundles", "ciphertext"),
+        _peer_map(p.bundles, "bundles", "ciphertext", SEALED_BYTES),
     )
 
 
@@ -350,7 +414,7 @@ def masked_from_parts(p: pb.MaskedInput, vector: np.ndarray) -> m.MaskedInput:
         int(p.sender),
         context_from_proto(p.context),
         vector,
-        _peer_map(p.complaints, "complaints", "pair_seed"),
+        _peer_map(p.complaints, "complaints", "pair_seed", KEY_BYTES),
     )
 
 
@@ -370,7 +434,9 @@ def signature_to_proto(s: m.ConsistencySignature) -> pb.ConsistencySignature:
 
 def signature_from_proto(p: pb.ConsistencySignature) -> m.ConsistencySignature:
     return m.ConsistencySignature(
-        int(p.sender), context_from_proto(p.context), _bytes(p.signature, 64, "signature")
+        int(p.sender),
+        context_from_proto(p.context),
+        _bytes(p.signature, SIGNATURE_BYTES, "signature"),
     )
 
 
@@ -390,7 +456,7 @@ def unmask_request_from_proto(p: pb.UnmaskRequest) -> m.UnmaskRequest:
         context_from_proto(p.context),
         _ids(p.survivors, "survivors"),
         _ids(p.dropped, "dropped"),
-        _peer_map(p.signatures, "signatures", "signature"),
+        _peer_map(p.signatures, "signatures", "signature", SIGNATURE_BYTES),
     )
 
 
@@ -407,8 +473,8 @@ def unmask_response_from_proto(p: pb.UnmaskResponse) -> m.UnmaskResponse:
     return m.UnmaskResponse(
         int(p.sender),
         context_from_proto(p.context),
-        _peer_map(p.seed_shares, "seed shares", "share"),
-        _peer_map(p.key_shares, "key shares", "share"),
+        _peer_map(p.seed_shares, "seed shares", "share", SHARE_BYTES),
+        _peer_map(p.key_shares, "key shares", "share", SHARE_BYTES),
     )
 
 

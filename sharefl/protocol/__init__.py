@@ -4,13 +4,17 @@
   (in-process, gRPC, another FL stack) moves their typed messages.
 - :class:`RoundCoordinator`: every rule of one round (plan, audit, encoding, routing by
   authenticated sender, release check, decoding), driven by any transport.
+- :class:`ClientRound`: a client's guard over a round against the committed
+  :class:`RoundPlan` (one cluster per reclustering, sizes, degrees, no downgrade, no
+  release that leaks).
 - :func:`secure_sum`: the in-process driver for simulation and tests.
 - :func:`random_clustering`, :func:`audit`, :func:`sample_safe_reclusterings`: SHARE's
   clusters and the audit of what reclustering reveals.
 """
 
 from sharefl.protocol.audit import LeakageReport, audit, sample_safe_reclusterings
-from sharefl.protocol.client import ClientPolicy, ClientSession, ClientState
+from sharefl.protocol.client import ClientPolicy, ClientSession, ClientState, threshold_floor
+from sharefl.protocol.client_round import ClientRound
 from sharefl.protocol.clustering import Clustering, random_clustering, random_reclusterings
 from sharefl.protocol.coordinator import (
     CorruptedCluster,
@@ -30,12 +34,14 @@ from sharefl.protocol.errors import (
     RejectedMessage,
 )
 from sharefl.protocol.messages import ClusterAssignment
+from sharefl.protocol.plan import RoundPlan
 from sharefl.protocol.server import ClusterSum, FailedCluster, ServerSession, ServerState
 
 __all__ = [
     "STAGES",
     "ClientPolicy",
     "ClientRefusal",
+    "ClientRound",
     "ClientSession",
     "ClientState",
     "ClusterAssignment",
@@ -52,6 +58,7 @@ __all__ = [
     "ReclusteringResult",
     "RejectedMessage",
     "RoundCoordinator",
+    "RoundPlan",
     "RoundResult",
     "SecureAggregationSettings",
     "SecureSumResult",
@@ -63,4 +70,5 @@ __all__ = [
     "run_cluster",
     "sample_safe_reclusterings",
     "secure_sum",
+    "threshold_floor",
 ]

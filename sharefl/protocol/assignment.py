@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from sharefl.crypto.kdf import KeyContext
-from sharefl.protocol.client import ClientPolicy, threshold_floor
+from sharefl.protocol.client import default_colluders, threshold_floor
 from sharefl.protocol.clustering import ClusteringError, RngLike, random_regular_graph
 from sharefl.protocol.errors import ConfigurationError
 from sharefl.protocol.messages import ClusterAssignment
@@ -22,14 +22,19 @@ def plan_assignment(
     signed: bool = False,
     rng: RngLike = None,
     raise_to_floor: bool = False,
+    colluders: int | None = None,
 ) -> ClusterAssignment:
     """The assignment of one cluster, with a threshold its honest clients accept.
 
     Each client's shares go to its neighbours and itself: all ``members`` (complete graph)
     or ``neighbour_degree + 1`` holders on a random k-regular graph (SecAgg+, drawn from
-    ``rng``). ``threshold=None`` takes the clients' floor (⌊holders/2⌋ + 1, see
-    :func:`~sharefl.protocol.client.threshold_floor`); ``raise_to_floor`` lifts a smaller
-    threshold to it (for deployments whose clusters grow as clients drop out).
+    ``rng``). ``threshold=None`` takes the clients' floor for ``colluders`` colluding clients
+    (⌊(holders + colluders)/2⌋ + 1, the same rule the clients apply:
+    :func:`~sharefl.protocol.client.threshold_floor`); ``colluders=None`` takes the clients'
+    default (:func:`~sharefl.protocol.client.default_colluders`: 0 unsigned, ⌈holders/3⌉ − 1
+    signed), so a signed-mode server asks for a threshold clients with the default policy
+    accept. ``raise_to_floor`` lifts a smaller threshold to the floor (for deployments whose
+    clusters grow as clients drop out).
 
     Raises :class:`ConfigurationError` when the graph cannot be drawn or the threshold is
     outside [floor, holders].
@@ -42,13 +47,16 @@ def plan_assignment(
         except ClusteringError as exc:
             raise ConfigurationError(str(exc)) from exc
         holders = neighbour_degree + 1
-    floor = threshold_floor(holders, ClientPolicy().threshold_fraction)
+    if colluders is None:
+        colluders = default_colluders(holders, signed)
+    floor = threshold_floor(holders, colluders)
     t = floor if threshold is None else threshold
     if raise_to_floor:
         t = max(t, floor)
     if not floor <= t <= holders:
         raise ConfigurationError(
             f"threshold {t} does not fit cluster {context.cluster}: with {holders} share "
-            f"holders per client, clients accept t in [{floor}, {holders}]"
+            f"holders per client and {colluders} colluders, clients accept t in "
+            f"[{floor}, {holders}]"
         )
     return ClusterAssignment(context, tuple(members), t, length, bits, graph, signed)

@@ -8,22 +8,29 @@ States: ``NEW → ADVERTISED → SHARED → MASKED → [SIGNED] → DONE``; any 
 ``ABORTED`` (secrets dropped, nothing more revealed). The refusals that protect the client
 against a misbehaving server:
 
-- a threshold below the policy's floor, or unsigned mode when the policy demands signatures
+- a threshold below the policy's floor (:func:`threshold_floor`: t > (holders +
+  colluders)/2), or unsigned mode when the policy demands signatures
   (:class:`ThresholdTooLow`, :class:`InconsistentRequest`);
 - a message of another round, reclustering or cluster (:class:`ContextMismatch`);
-- a relayed advertisement that is malformed, duplicated, substituted or not signed by its
-  owner (:class:`BadAdvertisement`);
+- a relayed advertisement that is malformed, duplicated, substituted, not signed by its
+  owner or carrying a low-order X25519 key (:class:`BadAdvertisement`), and any message
+  whose fields cannot be used (:class:`MalformedRequest`);
 - survivor lists that are not subsets of earlier lists, that have fewer than t members,
   or survivor/dropped lists that overlap (both secrets of one peer), and any second unmask
   request (:class:`InconsistentRequest`);
 - in signed mode, fewer than t valid signatures on the exact survivor list this client saw
   (:class:`ConsistencyCheckFailed`).
+
+What needs the whole round (one cluster per reclustering, the committed plan, cluster size
+and degree, releases that leak across clusters) is
+:class:`~sharefl.protocol.client_round.ClientRound`'s job; a session works without it.
 """
 
 from __future__ import annotations
 
 import enum
 import os
+import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
@@ -34,6 +41,7 @@ from sharefl.crypto.errors import CryptoError, DecryptionError, SignatureError
 from sharefl.crypto.kdf import KEY_BYTES, Purpose, X25519KeyPair, pairwise_key
 from sharefl.crypto.prg import combine_masks, ring_dtype
 from sharefl.crypto.signatures import (
+    SIGNATURE_BYTES,
     IdentityKey,
     client_list_message,
     verify,
@@ -46,6 +54,7 @@ from sharefl.protocol.errors import (
     ConsistencyCheckFailed,
     ContextMismatch,
     InconsistentRequest,
+    MalformedRequest,
     ThresholdTooLow,
 )
 from sharefl.protocol.messages import (
@@ -63,6 +72,8 @@ from sharefl.protocol.messages import (
 )
 
 SURVIVORS_LABEL = "survivors"
+COMMITMENT_BYTES = 32
+"""Size of a seed commitment (SHA-256, :func:`~sharefl.protocol.bundles.seed_commitment`)."""
 
 
 class ClientState(enum.Enum):
@@ -75,29 +86,85 @@ class ClientState(enum.Enum):
     ABORTED = "aborted"
 
 
-def threshold_floor(holders: int, fraction: float) -> int:
-    """Smallest threshold a client accepts for ``holders`` share holders: ⌊fraction·holders⌋+1,
-    at least 2 (a threshold of 1 would hand every secret to any single holder)."""
-    return max(2, int(fraction * holders) + 1)
+def threshold_floor(holders: int, colluders: int = 0) -> int:
+    """Smallest threshold a client accepts for ``holders`` share holders of whom up to
+    ``colluders`` collude with the server: t > (holders + colluders)/2, at least 2 and
+    more than ``colluders``.
+
+    The split-view bound: a server that shows two disjoint groups of honest holders
+    different survivor lists needs t signatures (t − colluders honest ones) in each; with
+    t > (holders + colluders)/2 two such groups cannot both exist among the
+    holders − colluders honest ones. A threshold of 1 would hand every secret to any single
+    holder, and t <= colluders would hand it to the colluders. Raises ``ValueError`` for
+    negative counts.
+    """
+    if holders < 0 or colluders < 0:
+        raise ValueError(f"holders and colluders must be >= 0; got {holders}, {colluders}")
+    return max(2, colluders + 1, (holders + colluders) // 2 + 1)
+
+
+def default_colluders(holders: int, signed: bool) -> int:
+    """The colluders a threshold resists when the policy does not say: 0 against an
+    honest-but-curious server (unsigned mode), ⌈holders/3⌉ − 1 in signed mode (Bonawitz et
+    al.'s active setting, t > 2·holders/3)."""
+    return max(0, -(-holders // 3) - 1) if signed else 0
 
 
 @dataclass(frozen=True)
 class ClientPolicy:
     """What the client insists on, whatever the server asks.
 
+    :class:`ClientSession` enforces the threshold and signing rules of one cluster;
+    :class:`~sharefl.protocol.client_round.ClientRound` enforces the rest against the
+    committed round plan.
+
     Attributes:
-        threshold_fraction: the threshold must exceed this fraction of the share holders
-            (default 1/2: no minority of a cluster can reconstruct a member's secrets).
         identity: this client's Ed25519 identity (needed in signed mode).
         directory: the peers' Ed25519 public keys, from a source the server does not
             control (needed in signed mode).
-        require_signed: refuse assignments in unsigned (trusted-server) mode.
+        require_signed: refuse assignments in unsigned (trusted-server) mode (no downgrade).
+        colluders: the number of clients colluding with the server the threshold must
+            resist (see :func:`threshold_floor`); ``None`` takes :func:`default_colluders`.
+        min_cluster_size: refuse clusters with fewer members (in a cluster of m, m − 1
+            colluders always learn the last member).
+        min_neighbours: refuse a neighbour graph that gives this client, or any member,
+            fewer neighbours.
+        max_reclusterings: refuse round plans with more clusterings.
+        min_sum_size: sums of fewer clients must not be recoverable from the round plan (and
+            from what this client saw released); ``None`` takes ``min_cluster_size``.
     """
 
-    threshold_fraction: float = 0.5
     identity: IdentityKey | None = None
     directory: Mapping[int, bytes] | None = None
     require_signed: bool = False
+    colluders: int | None = None
+    min_cluster_size: int = 3
+    min_neighbours: int = 2
+    max_reclusterings: int = 10
+    min_sum_size: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.colluders is not None and self.colluders < 0:
+            raise ConfigurationError(f"colluders must be >= 0, got {self.colluders}")
+        if self.min_cluster_size < 2 or self.min_neighbours < 1 or self.max_reclusterings < 1:
+            raise ConfigurationError(
+                "min_cluster_size must be >= 2, min_neighbours >= 1, max_reclusterings >= 1"
+            )
+        if self.min_sum_size is not None and self.min_sum_size < 1:
+            raise ConfigurationError(f"min_sum_size must be >= 1, got {self.min_sum_size}")
+
+    @property
+    def sum_floor(self) -> int:
+        """The smallest number of clients whose sum may be recoverable."""
+        return self.min_cluster_size if self.min_sum_size is None else self.min_sum_size
+
+    def colluders_for(self, holders: int, signed: bool) -> int:
+        """The colluders to resist with ``holders`` share holders in this mode."""
+        return default_colluders(holders, signed) if self.colluders is None else self.colluders
+
+    def floor(self, holders: int, signed: bool) -> int:
+        """The smallest threshold this client accepts (:func:`threshold_floor`)."""
+        return threshold_floor(holders, self.colluders_for(holders, signed))
 
 
 class ClientSession:
@@ -159,11 +226,18 @@ class ClientSession:
         if len(set(a.members)) != len(a.members):
             raise InconsistentRequest("the cluster's member list has duplicates")
         holders = len(a.neighbours_of(self.id)) + 1
-        floor = threshold_floor(holders, p.threshold_fraction)
+        colluders = p.colluders_for(holders, a.signed)
+        floor = threshold_floor(holders, colluders)
         if a.threshold < floor:
             raise ThresholdTooLow(
                 f"client {self.id}: threshold {a.threshold} is below this client's floor "
-                f"{floor} for {holders} share holders; the server must ask for t >= {floor}"
+                f"{floor} for {holders} share holders and {colluders} colluders; the server "
+                f"must ask for t >= {floor}"
+                + (
+                    f" and give each client at least {floor} share holders"
+                    if floor > holders
+                    else ""
+                )
             )
         if a.threshold > holders:
             raise InconsistentRequest(
@@ -247,15 +321,25 @@ class ClientSession:
         except ClientRefusal:
             self._abort()
             raise
+        except (CryptoError, ValueError, TypeError, KeyError, struct.error) as exc:
+            self._abort()
+            raise MalformedRequest(
+                f"client {self.id}: the server's {type(message).__name__} has unusable "
+                f"fields ({type(exc).__name__}: {exc})"
+            ) from exc
 
     def _expect(self, state: ClientState) -> None:
         if self.state is not state:
             raise InconsistentRequest(f"client {self.id} is in state {self.state.value}")
 
+    def abort(self) -> None:
+        """Drop every secret; the session answers nothing more (state ``ABORTED``)."""
+        self._abort()
+
     def _abort(self) -> None:
         self.state = ClientState.ABORTED
         self._held.clear()
-        for name in ("_enc", "_mask", "_seed", "_vector"):
+        for name in ("_enc", "_mask", "_seed", "_vector", "_share_keys", "_mask_seeds"):
             self.__dict__.pop(name, None)
 
     def _on_keys(self, message: KeysBroadcast) -> EncryptedShares:
@@ -265,8 +349,16 @@ class ClientSession:
                 raise BadAdvertisement(f"two advertisements for client {advert.sender}")
             if advert.sender not in self.assignment.members or advert.context != self.context:
                 raise BadAdvertisement(f"advertisement of {advert.sender} is not for this cluster")
-            if len(advert.encryption_public) != KEY_BYTES or len(advert.mask_public) != KEY_BYTES:
-                raise BadAdvertisement(f"client {advert.sender} advertised malformed keys")
+            if (
+                len(advert.encryption_public) != KEY_BYTES
+                or len(advert.mask_public) != KEY_BYTES
+                or len(advert.commitment) != COMMITMENT_BYTES
+                or len(advert.signature) not in (0, SIGNATURE_BYTES)
+            ):
+                raise BadAdvertisement(
+                    f"client {advert.sender} advertised malformed keys: X25519 keys and the "
+                    f"commitment must be {KEY_BYTES} bytes, a signature {SIGNATURE_BYTES}"
+                )
             if self.assignment.signed:
                 self._verify_advert(advert)
             adverts[advert.sender] = advert
@@ -277,6 +369,7 @@ class ClientSession:
         if len(set(keys)) != len(keys):
             raise BadAdvertisement("two advertised public keys are equal")
         self._adverts = adverts
+        self._agree_with_neighbours()
         holders = sorted((self._neighbours & adverts.keys()) | {self.id})
         if len(holders) < self.assignment.threshold:
             raise InconsistentRequest(
@@ -301,6 +394,36 @@ class ClientSession:
         self.state = ClientState.SHARED
         return EncryptedShares(self.id, self.context, bundles)
 
+    def _agree_with_neighbours(self) -> None:
+        """Both pairwise keys with every advertising neighbour, now: a low-order (or
+        otherwise unusable) public key is refused before anything is shared."""
+        self._share_keys: dict[int, bytes] = {}
+        self._mask_seeds: dict[int, bytes] = {}
+        for peer in sorted(self._neighbours & self._adverts.keys()):
+            advert = self._adverts[peer]
+            try:
+                self._share_keys[peer] = pairwise_key(
+                    self._enc,
+                    advert.encryption_public,
+                    self.context,
+                    Purpose.SHARE_ENCRYPTION,
+                    self.id,
+                    peer,
+                )
+                self._mask_seeds[peer] = pairwise_key(
+                    self._mask,
+                    advert.mask_public,
+                    self.context,
+                    Purpose.MASK_SEED,
+                    self.id,
+                    peer,
+                )
+            except (CryptoError, ValueError) as exc:
+                raise BadAdvertisement(
+                    f"client {peer} advertised an unusable X25519 public key ({exc}); "
+                    "refusing this cluster"
+                ) from exc
+
     def _verify_advert(self, advert: AdvertiseKeys) -> None:
         directory = self.policy.directory or {}
         if advert.sender not in directory:
@@ -314,14 +437,7 @@ class ClientSession:
             ) from exc
 
     def _share_key(self, peer: int) -> bytes:
-        return pairwise_key(
-            self._enc,
-            self._adverts[peer].encryption_public,
-            self.context,
-            Purpose.SHARE_ENCRYPTION,
-            self.id,
-            peer,
-        )
+        return self._share_keys[peer]
 
     def _on_masking(self, message: MaskingRequest) -> MaskedInput:
         if message.receiver != self.id:
@@ -334,14 +450,7 @@ class ClientSession:
         complaints: dict[int, bytes] = {}
         masks = [(self._seed, +1)]
         for peer in sorted(survivors & self._neighbours):
-            seed = pairwise_key(
-                self._mask,
-                self._adverts[peer].mask_public,
-                self.context,
-                Purpose.MASK_SEED,
-                self.id,
-                peer,
-            )
+            seed = self._mask_seeds[peer]
             sealed = message.bundles.get(peer)
             try:
                 if sealed is None:

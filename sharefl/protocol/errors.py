@@ -45,7 +45,38 @@ class ConsistencyCheckFailed(ClientRefusal):
 
 
 class BadAdvertisement(ClientRefusal):
-    """A relayed key advertisement is malformed, duplicated or not signed by its owner."""
+    """A relayed key advertisement is malformed, duplicated, not signed by its owner, or
+    carries a low-order X25519 public key."""
+
+
+class MalformedRequest(ClientRefusal):
+    """A server message whose fields cannot be used (wrong sizes, bad encodings)."""
+
+
+class PlanRefused(ClientRefusal):
+    """The round plan is unacceptable: missing, without this client, with more
+    reclusterings than the client allows, or with cluster sums that leak (or cannot be
+    audited within the budget)."""
+
+
+class OffPlan(InconsistentRequest):
+    """An assignment that is not in the committed round plan: another round or plan digest,
+    a reclustering or cluster index outside the plan, or members that differ from it."""
+
+
+class ReclusteringReused(InconsistentRequest):
+    """A second cluster for this client in a reclustering where it already took part (the
+    server could subtract the two sums)."""
+
+
+class ClusterTooSmall(ClientRefusal):
+    """A cluster smaller than the client's minimum, or a neighbour graph that gives some
+    member fewer neighbours than the minimum."""
+
+
+class ReleaseLeaks(ClientRefusal):
+    """Answering this unmask request would let the server solve, from the sums this client
+    helped release in the round, an individual update or a sum of too few clients."""
 
 
 class RejectedMessage(ProtocolError):

@@ -1,0 +1,254 @@
+"""A client's guard over one round: what it checks against the committed round plan.
+
+A malicious server can hurt a client beyond one cluster: run it in two clusters of one
+reclustering, or in two clusters of a round whose sums differ by one client, claim a
+member dropped so that a sum covers fewer clients than planned, or shrink a cluster or
+its neighbour graph. :class:`ClientRound` is built when a round starts, from the
+:class:`~sharefl.protocol.plan.RoundPlan` the server committed to (its digest is bound into
+every key context of the round, so members shown different plans cannot work together),
+and refuses, with a :class:`~sharefl.protocol.errors.ClientRefusal`:
+
+- a plan that does not contain the client, has more than ``policy.max_reclusterings``
+  clusterings, puts the client in a cluster smaller than ``policy.min_cluster_size``, or
+  whose cluster sums reveal an update or a sum of fewer than ``policy.sum_floor`` clients
+  (:func:`~sharefl.protocol.audit.audit`; an audit that runs out of budget is a refusal
+  too) — :class:`PlanRefused`, :class:`ClusterTooSmall`;
+- an assignment of another round or plan, outside the plan, with other members than the
+  plan's, or in a reclustering where the client already took part — :class:`OffPlan`,
+  :class:`ReclusteringReused`;
+- a cluster below the minimum size, a neighbour graph that is malformed or gives any member
+  fewer than ``policy.min_neighbours`` neighbours — :class:`ClusterTooSmall`,
+  :class:`InconsistentRequest`; an unsigned assignment when signatures are required —
+  :class:`InconsistentRequest`; a threshold below the floor — :class:`ThresholdTooLow`
+  (raised by :class:`ClientSession`);
+- an unmask request whose survivor list, together with the planned sums and the sums this
+  client already helped release in the round, would leak — :class:`ReleaseLeaks`.
+
+:meth:`ClientRound.session` vets an assignment and builds the :class:`ClientSession`;
+:meth:`ClientRound.handle` routes every server message of that session through the guard.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import numpy as np
+
+from sharefl.protocol.audit import AuditError, LeakageReport, audit
+from sharefl.protocol.client import ClientPolicy, ClientSession
+from sharefl.protocol.clustering import Clustering
+from sharefl.protocol.errors import (
+    ClusterTooSmall,
+    InconsistentRequest,
+    OffPlan,
+    PlanRefused,
+    ReclusteringReused,
+    ReleaseLeaks,
+)
+from sharefl.protocol.messages import ClusterAssignment, ServerMessage, UnmaskRequest
+from sharefl.protocol.plan import RoundPlan
+
+Position = tuple[int, int]
+"""(reclustering, cluster) of one cluster of the plan."""
+
+
+class ClientRound:
+    """One client's guard for one round of a committed plan.
+
+    Args:
+        client_id: this client.
+        plan: the round plan the server committed to (``RoundStart.plan``).
+        policy: the client's requirements (:class:`ClientPolicy`).
+
+    Raises:
+        PlanRefused: the plan lacks this client, has too many reclusterings, or its sums
+            leak (or the audit could not finish).
+        ClusterTooSmall: the plan puts this client in a cluster below the minimum size.
+    """
+
+    def __init__(self, client_id: int, plan: RoundPlan, policy: ClientPolicy | None = None):
+        self.id = client_id
+        self.plan = plan
+        self.policy = policy or ClientPolicy()
+        self.digest = plan.digest()
+        self._released: dict[Position, frozenset[int]] = {}
+        self._used: dict[int, int] = {}  # reclustering -> cluster this client took part in
+        self._check_plan()
+
+    # -- the plan ---------------------------------------------------------------------------
+
+    def _check_plan(self) -> None:
+        plan, policy = self.plan, self.policy
+        if plan.reclusterings > policy.max_reclusterings:
+            raise PlanRefused(
+                f"client {self.id}: the round plan has {plan.reclusterings} reclusterings; "
+                f"this client takes part in at most {policy.max_reclusterings}"
+            )
+        if self.id not in plan.participants:
+            raise PlanRefused(f"client {self.id} is not in the round plan of round {plan.round}")
+        for r, clustering in enumerate(plan.clusterings):
+            size = len(clustering.cluster_of(self.id))
+            if size < policy.min_cluster_size:
+                raise ClusterTooSmall(
+                    f"client {self.id}: the plan puts it in a cluster of {size} in "
+                    f"reclustering {r}; the server must use clusters of at least "
+                    f"{policy.min_cluster_size}"
+                )
+        self._refuse_leaks(plan.clusterings, PlanRefused, "the round plan")
+
+    def _refuse_leaks(
+        self, clusterings: tuple[Clustering, ...], error: type[Exception], what: str
+    ) -> None:
+        try:
+            report = audit(
+                clusterings,
+                client_ids=self.plan.participants,
+                min_sum_size=self.policy.sum_floor,
+            )
+        except AuditError as exc:
+            raise error(f"client {self.id}: {what} cannot be audited: {exc}") from exc
+        if report.leaks or not report.complete:
+            raise error(f"client {self.id}: {what} is unsafe: {_reason(report)}")
+
+    # -- assignments ------------------------------------------------------------------------
+
+    def vet(self, assignment: ClusterAssignment) -> None:
+        """Check one assignment against the plan and the policy, and record that this client
+        takes part in its reclustering. Raises a :class:`ClientRefusal` (see the module
+        docstring); a refused assignment records nothing."""
+        context, plan = assignment.context, self.plan
+        r, k = context.reclustering, context.cluster
+        if context.round != plan.round or context.plan != self.digest:
+            raise OffPlan(
+                f"client {self.id}: the assignment is for round {context.round} under plan "
+                f"{context.plan.hex()[:16] or 'none'}; the committed plan is round "
+                f"{plan.round}, {self.digest.hex()[:16]}: the server must use plan.context(r, k)"
+            )
+        if r >= plan.reclusterings or k >= len(plan.clusterings[r].clusters):
+            raise OffPlan(
+                f"client {self.id}: cluster {k} of reclustering {r} is not in the plan "
+                f"({plan.reclusterings} reclusterings)"
+            )
+        if r in self._used:
+            raise ReclusteringReused(
+                f"client {self.id} already took part in cluster {self._used[r]} of "
+                f"reclustering {r}; one cluster per reclustering (the server could subtract "
+                "the two sums)"
+            )
+        if assignment.members != plan.members(r, k):
+            raise OffPlan(
+                f"client {self.id}: the assignment's members {assignment.members} differ from "
+                f"the plan's cluster {k} of reclustering {r}: {plan.members(r, k)}"
+            )
+        if self.id not in assignment.members:
+            raise OffPlan(f"client {self.id} is not a member of cluster {k} of reclustering {r}")
+        self._check_shape(assignment)
+        if self.policy.require_signed and not assignment.signed:
+            raise InconsistentRequest(
+                f"client {self.id} requires signed mode (untrusted server); the assignment is "
+                "unsigned: the server must set signed = true"
+            )
+        self._used[r] = k
+
+    def _check_shape(self, a: ClusterAssignment) -> None:
+        policy = self.policy
+        if len(a.members) < policy.min_cluster_size:
+            raise ClusterTooSmall(
+                f"client {self.id}: a cluster of {len(a.members)}; the server must use "
+                f"clusters of at least {policy.min_cluster_size}"
+            )
+        members = set(a.members)
+        if a.neighbours is not None:
+            if set(a.neighbours) != members:
+                raise InconsistentRequest("the neighbour graph does not list exactly the members")
+            for member, peers in a.neighbours.items():
+                if member in peers or not peers <= members:
+                    raise InconsistentRequest(
+                        f"the neighbour list of {member} names itself or non-members"
+                    )
+                if any(member not in a.neighbours[peer] for peer in peers):
+                    raise InconsistentRequest(f"the neighbour graph is not symmetric at {member}")
+        degrees = {m: len(a.neighbours_of(m)) for m in a.members}
+        low = sorted(m for m, d in degrees.items() if d < policy.min_neighbours)
+        if low:
+            raise ClusterTooSmall(
+                f"client {self.id}: members {low} have {min(degrees.values())} neighbour(s); "
+                f"the server must give every member at least {policy.min_neighbours}"
+            )
+
+    def session(
+        self,
+        assignment: ClusterAssignment,
+        vector: np.ndarray,
+        *,
+        randbytes: Callable[[int], bytes] = os.urandom,
+    ) -> ClientSession:
+        """Vet ``assignment`` and build its :class:`ClientSession` (which checks the
+        threshold). Raises a :class:`ClientRefusal` or ``ConfigurationError``."""
+        self.vet(assignment)
+        try:
+            return ClientSession(self.id, assignment, vector, self.policy, randbytes=randbytes)
+        except Exception:
+            self._used.pop(assignment.context.reclustering, None)
+            raise
+
+    # -- releases ---------------------------------------------------------------------------
+
+    def check_release(self, session: ClientSession, request: UnmaskRequest) -> None:
+        """Before ``session`` answers ``request``: the plan's sums, with every cluster this
+        client saw released replaced by its survivor list (this one by ``request``'s), must
+        not leak. Raises :class:`ReleaseLeaks`; records nothing (:meth:`handle` records
+        the release once the session has answered)."""
+        context = session.context
+        position = (context.reclustering, context.cluster)
+        if context.plan != self.digest or self._used.get(position[0]) != position[1]:
+            raise OffPlan(f"client {self.id}: an unmask request for a cluster it was not vetted in")
+        survivors = frozenset(request.survivors)
+        if not survivors <= set(session.assignment.members):
+            raise InconsistentRequest("the unmask survivor list names non-members")
+        released = {**self._released, position: survivors}
+        self._refuse_leaks(self._view(released), ReleaseLeaks, "this release")
+
+    def _view(self, released: dict[Position, frozenset[int]]) -> tuple[Clustering, ...]:
+        view = []
+        for r, clustering in enumerate(self.plan.clusterings):
+            rows = [released.get((r, k), frozenset(c)) for k, c in enumerate(clustering.clusters)]
+            view.append(Clustering(tuple(row for row in rows if row)))
+        return tuple(view)
+
+    def handle(self, session: ClientSession, message: ServerMessage):
+        """Route one server message of ``session`` through the guard and return the reply;
+        an unmask request is checked by :meth:`check_release` first (a refusal aborts the
+        session). Raises what :meth:`ClientSession.handle` raises, and :class:`ReleaseLeaks`.
+        """
+        if not isinstance(message, UnmaskRequest) or message.context != session.context:
+            return session.handle(message)
+        try:
+            self.check_release(session, message)
+        except Exception:
+            session.abort()
+            raise
+        reply = session.handle(message)
+        context = session.context
+        self._released[(context.reclustering, context.cluster)] = frozenset(message.survivors)
+        return reply
+
+
+def _reason(report: LeakageReport) -> str:
+    if not report.complete and not report.leaks:
+        return (
+            f"the audit ran out of budget after sums of {report.searched_up_to} clients; the "
+            "server must use fewer reclusterings or smaller rounds"
+        )
+    parts = []
+    if report.recoverable_clients:
+        parts.append(f"the updates of clients {list(report.recoverable_clients)[:8]}")
+    if report.recoverable_small_sums:
+        sums = [list(s) for s in report.recoverable_small_sums[:4]]
+        parts.append(f"sums of fewer than {report.min_sum_size} clients {sums}")
+    return (
+        "the server could recover "
+        + " and ".join(parts)
+        + "; it must use fewer reclusterings or larger clusters"
+    )
