@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from sharefl.crypto.encoding import RingEncoding, encode
 from sharefl.crypto.signatures import IdentityKey
 from sharefl.protocol.client import ClientPolicy, ClientSession
+from sharefl.protocol.client_round import ClientRound
 from sharefl.protocol.clustering import Clustering, as_generator
 from sharefl.protocol.coordinator import (
     Planner,
@@ -97,9 +98,11 @@ def run_cluster(
     """
     server = ServerSession(assignment, directory)
     events = ClusterEvents()
-    clients = _clients(dict.fromkeys(assignment.members, assignment), vectors, policies, events)
+    assignments = dict.fromkeys(assignment.members, assignment)
+    clients = _clients(assignments, vectors, policies, lambda cid: events)
     _drive(
         clients,
+        {},
         lambda sender, message: server.receive(message),
         server.advance,
         lambda: server.state.value,
@@ -115,21 +118,27 @@ def _clients(
     assignments: Mapping[int, ClusterAssignment],
     vectors: Mapping[int, np.ndarray],
     policies: Mapping[int, ClientPolicy] | None,
-    events: ClusterEvents,
+    events_of: Callable[[int], ClusterEvents],
+    guards: Mapping[int, ClientRound] | None = None,
 ) -> dict[int, ClientSession]:
-    """A session per assigned client; a client that refuses its assignment is recorded."""
-    policies = policies or {}
+    """A session per assigned client (vetted by its round guard when it has one); a client
+    that refuses its assignment is recorded."""
+    policies, guards = policies or {}, guards or {}
     clients: dict[int, ClientSession] = {}
     for cid, assignment in assignments.items():
         try:
-            clients[cid] = ClientSession(cid, assignment, vectors[cid], policies.get(cid))
+            if cid in guards:
+                clients[cid] = guards[cid].session(assignment, vectors[cid])
+            elif not guards:
+                clients[cid] = ClientSession(cid, assignment, vectors[cid], policies.get(cid))
         except ClientRefusal as exc:
-            events.refusals[cid] = str(exc)
+            events_of(cid).refusals[cid] = str(exc)
     return clients
 
 
 def _drive(
     clients: Mapping[int, ClientSession],
+    guards: Mapping[int, ClientRound],
     deliver: Callable[[int, ClientMessage], None],
     advance: Callable[[], dict[int, ServerMessage]],
     stage: Callable[[], str],
@@ -137,9 +146,10 @@ def _drive(
     observer: Observer | None,
     events_of: Callable[[int], ClusterEvents],
 ) -> None:
-    """The message loop: adverts in, then server stage closes and client replies until
-    the server side sends nothing more. Drop-outs, refusals and rejections are recorded
-    in each client's cluster events; the clients concerned count as dropped."""
+    """The message loop: adverts in, then server stage closes and client replies (through
+    each client's round guard when it has one) until the server side sends nothing more.
+    Drop-outs, refusals and rejections are recorded in each client's cluster events; the
+    clients concerned count as dropped."""
     _check_dropouts(dropouts)
     observe = observer or (lambda stage, actor, seconds: None)
 
@@ -170,7 +180,9 @@ def _drive(
                 continue
             try:
                 start = time.perf_counter()
-                reply = clients[cid].handle(message)
+                guard = guards.get(cid)
+                session = clients[cid]
+                reply = guard.handle(session, message) if guard else session.handle(message)
                 observe(reply_stage, cid, time.perf_counter() - start)
             except ClientRefusal as exc:
                 events_of(cid).refusals[cid] = str(exc)
@@ -268,8 +280,12 @@ def secure_sum(
             running the protocol (ablations): the plan, encoding and stochastic rounding
             are drawn exactly as with the protocol, so the ring sums are identical, and the
             same release check applies; drop-outs and signing need the protocol.
-        policies: each client's :class:`ClientPolicy` (signed mode makes fresh identities
-            and a directory when not given).
+        policies: each client's :class:`ClientPolicy`. Default: clients that accept what
+            these arguments ask (clusters and sums of at least ``min_sum_size``, up to R
+            reclusterings); signed mode makes fresh identities and a directory. Every
+            client checks the round plan and each assignment and unmask request with its
+            :class:`~sharefl.protocol.client_round.ClientRound` (not with
+            ``allow_leakage``, whose plans honest clients would refuse).
         byzantine_inputs: client id → the ring vector (of the ring's dtype and the inputs'
             length) that Byzantine client masks instead of its encoded input: any value,
             in or out of the honest range.
@@ -306,13 +322,20 @@ def secure_sum(
     )
     rng = as_generator(seed)
     ids = sorted(arrays)
-    identities = {cid: IdentityKey.generate() for cid in ids} if signed and not policies else {}
-    directory = {cid: key.public for cid, key in identities.items()}
-    if identities:
+    accepting = ClientPolicy(
+        min_cluster_size=min_sum_size,
+        min_neighbours=min(ClientPolicy.min_neighbours, min_sum_size - 1),
+        min_sum_size=min_sum_size,
+        max_reclusterings=max(reclusterings, ClientPolicy.max_reclusterings),
+    )
+    if signed and not policies:
+        identities = {cid: IdentityKey.generate() for cid in ids}
+        directory = {cid: key.public for cid, key in identities.items()}
         policies = {
-            cid: ClientPolicy(identity=key, directory=directory) for cid, key in identities.items()
+            cid: replace(accepting, identity=key, directory=directory)
+            for cid, key in identities.items()
         }
-    elif signed:
+    else:
         directory = {cid: p.identity.public for cid, p in (policies or {}).items() if p.identity}
     coordinator = RoundCoordinator(
         settings,
@@ -324,6 +347,15 @@ def secure_sum(
         clusterings=clusterings,
         encoding=encoding,
     )
+    guards: dict[int, ClientRound] = {}
+    plan_refusals: dict[int, str] = {}
+    if protocol and settings.secure and not allow_leakage:
+        for cid in ids:
+            policy = (policies or {}).get(cid) or accepting
+            try:
+                guards[cid] = ClientRound(cid, coordinator.plan, policy)
+            except ClientRefusal as exc:
+                plan_refusals[cid] = str(exc)
     used = coordinator.encoding
     vectors = {cid: encode(x, used, rng) for cid, x in sorted(arrays.items())} if floats else arrays
     for cid, ring in (byzantine_inputs or {}).items():
@@ -352,12 +384,12 @@ def secure_sum(
             def events_of(cid: int, cluster_of=cluster_of, events=events) -> ClusterEvents:
                 return events.setdefault(cluster_of[cid], ClusterEvents())
 
-            refused = ClusterEvents()
-            clients = _clients(assignments, vectors, policies, refused)
-            for cid, reason in refused.refusals.items():
-                events_of(cid).refusals[cid] = reason
+            for cid in assignments.keys() & plan_refusals.keys():
+                events_of(cid).refusals[cid] = plan_refusals[cid]
+            clients = _clients(assignments, vectors, policies, events_of, guards)
             _drive(
                 clients,
+                guards,
                 coordinator.receive,
                 coordinator.advance,
                 lambda: coordinator.stage,
