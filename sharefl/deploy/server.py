@@ -18,7 +18,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -171,9 +171,14 @@ class Coordinator:
     """Runs the training rounds: model broadcast, clusters, stages, aggregation."""
 
     def __init__(
-        self, config: DeploymentConfig, log: Log = _stderr, strategy: ServerStrategy | None = None
+        self,
+        config: DeploymentConfig,
+        log: Log = _stderr,
+        strategy: ServerStrategy | None = None,
+        directory: Mapping[int, bytes] | None = None,
     ) -> None:
         self.config = config
+        self.directory = directory
         self.strategy = strategy or AveragingStrategy(config)
         self.log = log
         self.links: dict[int, ClientLink] = {}
@@ -398,7 +403,7 @@ class Coordinator:
                 rng=self.rng,
                 raise_to_floor=True,  # clusters grow when clients drop out
             )
-            self.sessions[index] = ServerSession(assignment)
+            self.sessions[index] = ServerSession(assignment, self.directory)
             message = pb.ServerMessage(assignment=wire.assignment_to_proto(assignment, encoding))
             for cid in members:
                 self.cluster_of[cid] = index
@@ -542,8 +547,8 @@ async def serve(
     SimulationStrategy`). Raises :class:`ConfigurationError` / :class:`LeakageError` for an
     unusable configuration.
     """
-    coordinator = Coordinator(config, log, strategy)
     directory = load_directory(config.tls.directory)
+    coordinator = Coordinator(config, log, strategy, directory=directory)
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
