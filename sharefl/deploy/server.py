@@ -25,12 +25,13 @@ from typing import Protocol
 
 import grpc
 import numpy as np
+from google.protobuf.message import DecodeError
 
 from sharefl import __version__
 from sharefl.crypto.encoding import RingEncoding, choose_encoding, decode
 from sharefl.crypto.errors import SignatureError
-from sharefl.crypto.kdf import KeyContext
-from sharefl.crypto.signatures import verify
+from sharefl.crypto.kdf import KEY_BYTES, KeyContext
+from sharefl.crypto.signatures import SIGNATURE_BYTES, verify
 from sharefl.deploy import wire
 from sharefl.deploy.config import DeploymentConfig
 from sharefl.proto import sharefl_pb2 as pb
@@ -447,9 +448,21 @@ class Coordinator:
 
 
 class AggregationService(pb_grpc.AggregationServicer):
-    """The gRPC face of a :class:`Coordinator`."""
+    """The gRPC face of a :class:`Coordinator`: one bidirectional stream per client.
 
-    def __init__(self, coordinator: Coordinator, directory: dict[int, bytes] | None) -> None:
+    A client can only ever end its own stream: bytes that do not decode, a Hello of the
+    wrong shape, a malformed or out-of-place message, or any unexpected exception while
+    handling one of its messages end that stream at once with a status and a message (the
+    client counts as dropped from then on); every other stream goes on.
+
+    Args:
+        coordinator: what the messages are routed to.
+        directory: ``{client id: Ed25519 public key}``; when given, only these identities
+            may connect. The same mapping is what the coordinator hands to its
+            :class:`~sharefl.protocol.server.ServerSession` s (``directory=``).
+    """
+
+    def __init__(self, coordinator: Coordinator, directory: Mapping[int, bytes] | None) -> None:
         self.coordinator = coordinator
         self.directory = directory
 
@@ -466,7 +479,7 @@ class AggregationService(pb_grpc.AggregationServicer):
             return
         reader = asyncio.create_task(self._read(link, incoming))
         try:
-            while (message := await link.outbox.get()) is not None:
+            while (message := await link.outbox.get()) is not None and link.error is None:
                 await context.write(message)
         finally:
             reader.cancel()
@@ -475,13 +488,22 @@ class AggregationService(pb_grpc.AggregationServicer):
             await context.abort(link.error.code, str(link.error))
 
     async def _authenticate(self, incoming, nonce: bytes) -> int:
+        """The client id of a stream whose first message is a valid signed Hello.
+
+        Raises :class:`StreamError`: ``INVALID_ARGUMENT`` for no Hello, bytes that do not
+        decode, or fields of the wrong size; ``PERMISSION_DENIED`` for an identity the
+        directory does not know; ``UNAUTHENTICATED`` for a signature that does not verify.
+        """
         try:
             first = await asyncio.wait_for(incoming.__anext__(), 30)
         except (StopAsyncIteration, TimeoutError) as exc:
             raise StreamError(grpc.StatusCode.INVALID_ARGUMENT, "expected a Hello") from exc
+        except DecodeError as exc:
+            raise StreamError(grpc.StatusCode.INVALID_ARGUMENT, UNDECODABLE) from exc
         if first.WhichOneof("body") != "hello":
             raise StreamError(grpc.StatusCode.INVALID_ARGUMENT, "the first message must be Hello")
         hello = first.hello
+        check_hello(hello)
         client_id = int(hello.client_id)
         if self.directory is not None:
             known = self.directory.get(client_id)
@@ -498,18 +520,83 @@ class AggregationService(pb_grpc.AggregationServicer):
         return client_id
 
     async def _read(self, link: ClientLink, incoming) -> None:
+        """Route the client's messages until its stream ends; a failure ends this stream.
+
+        grpc.aio raises protobuf's ``DecodeError`` out of the request iterator for bytes
+        that are not a ``ClientMessage`` (measured with grpcio 1.85 by a client whose
+        serializer sends raw bytes): that, a :class:`StreamError` from the coordinator, or
+        any other exception closes the link with ``INVALID_ARGUMENT`` (or the
+        coordinator's code) and a message, never the server.
+        """
         try:
             async for envelope in incoming:
-                self.coordinator.on_message(link, envelope)
+                self.coordinator.on_message(link, bounded_refusal(envelope))
         except StreamError as exc:
-            self.coordinator.log(f"client {link.client_id}: {exc.code.name}: {exc}")
-            link.close(exc)
+            self._end(link, exc)
         except (grpc.aio.AioRpcError, asyncio.CancelledError):
             link.close()
+        except DecodeError:
+            self._end(link, StreamError(grpc.StatusCode.INVALID_ARGUMENT, UNDECODABLE))
+        except Exception as exc:  # one client must never take the server down
+            self.coordinator.log(
+                f"client {link.client_id}: unexpected {type(exc).__name__} while handling its "
+                f"message: {printable(str(exc), OWN_TEXT_CHARS)}"
+            )
+            message = (
+                f"the server could not handle this message ({type(exc).__name__}); "
+                "the stream is closed"
+            )
+            link.close(StreamError(grpc.StatusCode.INVALID_ARGUMENT, message))
         else:
             link.close()
         finally:
             self.coordinator.changed.set()
+
+    def _end(self, link: ClientLink, error: StreamError) -> None:
+        self.coordinator.log(
+            f"client {link.client_id}: {error.code.name}: {printable(str(error), OWN_TEXT_CHARS)}"
+        )
+        link.close(error)
+
+
+UNDECODABLE = "undecodable message: the bytes are not a sharefl.v1.ClientMessage"
+CLIENT_TEXT_CHARS = 200
+"""Most characters of a client's own text (a refusal reason) that reach the log."""
+OWN_TEXT_CHARS = 600
+"""Most characters of the server's own error messages (they quote ids and sizes)."""
+
+
+def printable(text: str, limit: int = CLIENT_TEXT_CHARS) -> str:
+    """``text`` safe for one log line: at most ``limit`` characters (a longer text is cut
+    and says how long it was), every non-printable character (newline, escape, bidi
+    control...) escaped as in a Python literal, so it cannot forge lines or flood the log."""
+    head = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:limit])
+    if len(text) <= limit and len(head) <= limit:
+        return head
+    note = f"... ({len(text)} characters)"
+    return head[: max(0, limit - len(note))] + note
+
+
+def bounded_refusal(envelope: pb.ClientMessage) -> pb.ClientMessage:
+    """The envelope with a refusal's reason passed through :func:`printable` (a client's
+    free text is logged); other messages unchanged."""
+    if envelope.WhichOneof("body") == "refusal":
+        envelope.refusal.reason = printable(envelope.refusal.reason)
+    return envelope
+
+
+def check_hello(hello: pb.Hello) -> None:
+    """Raise :class:`StreamError` (``INVALID_ARGUMENT``) unless the Hello's identity key is
+    32 bytes and its signature 64 bytes (checked before either is used)."""
+    for what, value, size in (
+        ("identity_public", hello.identity_public, KEY_BYTES),
+        ("signature", hello.signature, SIGNATURE_BYTES),
+    ):
+        if len(value) != size:
+            raise StreamError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"Hello.{what} must be {size} bytes, got {len(value)}",
+            )
 
 
 def load_directory(path: str) -> dict[int, bytes] | None:
@@ -553,19 +640,25 @@ async def serve(
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            # gRPC binds with SO_REUSEPORT by default: a second server on a busy port would
+            # silently receive a share of its clients' connections. Refuse the port instead.
+            ("grpc.so_reuseport", 0),
             *TRANSPORT_OPTIONS,
         ]
     )
     pb_grpc.add_AggregationServicer_to_server(AggregationService(coordinator, directory), server)
     credentials = server_credentials(config)
     address = config.server.address
-    port = (
-        server.add_secure_port(address, credentials)
-        if credentials
-        else server.add_insecure_port(address)
-    )
+    try:
+        port = (
+            server.add_secure_port(address, credentials)
+            if credentials
+            else server.add_insecure_port(address)
+        )
+    except RuntimeError:  # grpcio raises for an address it cannot bind
+        port = 0
     if port == 0:
-        raise ConfigurationError(f"cannot bind {address}")
+        raise ConfigurationError(f"cannot bind {address}: is another server using that port?")
     await server.start()
     mode = "TLS" if credentials else "plaintext"
     log(f"sharefl server {__version__} listening on {address} ({mode})")
