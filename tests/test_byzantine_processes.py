@@ -108,7 +108,7 @@ def _deploy(folder: Path, plan: Plan) -> Outcome:
     run = Deployment(folder, config, CLIENTS)
     for cid in range(CLIENTS):
         if cid not in attackers:
-            run.client(cid, *keys_args)
+            run.client(cid, "--retries", "1", *keys_args)  # the server is listening
             continue
         command = [sys.executable, str(HELPER), "--server", run.address, "--id", str(cid)]
         run.procs[cid] = subprocess.Popen(
