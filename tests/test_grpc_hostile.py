@@ -22,11 +22,13 @@ from sharefl.deploy.config import (
     SecureAggregationSection,
     ServerSection,
 )
-from sharefl.deploy.server import ClientLink, ServerRun, StreamError, serve
+from sharefl.deploy.server import AggregationService, ClientLink, ServerRun, StreamError, serve
+from sharefl.deploy.wire import printable
 from sharefl.launch import free_port
 from sharefl.proto import sharefl_pb2 as pb
 from sharefl.proto import sharefl_pb2_grpc as pb_grpc
 from sharefl.protocol.client import ClientSession
+from sharefl.protocol.coordinator import RoundCoordinator
 from sharefl.protocol.messages import ClusterAssignment
 from sharefl.protocol.server import ServerSession
 
@@ -172,12 +174,13 @@ def client_messages(draw):
 
 
 def _coordinator() -> tuple[ServerRun, ClientLink]:
-    coordinator = ServerRun(config(free_port()), log=lambda _: None)
-    assignment = ClusterAssignment(CTX, (0, 1, 2, 3), 3, DIM, 32)
-    coordinator.context = CTX
-    coordinator.sessions = {0: ServerSession(assignment)}
-    coordinator.cluster_of = dict.fromkeys(range(4), 0)
-    return coordinator, ClientLink(1)
+    """A server run in the advertise stage of a round of one cluster {0, 1, 2, 3}."""
+    run = ServerRun(config(free_port()), log=lambda _: None)
+    run.round = RoundCoordinator(
+        run.settings, round=0, participants=range(4), length=DIM, rng=np.random.default_rng(0)
+    )
+    run.round.open_reclustering()
+    return run, ClientLink(1)
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -311,3 +314,152 @@ def test_a_leaking_reclustering_plan_is_refused_before_any_model_is_sent():
 
     clients, _ = asyncio.run(main())
     assert all(c.report.rounds == 0 and c.report.model is None for c in clients)
+
+
+# --- stream-level faults: one client ends only its own stream --------------------------------
+
+
+def test_printable_escapes_control_characters_and_bounds_the_length():
+    forged = "no\nround 1/1: 4 clients ok\r\x1b[2K\u202eevil" + "x" * 10_000
+    text = printable(forged, 200)
+    assert len(text) <= 200 and text.isprintable()
+    assert text.startswith("no\\nround 1/1: 4 clients ok\\r\\x1b[2K\\u202eevil")
+    assert text.endswith(f"({len(forged)} characters)")
+    assert printable("plain reason") == "plain reason"
+    assert printable("\n" * 150, 200).isprintable() and len(printable("\n" * 150, 200)) <= 200
+
+
+async def _serve_with(coordinator: ServerRun, attacker: ClientRuntime, honest: int = 3):
+    """Serve ``coordinator`` over gRPC to ``honest`` real clients and ``attacker``."""
+    server = grpc.aio.server()
+    pb_grpc.add_AggregationServicer_to_server(AggregationService(coordinator, None), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    address = f"127.0.0.1:{port}"
+    attacker.address = address
+    run = asyncio.create_task(coordinator.run())
+    outcomes = await asyncio.gather(
+        *(ClientRuntime(cid, address).run() for cid in range(honest)),
+        attacker.run(),
+        return_exceptions=True,
+    )
+    reports = await run
+    await server.stop(0)
+    return reports, outcomes
+
+
+def _check_honest_round(reports, outcomes, rounds: int = 1) -> None:
+    *honest, _ = outcomes
+    assert all(h.rounds == rounds for h in honest), honest
+    for r, report in enumerate(reports):
+        assert report.failed == [] and report.seconds < 5, report  # no stage deadline waited
+        members = {m for c in report.clusters for m in c["members"]}
+        assert members == {0, 1, 2}
+        expected = sum(demo_trainer(np.zeros(DIM), round=r, client_id=c) for c in range(3))
+        np.testing.assert_array_equal(report.total, expected)
+
+
+def test_undecodable_bytes_mid_round_end_that_stream_only_and_cost_no_deadline():
+    from byzantine_client import ByzantineClient
+
+    lines: list[str] = []
+    cfg = dataclasses.replace(config(0), server=dataclasses.replace(config(0).server, rounds=2))
+    attacker = ByzantineClient(3, "", attack="undecodable", retries=1)
+    reports, outcomes = asyncio.run(_serve_with(ServerRun(cfg, log=lines.append), attacker))
+    error = outcomes[-1]
+    assert isinstance(error, grpc.aio.AioRpcError)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "undecodable" in error.details()
+    assert any(line.startswith("client 3: INVALID_ARGUMENT: undecodable") for line in lines)
+    assert reports[1].participants == [0, 1, 2]  # dropped at once, not a zombie
+    _check_honest_round(reports, outcomes, rounds=2)
+
+
+class _Exploding(ServerRun):
+    """A coordinator with a bug that one client's advertisement triggers."""
+
+    def on_message(self, link, envelope):
+        if link.client_id == 3 and envelope.WhichOneof("body") == "advertise":
+            raise RuntimeError("boom\nround 1/1: forged line")
+        super().on_message(link, envelope)
+
+
+def test_an_unexpected_exception_in_handling_ends_only_that_clients_stream():
+    lines: list[str] = []
+    coordinator = _Exploding(config(0), log=lines.append)
+    reports, outcomes = asyncio.run(_serve_with(coordinator, ClientRuntime(3, "", retries=1)))
+    error = outcomes[-1]
+    assert isinstance(error, grpc.aio.AioRpcError)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "RuntimeError" in error.details()
+    (line,) = [line for line in lines if line.startswith("client 3: unexpected")]
+    assert "boom\\nround 1/1: forged line" in line
+    assert not any(line.startswith("round 1/1: forged") for line in lines)
+    _check_honest_round(reports, outcomes)
+
+
+class _Refuser(ClientRuntime):
+    """Sends a huge refusal whose reason tries to forge log lines, then behaves."""
+
+    async def _send(self, call, message):
+        if message.WhichOneof("body") == "advertise":
+            reason = "x\nround 1/1: 9 clients, forged\n" + "y" * 1_000_000
+            await super()._send(call, pb.ClientMessage(refusal=pb.Refusal(reason=reason)))
+        return await super()._send(call, message)
+
+
+def test_a_refusal_reason_is_logged_escaped_and_truncated():
+    lines: list[str] = []
+    coordinator = ServerRun(config(0), log=lines.append)
+    _, outcomes = asyncio.run(_serve_with(coordinator, _Refuser(3, "", retries=1)))
+    refusals = [line for line in lines if "refused" in line]
+    assert len(refusals) == 1 and len(refusals[0]) <= 230
+    assert "x\\nround 1/1: 9 clients, forged\\n" in refusals[0]
+    assert all("\n" not in line for line in lines)
+    assert outcomes[-1].rounds == 1  # a refusal alone costs the client nothing
+
+
+async def _raw_session(port: int, *messages: bytes) -> grpc.aio.AioRpcError:
+    from byzantine_client import RawStub
+
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        call = RawStub(channel).Session()
+        await call.read()  # the challenge
+        for message in messages:
+            await call.write(message)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await call.read()
+        return err.value
+
+
+@pytest.mark.parametrize(
+    "hello,words",
+    [
+        (b"\xff\xff\xff\xff\x0fgarbage", "undecodable"),
+        (pb.Hello(client_id=1, identity_public=b"k" * 100, signature=b"s" * 64), "identity_public"),
+        (pb.Hello(client_id=1, identity_public=b"k" * 32, signature=b"s" * 65), "signature must"),
+    ],
+    ids=["garbage", "long-identity", "long-signature"],
+)
+def test_malformed_hellos_get_invalid_argument_and_the_server_serves_on(hello, words):
+    async def main():
+        coordinator = ServerRun(config(0), log=lambda _: None)
+        server = grpc.aio.server()
+        pb_grpc.add_AggregationServicer_to_server(AggregationService(coordinator, None), server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        raw = hello if isinstance(hello, bytes) else pb.ClientMessage(hello=hello)
+        error = await _raw_session(port, raw if isinstance(raw, bytes) else raw.SerializeToString())
+        honest = ClientRuntime(5, f"127.0.0.1:{port}", retries=1)
+        task = asyncio.create_task(honest.run())
+
+        async def registered() -> None:
+            while 5 not in coordinator.alive():
+                await asyncio.sleep(0.01)
+
+        await asyncio.wait_for(registered(), 10)  # the next client is still served
+        task.cancel()
+        await server.stop(0)
+        return error, coordinator
+
+    error, coordinator = asyncio.run(main())
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and words in error.details()
+    assert 1 not in coordinator.links

@@ -8,7 +8,16 @@ from hypothesis import strategies as st
 
 from sharefl.crypto.aead import Envelope, decrypt, encrypt
 from sharefl.crypto.errors import DecryptionError, InvalidKeyError, SignatureError
-from sharefl.crypto.kdf import KeyContext, Purpose, X25519KeyPair, agree, derive_key, pairwise_key
+from sharefl.crypto.kdf import (
+    _PROBE,
+    KeyContext,
+    Purpose,
+    X25519KeyPair,
+    agree,
+    check_public_key,
+    derive_key,
+    pairwise_key,
+)
 from sharefl.crypto.signatures import (
     IdentityKey,
     advertised_keys_message,
@@ -63,6 +72,71 @@ def test_low_order_public_key_is_refused(pair):
     a, _ = pair
     with pytest.raises(InvalidKeyError, match="low-order"):
         agree(a.private, bytes(32))  # the all-zero point has order 1
+
+
+P25519 = 2**255 - 19
+ORDER = 2**252 + 27742317777372353535851937790883648493  # the prime subgroup's order
+TWIST_ORDER = (2 * (P25519 + 1) - 8 * ORDER) // 4  # the twist's large prime factor
+# u-coordinates of order dividing 8 on the curve or its twist: 0, 1, p - 1 and the two
+# order-8 points; below 2^255 also 0 + p and 1 + p; X25519 ignores bit 255, so each again
+# with that bit set: 14 encodings in all.
+SMALL_ORDER_U = [
+    0,
+    1,
+    P25519 - 1,
+    0x00B8495F16056286FDB1329CEB8D09DA6AC49FF1FAE35616AEB8413B7C7AEBE0,
+    0x57119FD0DD4E22D8868E1C58C45C44045BEF839C55B1D0B1248C50A3BC959C5F,
+    P25519,
+    P25519 + 1,
+]
+SMALL_ORDER_KEYS = [(u + top).to_bytes(32, "little") for u in SMALL_ORDER_U for top in (0, 2**255)]
+
+
+def _ladder(k: int, u: int) -> int:
+    """RFC 7748's Montgomery ladder, unclamped, in plain Python: the oracle for the tests."""
+    x1, x2, z2, x3, z3, swap = u, 1, 0, u, 1, 0
+    for t in reversed(range(k.bit_length())):
+        bit = (k >> t) & 1
+        swap ^= bit
+        if swap:
+            x2, x3, z2, z3 = x3, x2, z3, z2
+        swap = bit
+        a, b = (x2 + z2) % P25519, (x2 - z2) % P25519
+        aa, bb = a * a % P25519, b * b % P25519
+        e = (aa - bb) % P25519
+        c, d = (x3 + z3) % P25519, (x3 - z3) % P25519
+        da, cb = d * a % P25519, c * b % P25519
+        x3, z3 = (da + cb) ** 2 % P25519, x1 * (da - cb) ** 2 % P25519
+        x2, z2 = aa * bb % P25519, e * (aa + 121665 * e) % P25519
+    if swap:
+        x2, z2 = x3, z3
+    return x2 * pow(z2, P25519 - 2, P25519) % P25519
+
+
+@pytest.mark.parametrize("key", SMALL_ORDER_KEYS, ids=lambda k: k.hex()[:8] + k.hex()[-2:])
+def test_every_small_order_encoding_is_refused(key):
+    u = int.from_bytes(key, "little") % 2**255 % P25519
+    assert _ladder(8, u) == 0  # the oracle: 8·P is the identity, so the point is low-order
+    with pytest.raises(InvalidKeyError, match="low-order"):
+        check_public_key(key)
+
+
+def test_honest_keys_pass_the_low_order_check_and_the_probe_scalar_is_sound():
+    for _ in range(20):
+        public = X25519KeyPair.generate().public
+        assert _ladder(8, int.from_bytes(public, "little") % 2**255) != 0
+        check_public_key(public)
+    scalar = int.from_bytes(_PROBE.private_bytes_raw(), "little")
+    # Clamped, and not a multiple of either large prime order: only a point of order
+    # dividing 8 can give an all-zero result.
+    assert scalar % 8 == 0 and scalar >> 254 == 1
+    assert scalar % ORDER and scalar % TWIST_ORDER
+
+
+@pytest.mark.parametrize("bad", [b"", bytes(31), bytes(33), "x" * 32])
+def test_check_public_key_refuses_wrong_lengths_and_types(bad):
+    with pytest.raises(InvalidKeyError, match="32 raw bytes"):
+        check_public_key(bad)
 
 
 @pytest.mark.parametrize("bad", [b"", bytes(31), bytes(33)])

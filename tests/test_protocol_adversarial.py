@@ -15,6 +15,7 @@ from sharefl.crypto.signatures import IdentityKey
 from sharefl.protocol.client import ClientPolicy, ClientSession, ClientState
 from sharefl.protocol.errors import (
     BadAdvertisement,
+    ConfigurationError,
     ConsistencyCheckFailed,
     ContextMismatch,
     InconsistentRequest,
@@ -302,6 +303,69 @@ def test_advertisement_with_a_bad_signature_is_rejected():
     outcome = _finish(c, out)
     assert isinstance(outcome, ClusterSum) and outcome.members == (0, 2, 3, 4)
     np.testing.assert_array_equal(outcome.sum, c.expected(outcome.members))
+
+
+def _advertise_with(c: Cluster, attacker: int, tamper, adverts=None):
+    """Every member advertises (in id order); the attacker's advert passes ``tamper`` (which
+    sees the adverts already sent) and must be rejected. Returns the rejection."""
+    adverts = {} if adverts is None else adverts
+    rejection = None
+    for cid, client in c.clients.items():
+        advert = client.advertise()
+        if cid == attacker:
+            with pytest.raises(RejectedMessage) as err:
+                c.server.receive(tamper(advert, adverts))
+            rejection = err.value
+            continue
+        adverts[cid] = advert
+        c.server.receive(advert)
+    return rejection
+
+
+LOW_ORDER = bytes.fromhex("e0eb7a7c3b41b8ae1656e3faf19fc46ada098deb9c32b1fd866205165f49b800")
+
+
+@pytest.mark.parametrize(
+    "tamper,match",
+    [
+        (lambda a, _: dataclasses.replace(a, mask_public=bytes(32)), "mask public key refused"),
+        (lambda a, _: dataclasses.replace(a, encryption_public=LOW_ORDER), "low-order"),
+        (lambda a, _: dataclasses.replace(a, mask_public=a.encryption_public), "must differ"),
+        (lambda a, s: dataclasses.replace(a, encryption_public=s[0].mask_public), "already"),
+        (lambda a, s: dataclasses.replace(a, mask_public=s[0].mask_public), "client 0 already"),
+        (lambda a, _: dataclasses.replace(a, signature=b"s" * 65), "signature must be empty"),
+        (lambda a, _: dataclasses.replace(a, signature=b"s" * 4_000_000), "got 4000000"),
+    ],
+    ids=["zero-key", "order-8-key", "equal-keys", "copied-key", "copied-mask", "sig-65", "sig-4M"],
+)
+def test_advertisements_that_would_break_the_broadcast_are_rejected(tamper, match):
+    c = Cluster()
+    rejection = _advertise_with(c, 1, tamper)
+    assert rejection.sender == 1 and match in str(rejection) and "client 1" in str(rejection)
+    outcome = _finish(c, c.server.advance())
+    # The broadcast the honest members got is acceptable to them: the cluster finishes.
+    assert isinstance(outcome, ClusterSum) and outcome.members == (0, 2, 3, 4)
+    np.testing.assert_array_equal(outcome.sum, c.expected(outcome.members))
+
+
+def test_signed_mode_rejects_members_missing_from_the_directory():
+    c = Cluster(signed=True, t=4)
+    del c.directory[3]
+    c.server = ServerSession(c.assignment, c.directory)
+    rejection = _advertise_with(c, 3, lambda a, _: a)
+    assert rejection.sender == 3 and "no identity key" in str(rejection)
+    with pytest.raises(ConfigurationError, match="directory"):
+        ServerSession(c.assignment)
+
+
+def test_consistency_signature_of_a_member_missing_from_the_directory_is_rejected():
+    c = Cluster(signed=True, t=4)
+    out = c.step(c.step(c.advertise()))
+    del c.server._directory[2]  # e.g. removed from the directory mid-round
+    reply = c.clients[2].handle(out[2])
+    with pytest.raises(RejectedMessage, match="no identity key") as err:
+        c.server.receive(reply)
+    assert err.value.sender == 2
 
 
 def test_corrupted_unmask_share_is_named_and_skipped():

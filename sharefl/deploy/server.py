@@ -28,10 +28,12 @@ from typing import Protocol
 
 import grpc
 import numpy as np
+from google.protobuf.message import DecodeError
 
 from sharefl import __version__
 from sharefl.crypto.errors import SignatureError
-from sharefl.crypto.signatures import verify
+from sharefl.crypto.kdf import KEY_BYTES
+from sharefl.crypto.signatures import SIGNATURE_BYTES, verify
 from sharefl.deploy import wire
 from sharefl.deploy.config import DeploymentConfig
 from sharefl.proto import sharefl_pb2 as pb
@@ -512,9 +514,21 @@ class ServerRun:
 
 
 class AggregationService(pb_grpc.AggregationServicer):
-    """The gRPC face of a :class:`ServerRun`."""
+    """The gRPC face of a :class:`ServerRun`: one bidirectional stream per client.
 
-    def __init__(self, run: ServerRun, directory: dict[int, bytes] | None) -> None:
+    A client can only ever end its own stream: bytes that do not decode, a Hello of the
+    wrong shape, a malformed or out-of-place message, or any unexpected exception while
+    handling one of its messages end that stream at once with a status and a message (the
+    client counts as dropped from then on); every other stream goes on.
+
+    Args:
+        run: what the messages are routed to.
+        directory: ``{client id: Ed25519 public key}``; when given, only these identities
+            may connect. The same mapping is what the round coordinator hands to its
+            :class:`~sharefl.protocol.server.ServerSession` s (``directory=``).
+    """
+
+    def __init__(self, run: ServerRun, directory: Mapping[int, bytes] | None) -> None:
         self.run = run
         self.directory = directory
 
@@ -531,7 +545,7 @@ class AggregationService(pb_grpc.AggregationServicer):
             return
         reader = asyncio.create_task(self._read(link, incoming))
         try:
-            while (message := await link.outbox.get()) is not None:
+            while (message := await link.outbox.get()) is not None and link.error is None:
                 await context.write(message)
         finally:
             reader.cancel()
@@ -540,13 +554,22 @@ class AggregationService(pb_grpc.AggregationServicer):
             await context.abort(link.error.code, str(link.error))
 
     async def _authenticate(self, incoming, nonce: bytes) -> int:
+        """The client id of a stream whose first message is a valid signed Hello.
+
+        Raises :class:`StreamError`: ``INVALID_ARGUMENT`` for no Hello, bytes that do not
+        decode, or fields of the wrong size; ``PERMISSION_DENIED`` for an identity the
+        directory does not know; ``UNAUTHENTICATED`` for a signature that does not verify.
+        """
         try:
             first = await asyncio.wait_for(incoming.__anext__(), 30)
         except (StopAsyncIteration, TimeoutError) as exc:
             raise StreamError(grpc.StatusCode.INVALID_ARGUMENT, "expected a Hello") from exc
+        except DecodeError as exc:
+            raise StreamError(grpc.StatusCode.INVALID_ARGUMENT, UNDECODABLE) from exc
         if first.WhichOneof("body") != "hello":
             raise StreamError(grpc.StatusCode.INVALID_ARGUMENT, "the first message must be Hello")
         hello = first.hello
+        check_hello(hello)
         client_id = int(hello.client_id)
         if self.directory is not None:
             known = self.directory.get(client_id)
@@ -563,18 +586,71 @@ class AggregationService(pb_grpc.AggregationServicer):
         return client_id
 
     async def _read(self, link: ClientLink, incoming) -> None:
+        """Route the client's messages until its stream ends; a failure ends this stream.
+
+        grpc.aio raises protobuf's ``DecodeError`` out of the request iterator for bytes
+        that are not a ``ClientMessage`` (measured with grpcio 1.85 by a client whose
+        serializer sends raw bytes): that, a :class:`StreamError` from the coordinator, or
+        any other exception closes the link with ``INVALID_ARGUMENT`` (or the
+        coordinator's code) and a message, never the server.
+        """
         try:
             async for envelope in incoming:
-                self.run.on_message(link, envelope)
+                self.run.on_message(link, bounded_refusal(envelope))
         except StreamError as exc:
-            self.run.log(f"client {link.client_id}: {exc.code.name}: {exc}")
-            self.run.misbehaved(link, exc)
+            self._end(link, exc)
         except (grpc.aio.AioRpcError, asyncio.CancelledError):
             link.close()
+        except DecodeError:
+            self._end(link, StreamError(grpc.StatusCode.INVALID_ARGUMENT, UNDECODABLE))
+        except Exception as exc:  # one client must never take the server down
+            self.run.log(
+                f"client {link.client_id}: unexpected {type(exc).__name__} while handling its "
+                f"message: {wire.printable(str(exc), OWN_TEXT_CHARS)}"
+            )
+            message = (
+                f"the server could not handle this message ({type(exc).__name__}); "
+                "the stream is closed"
+            )
+            self.run.misbehaved(link, StreamError(grpc.StatusCode.INVALID_ARGUMENT, message))
         else:
             link.close()
         finally:
             self.run.changed.set()
+
+    def _end(self, link: ClientLink, error: StreamError) -> None:
+        text = wire.printable(str(error), OWN_TEXT_CHARS)
+        self.run.log(f"client {link.client_id}: {error.code.name}: {text}")
+        self.run.misbehaved(link, error)
+
+
+UNDECODABLE = "undecodable message: the bytes are not a sharefl.v1.ClientMessage"
+CLIENT_TEXT_CHARS = 200
+"""Most characters of a client's own text (a refusal reason) that reach the log."""
+OWN_TEXT_CHARS = 600
+"""Most characters of the server's own error messages (they quote ids and sizes)."""
+
+
+def bounded_refusal(envelope: pb.ClientMessage) -> pb.ClientMessage:
+    """The envelope with a refusal's reason passed through :func:`wire.printable` (a client's
+    free text is logged); other messages unchanged."""
+    if envelope.WhichOneof("body") == "refusal":
+        envelope.refusal.reason = wire.printable(envelope.refusal.reason, CLIENT_TEXT_CHARS)
+    return envelope
+
+
+def check_hello(hello: pb.Hello) -> None:
+    """Raise :class:`StreamError` (``INVALID_ARGUMENT``) unless the Hello's identity key is
+    32 bytes and its signature 64 bytes (checked before either is used)."""
+    for what, value, size in (
+        ("identity_public", hello.identity_public, KEY_BYTES),
+        ("signature", hello.signature, SIGNATURE_BYTES),
+    ):
+        if len(value) != size:
+            raise StreamError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"Hello.{what} must be {size} bytes, got {len(value)}",
+            )
 
 
 def load_directory(path: str) -> dict[int, bytes] | None:
@@ -618,19 +694,25 @@ async def serve(
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            # gRPC binds with SO_REUSEPORT by default: a second server on a busy port would
+            # silently receive a share of its clients' connections. Refuse the port instead.
+            ("grpc.so_reuseport", 0),
             *TRANSPORT_OPTIONS,
         ]
     )
     pb_grpc.add_AggregationServicer_to_server(AggregationService(run, directory), server)
     credentials = server_credentials(config)
     address = config.server.address
-    port = (
-        server.add_secure_port(address, credentials)
-        if credentials
-        else server.add_insecure_port(address)
-    )
+    try:
+        port = (
+            server.add_secure_port(address, credentials)
+            if credentials
+            else server.add_insecure_port(address)
+        )
+    except RuntimeError:  # grpcio raises for an address it cannot bind
+        port = 0
     if port == 0:
-        raise ConfigurationError(f"cannot bind {address}")
+        raise ConfigurationError(f"cannot bind {address}: is another server using that port?")
     await server.start()
     mode = "TLS" if credentials else "plaintext"
     log(f"sharefl server {__version__} listening on {address} ({mode})")

@@ -213,11 +213,16 @@ def _peer_map(entries: Sequence, what: str, field: str, size: int) -> dict[int, 
     return result
 
 
-def printable(reason: str, limit: int = MAX_REASON_BYTES) -> str:
-    """``reason`` with every non-printable character replaced by ``?``, cut to at most
-    ``limit`` UTF-8 bytes (never mid-character)."""
-    clean = "".join(c if c.isprintable() else "?" for c in reason[:limit])
-    return clean.encode()[:limit].decode(errors="ignore")
+def printable(text: str, limit: int = MAX_REASON_BYTES) -> str:
+    """``text`` safe for one log line and for the wire: every non-printable character
+    (newline, escape, bidi control...) escaped as in a Python literal, so it cannot forge
+    lines; at most ``limit`` UTF-8 bytes (a longer text is cut, never mid-character, and
+    says how long it was)."""
+    head = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:limit])
+    if len(text) <= limit and len(head.encode()) <= limit:
+        return head
+    note = f"... ({len(text)} characters)"
+    return head.encode()[: max(0, limit - len(note))].decode(errors="ignore") + note
 
 
 def refusal_to_proto(context: KeyContext | pb.Context, reason: str) -> pb.Refusal:

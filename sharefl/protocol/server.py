@@ -37,10 +37,21 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from sharefl.crypto import shamir
-from sharefl.crypto.errors import ShamirError, ShareVerificationError, SignatureError
-from sharefl.crypto.kdf import KEY_BYTES, Purpose, pairwise_key, x25519_public_key
+from sharefl.crypto.errors import (
+    InvalidKeyError,
+    ShamirError,
+    ShareVerificationError,
+    SignatureError,
+)
+from sharefl.crypto.kdf import (
+    KEY_BYTES,
+    Purpose,
+    check_public_key,
+    pairwise_key,
+    x25519_public_key,
+)
 from sharefl.crypto.prg import combine_masks, ring_dtype
-from sharefl.crypto.signatures import client_list_message, verify
+from sharefl.crypto.signatures import SIGNATURE_BYTES, client_list_message, verify
 from sharefl.protocol.bundles import SEALED_BYTES, seed_commitment
 from sharefl.protocol.client import SURVIVORS_LABEL
 from sharefl.protocol.errors import ConfigurationError, RejectedMessage, StageError
@@ -133,7 +144,9 @@ class ServerSession:
     Args:
         assignment: the cluster assignment sent to the members.
         directory: members' Ed25519 public keys; in signed mode, advertisements and
-            consistency signatures are checked on receipt (an invalid one is rejected early).
+            consistency signatures are checked on receipt (an invalid one, or one from a
+            member the directory does not know, is rejected). Required in signed mode:
+            raises :class:`ConfigurationError` without it.
         approve: the release check, called with the final members of the sum before any
             unmask request; it returns ``None`` to go on, or the reason to withhold the sum.
     """
@@ -147,6 +160,10 @@ class ServerSession:
         if assignment.threshold < 2 or assignment.threshold > len(assignment.members):
             raise ConfigurationError(
                 f"threshold {assignment.threshold} must be in [2, {len(assignment.members)}]"
+            )
+        if assignment.signed and directory is None:
+            raise ConfigurationError(
+                "a signed cluster needs the members' identity keys: pass directory="
             )
         self.assignment = assignment
         self.context = assignment.context
@@ -210,14 +227,51 @@ class ServerSession:
             raise RejectedMessage(f"duplicate message from client {sender}", sender)
 
     def _on_advert(self, m: AdvertiseKeys) -> None:
+        """Accept an advertisement only if relaying it cannot hurt an honest member.
+
+        Rejected (naming the sender): keys or commitment of the wrong size, a signature
+        field longer than a signature, a low-order or malformed X25519 key, an encryption
+        key equal to the mask key, a key another member of this cluster already advertised
+        (relayed, either would make every honest peer refuse the whole broadcast), and in
+        signed mode a signature that does not verify against the directory.
+        """
         self._first(self._got.adverts, m.sender)
         if len(m.encryption_public) != KEY_BYTES or len(m.mask_public) != KEY_BYTES:
             raise RejectedMessage(f"client {m.sender}: public keys must be 32 bytes", m.sender)
         if len(m.commitment) != 32:
             raise RejectedMessage(f"client {m.sender}: commitment must be 32 bytes", m.sender)
+        if len(m.signature) not in (0, SIGNATURE_BYTES):
+            raise RejectedMessage(
+                f"client {m.sender}: signature must be empty or {SIGNATURE_BYTES} bytes, "
+                f"got {len(m.signature)}",
+                m.sender,
+            )
+        self._check_advertised_keys(m)
         if self.assignment.signed:
             self._check_signature(m.sender, m.statement(), m.signature, "advertisement")
         self._got.adverts[m.sender] = m
+
+    def _check_advertised_keys(self, m: AdvertiseKeys) -> None:
+        """Raise :class:`RejectedMessage` for a low-order key, equal keys, or a key that
+        another member of this cluster already advertised."""
+        for what, key in (("encryption", m.encryption_public), ("mask", m.mask_public)):
+            try:
+                check_public_key(key)
+            except InvalidKeyError as exc:
+                raise RejectedMessage(
+                    f"client {m.sender}: {what} public key refused: {exc}", m.sender
+                ) from exc
+        if m.encryption_public == m.mask_public:
+            raise RejectedMessage(
+                f"client {m.sender}: the encryption and mask public keys must differ", m.sender
+            )
+        for other in self._got.adverts.values():
+            if {m.encryption_public, m.mask_public} & {other.encryption_public, other.mask_public}:
+                raise RejectedMessage(
+                    f"client {m.sender}: advertised a public key client {other.sender} "
+                    "already advertised in this cluster",
+                    m.sender,
+                )
 
     def _on_shares(self, m: EncryptedShares) -> None:
         self._first(self._got.bundles, m.sender)
@@ -269,9 +323,14 @@ class ServerSession:
         self._got.signatures[m.sender] = m.signature
 
     def _check_signature(self, sender: int, statement: bytes, signature: bytes, what: str) -> None:
-        """Verify early when the directory knows the sender (clients verify regardless)."""
+        """Raise :class:`RejectedMessage` unless ``signature`` over ``statement`` verifies
+        with the sender's identity key; a sender the directory does not know is rejected."""
         if sender not in self._directory:
-            return
+            raise RejectedMessage(
+                f"client {sender}: no identity key in the server's directory, so its "
+                f"{what} signature cannot be checked; add it to the directory",
+                sender,
+            )
         try:
             verify(self._directory[sender], statement, signature)
         except SignatureError as exc:
