@@ -252,6 +252,7 @@ class Round:
 
     def __init__(self, plan: RoundPlan = SAFE, policy: ClientPolicy | None = None):
         self.plan = plan
+        policy = dataclasses.replace(policy or ClientPolicy(), verify_releases=True)
         self.guards = {c: ClientRound(c, plan, policy) for c in plan.participants}
         self.vectors = {c: vector(c) for c in plan.participants}
 

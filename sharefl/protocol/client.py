@@ -132,6 +132,12 @@ class ClientPolicy:
         max_reclusterings: refuse round plans with more clusterings.
         min_sum_size: sums of fewer clients must not be recoverable from the round plan (and
             from what this client saw released); ``None`` takes ``min_cluster_size``.
+        verify_releases: check every unmask request against what this client saw released
+            in the round (:meth:`ClientRound.check_release`). ``None``: in signed mode only.
+            An unsigned server is trusted to follow the protocol, and its round coordinator
+            enforces the same rule with full knowledge; the client's own view must assume
+            that every cluster it did not see was released in full, which refuses some
+            drop-outs the server's exact check lets through.
     """
 
     identity: IdentityKey | None = None
@@ -142,6 +148,7 @@ class ClientPolicy:
     min_neighbours: int = 2
     max_reclusterings: int = 10
     min_sum_size: int | None = None
+    verify_releases: bool | None = None
 
     def __post_init__(self) -> None:
         if self.colluders is not None and self.colluders < 0:

@@ -22,7 +22,8 @@ and refuses, with a :class:`~sharefl.protocol.errors.ClientRefusal`:
   :class:`InconsistentRequest`; a threshold below the floor — :class:`ThresholdTooLow`
   (raised by :class:`ClientSession`);
 - an unmask request whose survivor list, together with the planned sums and the sums this
-  client already helped release in the round, would leak — :class:`ReleaseLeaks`.
+  client already helped release in the round, would leak — :class:`ReleaseLeaks` (in
+  signed mode, or when ``policy.verify_releases`` asks for it).
 
 :meth:`ClientRound.session` vets an assignment and builds the :class:`ClientSession`;
 :meth:`ClientRound.handle` routes every server message of that session through the guard.
@@ -222,7 +223,12 @@ class ClientRound:
         an unmask request is checked by :meth:`check_release` first (a refusal aborts the
         session). Raises what :meth:`ClientSession.handle` raises, and :class:`ReleaseLeaks`.
         """
-        if not isinstance(message, UnmaskRequest) or message.context != session.context:
+        verify = self.policy.verify_releases
+        if verify is None:
+            verify = session.assignment.signed
+        if not verify or not isinstance(message, UnmaskRequest):
+            return session.handle(message)
+        if message.context != session.context:
             return session.handle(message)
         try:
             self.check_release(session, message)
