@@ -50,6 +50,7 @@ from sharefl.crypto.encoding import RingEncoding, choose_encoding, decode
 from sharefl.crypto.errors import EncodingError, SumOutOfRange
 from sharefl.protocol.assignment import plan_assignment
 from sharefl.protocol.audit import (
+    DEFAULT_SEARCH_BUDGET,
     AuditError,
     LeakageReport,
     SafeSamplingError,
@@ -253,12 +254,20 @@ class ReleaseAuditor:
     recoverable sum of fewer than ``min_sum_size`` clients, and finishes.
     """
 
-    def __init__(self, plan: RoundPlan, min_sum_size: int, *, plan_is_safe: bool) -> None:
+    def __init__(
+        self,
+        plan: RoundPlan,
+        min_sum_size: int,
+        *,
+        plan_is_safe: bool,
+        search_budget: int = DEFAULT_SEARCH_BUDGET,
+    ) -> None:
         self._planned = {
             frozenset(cluster) for clustering in plan.clusterings for cluster in clustering.clusters
         }
         self._min = min_sum_size
         self._plan_is_safe = plan_is_safe
+        self._budget = search_budget
         self.approved: list[frozenset[int]] = []
 
     def check(self, members: Sequence[int]) -> str | None:
@@ -273,6 +282,7 @@ class ReleaseAuditor:
                     [Clustering((tuple(r),)) for r in component],
                     client_ids=clients,
                     min_sum_size=self._min,
+                    search_budget=self._budget,
                 )
             except AuditError as exc:  # pragma: no cover - rows are built here
                 return f"withheld: the release audit failed: {exc}"

@@ -1,0 +1,108 @@
+"""The round coordinator's own rules: routing by authenticated sender, late messages, the
+release check (including an audit that cannot finish), and the exclusion policy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sharefl.protocol import (
+    ClientSession,
+    Clustering,
+    ConfigurationError,
+    Exclusions,
+    RejectedMessage,
+    RoundCoordinator,
+    SecureAggregationSettings,
+)
+from sharefl.protocol.coordinator import ReleaseAuditor
+from sharefl.protocol.plan import RoundPlan
+
+LENGTH = 8
+PLAN = [Clustering(((0, 1, 2), (3, 4, 5)))] * 2
+
+
+def _coordinator(**settings) -> RoundCoordinator:
+    return RoundCoordinator(
+        SecureAggregationSettings(cluster_size=3, **settings),
+        round=4,
+        participants=range(6),
+        length=LENGTH,
+        rng=np.random.default_rng(0),
+        clusterings=settings.pop("clusterings", None),
+    )
+
+
+def _adverts(rc: RoundCoordinator, assignments) -> dict[int, ClientSession]:
+    vector = np.zeros(LENGTH, dtype=np.uint32)
+    return {cid: ClientSession(cid, a, vector) for cid, a in assignments.items()}
+
+
+def test_a_message_is_routed_by_the_authenticated_sender_not_the_claimed_one():
+    rc = _coordinator()
+    sessions = _adverts(rc, rc.open_reclustering())
+    advert = sessions[1].advertise()
+    with pytest.raises(RejectedMessage, match="as client 1") as err:
+        rc.receive(2, advert)  # client 2's stream carries client 1's advertisement
+    assert err.value.misbehaviour and "as client 1" in rc.culprits[2]
+    rc.receive(1, advert)
+    assert 1 not in rc.waiting_for()
+
+
+def test_a_late_message_is_rejected_without_naming_its_sender():
+    rc = RoundCoordinator(
+        SecureAggregationSettings(cluster_size=3, reclusterings=2, allow_leakage=True),
+        round=0,
+        participants=range(6),
+        length=LENGTH,
+        rng=np.random.default_rng(1),
+        clusterings=PLAN,
+    )
+    sessions = _adverts(rc, rc.open_reclustering())
+    late = sessions[0].advertise()
+    for cid, session in sessions.items():
+        if cid != 0:
+            rc.receive(cid, session.advertise())
+    while not rc.reclustering_done:
+        rc.advance()  # nobody answers: every cluster fails
+    rc.close_reclustering()
+    rc.open_reclustering()
+    with pytest.raises(RejectedMessage) as err:
+        rc.receive(0, late)  # an advertisement of reclustering 0, now in reclustering 1
+    assert not err.value.misbehaviour and rc.culprits == {}
+
+
+def test_release_check_passes_planned_sums_and_withholds_a_subtracting_one():
+    plan = RoundPlan(0, tuple(PLAN))
+    auditor = ReleaseAuditor(plan, 2, plan_is_safe=True)
+    assert auditor.check((0, 1, 2)) is None and auditor.check((3, 4, 5)) is None
+    reason = auditor.check((1, 2))  # (0, 1, 2) − (1, 2) = x_0
+    assert reason is not None and "updates of [0]" in reason
+    assert auditor.approved == [frozenset({0, 1, 2}), frozenset({3, 4, 5})]
+
+
+def test_an_audit_that_cannot_finish_withholds():
+    plan = RoundPlan(0, (Clustering(((0, 1, 2, 3), (4, 5, 6, 7))),))
+    auditor = ReleaseAuditor(plan, 3, plan_is_safe=True, search_budget=0)
+    assert auditor.check((0, 1, 2, 3)) is None  # planned: covered by the plan's audit
+    reason = auditor.check((0, 1, 4, 5))  # not planned: a real audit, out of budget
+    assert reason is not None and "unfinished" in reason
+    assert auditor.approved == [frozenset({0, 1, 2, 3})]
+
+
+def test_clusters_below_the_minimum_sum_are_refused_up_front():
+    with pytest.raises(ConfigurationError, match="min_sum_size"):
+        SecureAggregationSettings(cluster_size=2)
+    SecureAggregationSettings(cluster_size=2, min_sum_size=2)  # allowed when asked for
+
+
+def test_exclusion_policy_counts_rounds_named():
+    policy = Exclusions(after=2)
+    policy.record({3: "bad key"})
+    assert policy.excluded == frozenset() and policy.eligible([1, 3]) == [1, 3]
+    policy.record({3: "bad signature", 4: "garbage"})
+    assert policy.excluded == {3} and policy.reasons[3] == "bad signature"
+    assert policy.eligible([1, 3, 4]) == [1, 4]
+    never = Exclusions(after=0)
+    never.record({3: "x"})
+    assert never.excluded == frozenset()
