@@ -517,6 +517,36 @@ def audit(
     )
 
 
+def linked_rows(row: frozenset[int], rows: Sequence[frozenset[int]]) -> list[frozenset[int]]:
+    """The distinct rows linked to ``row`` through shared clients, transitively (``row``
+    first). Leaks never cross such components (the equations are block-diagonal over
+    them), so auditing the component of a new sum is auditing what the sum can change."""
+    clients, component = set(row), [row]
+    rest = [r for r in dict.fromkeys(rows) if r != row]
+    grew = True
+    while grew:
+        grew = False
+        for r in list(rest):
+            if r & clients:
+                component.append(r)
+                clients |= r
+                rest.remove(r)
+                grew = True
+    return component
+
+
+def audit_rows(
+    rows: Sequence[frozenset[int]], min_sum_size: int, search_budget: int = DEFAULT_SEARCH_BUDGET
+) -> LeakageReport:
+    """:func:`audit` of arbitrary sums (each row the member set of one released sum)."""
+    return audit(
+        [Clustering((tuple(sorted(r)),)) for r in rows],
+        client_ids=sorted(set().union(*rows)),
+        min_sum_size=min_sum_size,
+        search_budget=search_budget,
+    )
+
+
 # ------------------------------------------------------------------------- safe sampling
 
 

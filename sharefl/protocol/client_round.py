@@ -31,14 +31,14 @@ and refuses, with a :class:`~sharefl.protocol.errors.ClientRefusal`:
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 
 import numpy as np
 
-from sharefl.protocol.audit import AuditError, LeakageReport, audit
+from sharefl.protocol.audit import AuditError, LeakageReport, audit, audit_rows, linked_rows
 from sharefl.protocol.client import ClientPolicy, ClientSession
-from sharefl.protocol.clustering import Clustering
 from sharefl.protocol.errors import (
     ClusterTooSmall,
     InconsistentRequest,
@@ -96,21 +96,12 @@ class ClientRound:
                     f"reclustering {r}; the server must use clusters of at least "
                     f"{policy.min_cluster_size}"
                 )
-        self._refuse_leaks(plan.clusterings, PlanRefused, "the round plan")
-
-    def _refuse_leaks(
-        self, clusterings: tuple[Clustering, ...], error: type[Exception], what: str
-    ) -> None:
         try:
-            report = audit(
-                clusterings,
-                client_ids=self.plan.participants,
-                min_sum_size=self.policy.sum_floor,
-            )
+            report = _plan_audit(plan, policy.sum_floor)
         except AuditError as exc:
-            raise error(f"client {self.id}: {what} cannot be audited: {exc}") from exc
+            raise PlanRefused(f"client {self.id}: the round plan cannot be audited: {exc}") from exc
         if report.leaks or not report.complete:
-            raise error(f"client {self.id}: {what} is unsafe: {_reason(report)}")
+            raise PlanRefused(f"client {self.id}: the round plan is unsafe: {_reason(report)}")
 
     # -- assignments ------------------------------------------------------------------------
 
@@ -208,15 +199,21 @@ class ClientRound:
         survivors = frozenset(request.survivors)
         if not survivors <= set(session.assignment.members):
             raise InconsistentRequest("the unmask survivor list names non-members")
+        if survivors == frozenset(self.plan.members(*position)):
+            return  # the view is unchanged since the plan's audit or the last accepted check
         released = {**self._released, position: survivors}
-        self._refuse_leaks(self._view(released), ReleaseLeaks, "this release")
+        report = audit_rows(linked_rows(survivors, self._view(released)), self.policy.sum_floor)
+        if report.leaks or not report.complete:
+            raise ReleaseLeaks(f"client {self.id}: this release is unsafe: {_reason(report)}")
 
-    def _view(self, released: dict[Position, frozenset[int]]) -> tuple[Clustering, ...]:
-        view = []
-        for r, clustering in enumerate(self.plan.clusterings):
-            rows = [released.get((r, k), frozenset(c)) for k, c in enumerate(clustering.clusters)]
-            view.append(Clustering(tuple(row for row in rows if row)))
-        return tuple(view)
+    def _view(self, released: dict[Position, frozenset[int]]) -> list[frozenset[int]]:
+        """Every planned sum, with the ones this client saw released as they were."""
+        return [
+            released.get((r, k), frozenset(cluster))
+            for r, clustering in enumerate(self.plan.clusterings)
+            for k, cluster in enumerate(clustering.clusters)
+            if released.get((r, k), cluster)
+        ]
 
     def handle(self, session: ClientSession, message: ServerMessage):
         """Route one server message of ``session`` through the guard and return the reply;
@@ -239,6 +236,13 @@ class ClientRound:
         context = session.context
         self._released[(context.reclustering, context.cluster)] = frozenset(message.survivors)
         return reply
+
+
+@functools.lru_cache(maxsize=8)
+def _plan_audit(plan: RoundPlan, min_sum_size: int) -> LeakageReport:
+    """The audit of a plan's sums; remembered, so the clients that one process simulates
+    audit each plan once (a real client audits its round's plan once anyway)."""
+    return audit(plan.clusterings, client_ids=plan.participants, min_sum_size=min_sum_size)
 
 
 def _reason(report: LeakageReport) -> str:

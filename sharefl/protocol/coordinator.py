@@ -51,10 +51,11 @@ from sharefl.crypto.errors import EncodingError, SumOutOfRange
 from sharefl.protocol.assignment import plan_assignment
 from sharefl.protocol.audit import (
     DEFAULT_SEARCH_BUDGET,
-    AuditError,
     LeakageReport,
     SafeSamplingError,
     audit,
+    audit_rows,
+    linked_rows,
     sample_safe_reclusterings,
 )
 from sharefl.protocol.clustering import Clustering, ClusteringError, random_clustering
@@ -275,17 +276,7 @@ class ReleaseAuditor:
         row = frozenset(members)
         rows = [*self.approved, row]
         if not (self._plan_is_safe and all(r in self._planned for r in rows)):
-            component = _component_of(row, rows)
-            clients = sorted(set().union(*component))
-            try:
-                report = audit(
-                    [Clustering((tuple(r),)) for r in component],
-                    client_ids=clients,
-                    min_sum_size=self._min,
-                    search_budget=self._budget,
-                )
-            except AuditError as exc:  # pragma: no cover - rows are built here
-                return f"withheld: the release audit failed: {exc}"
+            report = audit_rows(linked_rows(row, rows), self._min, self._budget)
             if report.leaks or not report.complete:
                 what = (
                     f"updates of {list(report.recoverable_clients)}"
@@ -300,21 +291,6 @@ class ReleaseAuditor:
                 )
         self.approved.append(row)
         return None
-
-
-def _component_of(row: frozenset[int], rows: Sequence[frozenset[int]]) -> list[frozenset[int]]:
-    """The rows linked to ``row`` through shared clients (including ``row``)."""
-    clients, component, rest = set(row), [row], [r for r in rows if r != row]
-    grew = True
-    while grew:
-        grew = False
-        for r in list(rest):
-            if r & clients:
-                component.append(r)
-                clients |= r
-                rest.remove(r)
-                grew = True
-    return list(dict.fromkeys(component))
 
 
 class RoundCoordinator:
@@ -573,7 +549,7 @@ class RoundCoordinator:
         if not self.done:
             raise StageError(f"{self.plan.reclusterings - self.reclustering} reclusterings left")
         realised = audit(
-            [Clustering((tuple(row),)) for row in self._release.approved],
+            [Clustering((tuple(sorted(row)),)) for row in self._release.approved],
             client_ids=self.plan.participants,
             min_sum_size=self.settings.min_sum_size,
         )
