@@ -86,7 +86,7 @@ def test_an_audit_that_cannot_finish_withholds():
     auditor = ReleaseAuditor(plan, 3, plan_is_safe=True, search_budget=0)
     assert auditor.check((0, 1, 2, 3)) is None  # planned: covered by the plan's audit
     reason = auditor.check((0, 1, 4, 5))  # not planned: a real audit, out of budget
-    assert reason is not None and "unfinished" in reason
+    assert reason is not None and "could not finish" in reason
     assert auditor.approved == [frozenset({0, 1, 2, 3})]
 
 
@@ -106,3 +106,17 @@ def test_exclusion_policy_counts_rounds_named():
     never = Exclusions(after=0)
     never.record({3: "x"})
     assert never.excluded == frozenset()
+
+
+def test_in_signed_rounds_a_sum_its_members_would_refuse_is_withheld_not_asked():
+    """The same six clients in both reclusterings; client 5 drops in reclustering 0. The
+    server's exact check could release {0..4} (nothing was released before), but each member
+    assumes reclustering 1's planned {0..5} may still be released in full, which would give
+    x_5: members would refuse to unmask, so the coordinator withholds the sum instead."""
+    plan = RoundPlan(0, (Clustering(((0, 1, 2, 3, 4, 5),)),) * 2)
+    exact = ReleaseAuditor(plan, 3, plan_is_safe=True)
+    assert exact.check((0, 1, 2, 3, 4), (0, 0)) is None
+    views = ReleaseAuditor(plan, 3, plan_is_safe=True, client_views=True)
+    reason = views.check((0, 1, 2, 3, 4), (0, 0))
+    assert reason is not None and "client 0 would refuse" in reason and "[5]" in reason
+    assert views.check((0, 1, 2, 3, 4, 5), (1, 0)) is None  # the planned sum is fine

@@ -202,18 +202,9 @@ class ClientRound:
         if survivors == frozenset(self.plan.members(*position)):
             return  # the view is unchanged since the plan's audit or the last accepted check
         released = {**self._released, position: survivors}
-        report = audit_rows(linked_rows(survivors, self._view(released)), self.policy.sum_floor)
+        report = audit_rows(linked_rows(survivors, self.plan.rows(released)), self.policy.sum_floor)
         if report.leaks or not report.complete:
             raise ReleaseLeaks(f"client {self.id}: this release is unsafe: {_reason(report)}")
-
-    def _view(self, released: dict[Position, frozenset[int]]) -> list[frozenset[int]]:
-        """Every planned sum, with the ones this client saw released as they were."""
-        return [
-            released.get((r, k), frozenset(cluster))
-            for r, clustering in enumerate(self.plan.clusterings)
-            for k, cluster in enumerate(clustering.clusters)
-            if released.get((r, k), cluster)
-        ]
 
     def handle(self, session: ClientSession, message: ServerMessage):
         """Route one server message of ``session`` through the guard and return the reply;

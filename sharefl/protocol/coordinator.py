@@ -41,6 +41,7 @@ What the coordinator promises (the threat model of DESIGN.md):
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -253,6 +254,11 @@ class ReleaseAuditor:
     connected component of the new set (the sums sharing clients with it, transitively;
     the equations are block-diagonal over components) finds no recoverable update and no
     recoverable sum of fewer than ``min_sum_size`` clients, and finishes.
+
+    With ``client_views`` (signed rounds, whose clients verify releases themselves) it also
+    runs each member's own check (:meth:`~sharefl.protocol.client_round.ClientRound.
+    check_release`: the plan, with the clusters that member saw released as they were) and
+    withholds a sum its members would refuse, instead of asking them in vain.
     """
 
     def __init__(
@@ -261,36 +267,55 @@ class ReleaseAuditor:
         min_sum_size: int,
         *,
         plan_is_safe: bool,
+        client_views: bool = False,
         search_budget: int = DEFAULT_SEARCH_BUDGET,
     ) -> None:
-        self._planned = {
-            frozenset(cluster) for clustering in plan.clusterings for cluster in clustering.clusters
-        }
+        self._plan = plan
+        self._planned = {frozenset(row) for row in plan.rows()}
         self._min = min_sum_size
         self._plan_is_safe = plan_is_safe
+        self._client_views = client_views
         self._budget = search_budget
+        self._seen: dict[int, dict[tuple[int, int], frozenset[int]]] = {}
         self.approved: list[frozenset[int]] = []
 
-    def check(self, members: Sequence[int]) -> str | None:
-        """``None`` (and the sum counts as released from now on) or why it is withheld."""
+    def check(self, members: Sequence[int], position: tuple[int, int] | None = None) -> str | None:
+        """``None`` (and the sum counts as released from now on) or why it is withheld.
+        ``position`` is the sum's (reclustering, cluster), needed for the members' views."""
         row = frozenset(members)
         rows = [*self.approved, row]
         if not (self._plan_is_safe and all(r in self._planned for r in rows)):
             report = audit_rows(linked_rows(row, rows), self._min, self._budget)
             if report.leaks or not report.complete:
-                what = (
-                    f"updates of {list(report.recoverable_clients)}"
-                    if report.recoverable_clients
-                    else f"sums {[list(s) for s in report.recoverable_small_sums]}"
-                    if report.recoverable_small_sums
-                    else "an unfinished audit (search budget exhausted)"
-                )
                 return (
                     f"withheld: with the sums released so far, releasing the sum of "
-                    f"{sorted(row)} would reveal {what} (min_sum_size {self._min})"
+                    f"{sorted(row)} would reveal {_revealed(report)}"
                 )
+        if self._client_views and position is not None:
+            if row != frozenset(self._plan.members(*position)):
+                for client in sorted(row):
+                    seen = {**self._seen.get(client, {}), position: row}
+                    report = audit_rows(linked_rows(row, self._plan.rows(seen)), self._min)
+                    if report.leaks or not report.complete:
+                        return (
+                            f"withheld: client {client} would refuse to unmask {sorted(row)}: "
+                            f"by its own view of the round it would reveal {_revealed(report)}"
+                        )
+            for client in row:
+                self._seen.setdefault(client, {})[position] = row
         self.approved.append(row)
         return None
+
+
+def _revealed(report: LeakageReport) -> str:
+    """What a leaking (or unfinished) audit found, in a few words."""
+    if report.recoverable_clients:
+        what = f"updates of {list(report.recoverable_clients)}"
+    elif report.recoverable_small_sums:
+        what = f"sums {[list(s) for s in report.recoverable_small_sums]}"
+    else:
+        what = "nothing yet, but the audit could not finish (search budget exhausted)"
+    return f"{what} (min_sum_size {report.min_sum_size})"
 
 
 class RoundCoordinator:
@@ -350,7 +375,10 @@ class RoundCoordinator:
         self.encoding = encoding
         enforce = settings.secure and not settings.allow_leakage
         self._release = ReleaseAuditor(
-            self.plan, settings.min_sum_size, plan_is_safe=not self.planned_audit.leaks
+            self.plan,
+            settings.min_sum_size,
+            plan_is_safe=not self.planned_audit.leaks,
+            client_views=settings.signed,
         )
         self._enforce = enforce
         self.culprits: dict[int, str] = {}
@@ -399,8 +427,9 @@ class RoundCoordinator:
                 rng=self._rng,
                 raise_to_floor=self.settings.raise_threshold_to_floor,
             )
+            approve = self._approve if self._enforce else self._record
             self._sessions[index] = ServerSession(
-                assignment, self._directory, self._approve if self._enforce else self._record
+                assignment, self._directory, functools.partial(approve, position=(r, index))
             )
             for cid in members:
                 self._cluster_of[cid] = index
@@ -408,10 +437,12 @@ class RoundCoordinator:
         self._open = True
         return assignments
 
-    def _approve(self, members: tuple[int, ...]) -> str | None:
-        return self._release.check(members)
+    def _approve(
+        self, members: tuple[int, ...], position: tuple[int, int] | None = None
+    ) -> str | None:
+        return self._release.check(members, position)
 
-    def _record(self, members: tuple[int, ...]) -> None:
+    def _record(self, members: tuple[int, ...], position: tuple[int, int] | None = None) -> None:
         self._release.approved.append(frozenset(members))
         return None
 

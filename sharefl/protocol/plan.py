@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -84,3 +85,17 @@ class RoundPlan:
     def members(self, reclustering: int, cluster: int) -> tuple[int, ...]:
         """The planned members of a cluster; raises IndexError if it is not in the plan."""
         return self.clusterings[reclustering].clusters[cluster]
+
+    def rows(
+        self, released: Mapping[tuple[int, int], frozenset[int]] | None = None
+    ) -> list[frozenset[int]]:
+        """The member sets of every planned sum, with those in ``released`` ((reclustering,
+        cluster) → the members whose sum was released) replaced as they were (empty sums
+        left out): what a party that saw those releases must assume the server holds."""
+        released = released or {}
+        return [
+            row
+            for r, clustering in enumerate(self.clusterings)
+            for k, cluster in enumerate(clustering.clusters)
+            if (row := released.get((r, k), frozenset(cluster)))
+        ]
