@@ -168,8 +168,6 @@ def test_tls_round_and_refusal_of_wrong_certificate_or_identity(tmp_path):
         tmp_path, clients=4, tls=tls, secure_aggregation={"signed": True, "cluster_size": 4}
     )
     run = Deployment(tmp_path, config, 4)  # listening: the impostors below try only once
-    for cid in range(4):
-        run.client(cid, "--keys", str(keys))
     # An impostor with a certificate from another CA, and one with a valid certificate but
     # the identity key of another deployment.
     impostor = tmp_path / "impostor"  # everything from another deployment's CA
@@ -188,6 +186,12 @@ def test_tls_round_and_refusal_of_wrong_certificate_or_identity(tmp_path):
     # ... with an identity the server's directory does not know
     (mixed / "client-11.identity").write_bytes((other / "client-0.identity").read_bytes())
     wrong_identity = run.client(11, "--keys", str(mixed), "--retries", "1")
+    # The impostors are refused before the honest clients start: the server, waiting for
+    # four clients, is certainly still there for them (no race with the end of the run).
+    wrong_cert.wait(timeout=60)
+    wrong_identity.wait(timeout=60)
+    for cid in range(4):
+        run.client(cid, "--keys", str(keys))
     status, log = run.finish()
     assert status == 0, log
     (record,) = run.result()["rounds"]
