@@ -46,7 +46,7 @@ from sharefl.crypto.signatures import (
     client_list_message,
     verify,
 )
-from sharefl.protocol.bundles import BundleError, SharePair, seed_commitment
+from sharefl.protocol.bundles import COMMITMENT_BYTES, BundleError, SharePair, seed_commitment
 from sharefl.protocol.errors import (
     BadAdvertisement,
     ClientRefusal,
@@ -72,8 +72,6 @@ from sharefl.protocol.messages import (
 )
 
 SURVIVORS_LABEL = "survivors"
-COMMITMENT_BYTES = 32
-"""Size of a seed commitment (SHA-256, :func:`~sharefl.protocol.bundles.seed_commitment`)."""
 
 
 class ClientState(enum.Enum):
