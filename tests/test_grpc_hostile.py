@@ -165,7 +165,11 @@ def client_messages(draw):
             value = draw(st.text(max_size=20))
         else:
             value = draw(st.one_of(st.integers(0, 4), st.integers(0, 2**32 - 1)))
-        if descriptor.is_repeated:
+        # protobuf >= 6 has is_repeated; 5.29 (the oldest runtime supported) has the label.
+        repeated = getattr(descriptor, "is_repeated", None)
+        if repeated is None:
+            repeated = descriptor.label == descriptor.LABEL_REPEATED
+        if repeated:
             if descriptor.type in (descriptor.TYPE_UINT64, descriptor.TYPE_UINT32):
                 getattr(body, name).extend(draw(st.lists(st.integers(0, 9), max_size=5)))
             continue

@@ -2,8 +2,7 @@ from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Iterable as _Iterable, Mapping as _Mapping
-from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -140,7 +139,7 @@ class ClusterAssignment(_message.Message):
     neighbours: _containers.RepeatedCompositeFieldContainer[Neighbours]
     signed: bool
     encoding: Encoding
-    def __init__(self, context: _Optional[_Union[Context, _Mapping]] = ..., members: _Optional[_Iterable[int]] = ..., threshold: _Optional[int] = ..., length: _Optional[int] = ..., bits: _Optional[int] = ..., neighbours: _Optional[_Iterable[_Union[Neighbours, _Mapping]]] = ..., signed: _Optional[bool] = ..., encoding: _Optional[_Union[Encoding, _Mapping]] = ...) -> None: ...
+    def __init__(self, context: _Optional[_Union[Context, _Mapping]] = ..., members: _Optional[_Iterable[int]] = ..., threshold: _Optional[int] = ..., length: _Optional[int] = ..., bits: _Optional[int] = ..., neighbours: _Optional[_Iterable[_Union[Neighbours, _Mapping]]] = ..., signed: bool = ..., encoding: _Optional[_Union[Encoding, _Mapping]] = ...) -> None: ...
 
 class Advertisement(_message.Message):
     __slots__ = ("sender", "context", "encryption_public", "mask_public", "commitment", "signature")

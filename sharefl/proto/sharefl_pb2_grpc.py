@@ -5,7 +5,7 @@ import warnings
 
 from sharefl.proto import sharefl_pb2 as sharefl_dot_proto_dot_sharefl__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.71.2'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -18,14 +18,14 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in sharefl/proto/sharefl_pb2_grpc.py depends on'
+        + f' but the generated code in sharefl/proto/sharefl_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
     )
 
 
-class AggregationStub:
+class AggregationStub(object):
     """Missing associated documentation comment in .proto file."""
 
     def __init__(self, channel):
@@ -41,7 +41,7 @@ class AggregationStub:
                 _registered_method=True)
 
 
-class AggregationServicer:
+class AggregationServicer(object):
     """Missing associated documentation comment in .proto file."""
 
     def Session(self, request_iterator, context):
@@ -66,7 +66,7 @@ def add_AggregationServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class Aggregation:
+class Aggregation(object):
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod

@@ -19,6 +19,8 @@ from sharefl.crypto.errors import ShamirError
 from sharefl.crypto.kdf import KeyContext
 from sharefl.crypto.shamir import SHARE_BYTES, Share
 
+COMMITMENT_BYTES = 32
+"""Size of a seed commitment (SHA-256, :func:`seed_commitment`)."""
 PLAINTEXT_BYTES = 16 + 2 * SHARE_BYTES
 SEALED_BYTES = PLAINTEXT_BYTES + OVERHEAD_BYTES
 

@@ -40,13 +40,15 @@ from sharefl.crypto import aead, shamir
 from sharefl.crypto.errors import CryptoError, DecryptionError, SignatureError
 from sharefl.crypto.kdf import KEY_BYTES, Purpose, X25519KeyPair, pairwise_key
 from sharefl.crypto.prg import combine_masks, ring_dtype
+from sharefl.crypto.shamir import SHARE_BYTES
 from sharefl.crypto.signatures import (
     SIGNATURE_BYTES,
     IdentityKey,
     client_list_message,
     verify,
 )
-from sharefl.protocol.bundles import BundleError, SharePair, seed_commitment
+from sharefl.protocol import records
+from sharefl.protocol.bundles import COMMITMENT_BYTES, BundleError, SharePair, seed_commitment
 from sharefl.protocol.errors import (
     BadAdvertisement,
     ClientRefusal,
@@ -55,6 +57,7 @@ from sharefl.protocol.errors import (
     ContextMismatch,
     InconsistentRequest,
     MalformedRequest,
+    StageError,
     ThresholdTooLow,
 )
 from sharefl.protocol.messages import (
@@ -72,8 +75,8 @@ from sharefl.protocol.messages import (
 )
 
 SURVIVORS_LABEL = "survivors"
-COMMITMENT_BYTES = 32
-"""Size of a seed commitment (SHA-256, :func:`~sharefl.protocol.bundles.seed_commitment`)."""
+SESSION_STATE_TYPE = "ClientSessionState"
+"""The ``type`` of a :meth:`ClientSession.export_state` record."""
 
 
 class ClientState(enum.Enum):
@@ -181,7 +184,10 @@ class ClientSession:
         client_id: this client's id (a member of ``assignment.members``).
         assignment: the server's cluster assignment (validated here against ``policy``).
         vector: this client's input, a 1-D uint32/uint64 array of ``assignment.length``
-            elements (use :mod:`sharefl.crypto.encoding` for floats). Not modified.
+            elements (use :mod:`sharefl.crypto.encoding` for floats). Not modified. ``None``:
+            the input comes later, through :meth:`set_input`, before the masking request
+            (e.g. a client that trains after key setup). The session drops its reference
+            to the input once it has sent the masked input.
         policy: the client's own requirements.
         randbytes: source of secret randomness (keys, seeds, Shamir coefficients).
 
@@ -194,7 +200,7 @@ class ClientSession:
         self,
         client_id: int,
         assignment: ClusterAssignment,
-        vector: np.ndarray,
+        vector: np.ndarray | None = None,
         policy: ClientPolicy | None = None,
         *,
         randbytes: Callable[[int], bytes] = os.urandom,
@@ -206,23 +212,48 @@ class ClientSession:
         self.state = ClientState.NEW
         self._randbytes = randbytes
         self._check_assignment()
-        dtype = ring_dtype(assignment.bits)
-        if (
-            not isinstance(vector, np.ndarray)
-            or vector.dtype != dtype
-            or vector.shape != (assignment.length,)
-        ):
-            raise ConfigurationError(
-                f"client {client_id}: input must be a 1-D {dtype} array of length "
-                f"{assignment.length}; got {getattr(vector, 'dtype', type(vector).__name__)} "
-                f"{getattr(vector, 'shape', '')}"
-            )
-        self._vector = vector
+        self._vector: np.ndarray | None = None
+        if vector is not None:
+            self._vector = self._checked_input(vector)
         self._neighbours = assignment.neighbours_of(client_id)
         self._x = {m: i + 1 for i, m in enumerate(assignment.members)}
         self._survivors: tuple[int, ...] = ()
         self._signed_survivors: tuple[int, ...] | None = None
         self._held: dict[int, SharePair] = {}
+
+    # -- the input ------------------------------------------------------------------------
+
+    def _checked_input(self, vector: np.ndarray) -> np.ndarray:
+        dtype = ring_dtype(self.assignment.bits)
+        if (
+            not isinstance(vector, np.ndarray)
+            or vector.dtype != dtype
+            or vector.shape != (self.assignment.length,)
+        ):
+            raise ConfigurationError(
+                f"client {self.id}: input must be a 1-D {dtype} array of length "
+                f"{self.assignment.length}; got "
+                f"{getattr(vector, 'dtype', type(vector).__name__)} {getattr(vector, 'shape', '')}"
+            )
+        return vector
+
+    @property
+    def has_input(self) -> bool:
+        """Whether the input is set (and not yet masked)."""
+        return self._vector is not None
+
+    def set_input(self, vector: np.ndarray) -> None:
+        """Supply (or replace) the input before the masking request.
+
+        Raises :class:`ConfigurationError` for an input of the wrong dtype or length, and
+        :class:`StageError` once the session has masked, finished or aborted.
+        """
+        if self.state not in (ClientState.NEW, ClientState.ADVERTISED, ClientState.SHARED):
+            raise StageError(
+                f"client {self.id}: the input can only be set before masking; the session is "
+                f"{self.state.value}"
+            )
+        self._vector = self._checked_input(vector)
 
     # -- validation helpers ---------------------------------------------------------------
 
@@ -314,6 +345,15 @@ class ClientSession:
                 self._on_unmask,
             ),
         }
+        if (
+            isinstance(message, MaskingRequest)
+            and self.state is ClientState.SHARED
+            and self._vector is None
+        ):
+            raise StageError(
+                f"client {self.id}: call set_input(vector) before handing over the masking "
+                "request (the session stays as it is)"
+            )
         try:
             if type(message) not in handlers:
                 raise InconsistentRequest(f"unknown message type {type(message).__name__}")
@@ -346,8 +386,9 @@ class ClientSession:
     def _abort(self) -> None:
         self.state = ClientState.ABORTED
         self._held.clear()
-        for name in ("_enc", "_mask", "_seed", "_vector", "_share_keys", "_mask_seeds"):
+        for name in ("_enc", "_mask", "_seed", "_share_keys", "_mask_seeds"):
             self.__dict__.pop(name, None)
+        self._vector = None
 
     def _on_keys(self, message: KeysBroadcast) -> EncryptedShares:
         adverts: dict[int, AdvertiseKeys] = {}
@@ -470,7 +511,9 @@ class ClientSession:
                 continue
             masks.append((seed, +1 if peer > self.id else -1))
         self._survivors = message.survivors
+        assert self._vector is not None  # checked by handle()
         vector = combine_masks(np.empty_like(self._vector), [self._vector], masks)
+        self._vector = None  # the session keeps no copy of the input once it is masked
         self.state = ClientState.MASKED
         return MaskedInput(self.id, self.context, vector, complaints)
 
@@ -540,3 +583,115 @@ class ClientSession:
                 f"only {valid} valid signatures on the survivor list, fewer than t = "
                 f"{self.assignment.threshold}: the server may have shown different lists"
             )
+
+    # -- state export / import --------------------------------------------------------------
+
+    def export_state(self) -> records.Record:
+        """The session as a plain record (:mod:`sharefl.protocol.records`: ints, bytes,
+        lists, the input as a numpy array), to keep it between messages in a store that
+        holds no Python objects (e.g. Flower's ``Context``).
+
+        The record holds this client's secrets (private keys, self-mask seed, pairwise
+        keys, the shares it holds, its input): keep it where only this client can read it.
+        The policy and the randomness source are not part of it; :meth:`from_state` takes
+        them again.
+        """
+        r: records.Record = {
+            records.TYPE_KEY: SESSION_STATE_TYPE,
+            "id": self.id,
+            "state": self.state.value,
+            "survivors": list(self._survivors),
+        }
+        r.update(records.nest("assignment", records.to_record(self.assignment)))
+        if self._vector is not None:
+            r["vector"] = self._vector
+        if self._signed_survivors is not None:
+            r["signed_survivors"] = list(self._signed_survivors)
+        records.put_map(r, "held_keys", {p: s.key_share.to_bytes() for p, s in self._held.items()})
+        records.put_map(
+            r, "held_seeds", {p: s.seed_share.to_bytes() for p, s in self._held.items()}
+        )
+        if "_enc" in self.__dict__:
+            r["enc_private"] = self._enc.private
+            r["mask_private"] = self._mask.private
+            r["seed"] = self._seed
+            r.update(records.nest("advert", records.to_record(self._advert)))
+        if "_adverts" in self.__dict__ and self.state is not ClientState.ABORTED:
+            broadcast = KeysBroadcast(self.context, tuple(self._adverts.values()))
+            r.update(records.nest("adverts", records.to_record(broadcast)))
+            records.put_map(r, "share_keys", self._share_keys)
+            records.put_map(r, "mask_seeds", self._mask_seeds)
+        return r
+
+    @classmethod
+    def from_state(
+        cls,
+        record: Mapping[str, object],
+        policy: ClientPolicy | None = None,
+        *,
+        randbytes: Callable[[int], bytes] = os.urandom,
+    ) -> ClientSession:
+        """The session :meth:`export_state` saved, with this client's ``policy`` (checked
+        against the assignment again) and randomness source.
+
+        Raises :class:`~sharefl.protocol.records.RecordError` for a record that is not a
+        complete session state, and what the constructor raises.
+        """
+        if record.get(records.TYPE_KEY) != SESSION_STATE_TYPE:
+            raise records.RecordError(f"not a {SESSION_STATE_TYPE} record")
+        assignment = records.from_record(records.unnest("assignment", record), ClusterAssignment)
+        vector = record.get("vector")
+        if vector is not None and not isinstance(vector, np.ndarray):
+            raise records.RecordError("'vector' must be a numpy array")
+        session = cls(
+            records.get_int(record, "id"), assignment, vector, policy, randbytes=randbytes
+        )
+        try:
+            session.state = ClientState(record.get("state"))
+        except ValueError as exc:
+            raise records.RecordError(f"unknown session state {record.get('state')!r}") from exc
+        session._survivors = records.get_ids(record, "survivors")
+        if "signed_survivors" in record:
+            session._signed_survivors = records.get_ids(record, "signed_survivors")
+        keys = records.get_map(record, "held_keys", SHARE_BYTES)
+        seeds = records.get_map(record, "held_seeds", SHARE_BYTES)
+        if keys.keys() != seeds.keys():
+            raise records.RecordError("'held_keys' and 'held_seeds' name different peers")
+        try:
+            session._held = {
+                p: SharePair(shamir.Share.from_bytes(keys[p]), shamir.Share.from_bytes(seeds[p]))
+                for p in keys
+            }
+            if "enc_private" in record:
+                session._enc = X25519KeyPair.from_private(
+                    records.get_bytes(record, "enc_private", (KEY_BYTES,))
+                )
+                session._mask = X25519KeyPair.from_private(
+                    records.get_bytes(record, "mask_private", (KEY_BYTES,))
+                )
+                session._seed = records.get_bytes(record, "seed", (KEY_BYTES,))
+                session._advert = records.from_record(
+                    records.unnest("advert", record), AdvertiseKeys
+                )
+        except CryptoError as exc:
+            raise records.RecordError(f"unusable secrets in the session state: {exc}") from exc
+        if "adverts/type" in record:
+            broadcast = records.from_record(records.unnest("adverts", record), KeysBroadcast)
+            session._adverts = {a.sender: a for a in broadcast.advertisements}
+            session._share_keys = records.get_map(record, "share_keys", KEY_BYTES)
+            session._mask_seeds = records.get_map(record, "mask_seeds", KEY_BYTES)
+        needs_keys = session.state in (
+            ClientState.ADVERTISED,
+            ClientState.SHARED,
+            ClientState.MASKED,
+            ClientState.SIGNED,
+        )
+        if needs_keys and "_enc" not in session.__dict__:
+            raise records.RecordError(f"a {session.state.value} session state lacks its keys")
+        if (
+            session.state is not ClientState.ADVERTISED
+            and needs_keys
+            and ("_adverts" not in session.__dict__)
+        ):
+            raise records.RecordError(f"a {session.state.value} session state lacks the adverts")
+        return session

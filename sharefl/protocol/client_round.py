@@ -37,6 +37,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from sharefl.protocol import records
 from sharefl.protocol.audit import AuditError, LeakageReport, audit, audit_rows, linked_rows
 from sharefl.protocol.client import ClientPolicy, ClientSession
 from sharefl.protocol.errors import (
@@ -172,12 +173,13 @@ class ClientRound:
     def session(
         self,
         assignment: ClusterAssignment,
-        vector: np.ndarray,
+        vector: np.ndarray | None = None,
         *,
         randbytes: Callable[[int], bytes] = os.urandom,
     ) -> ClientSession:
         """Vet ``assignment`` and build its :class:`ClientSession` (which checks the
-        threshold). Raises a :class:`ClientRefusal` or ``ConfigurationError``."""
+        threshold); ``vector=None`` leaves the input for :meth:`ClientSession.set_input`.
+        Raises a :class:`ClientRefusal` or ``ConfigurationError``."""
         self.vet(assignment)
         try:
             return ClientSession(self.id, assignment, vector, self.policy, randbytes=randbytes)
@@ -227,6 +229,57 @@ class ClientRound:
         context = session.context
         self._released[(context.reclustering, context.cluster)] = frozenset(message.survivors)
         return reply
+
+    # -- state export / import --------------------------------------------------------------
+
+    def export_state(self) -> records.Record:
+        """The guard as a plain record (the plan, the reclusterings this client took part
+        in, the releases it saw), to keep between messages (see
+        :meth:`ClientSession.export_state`). Holds no secret."""
+        r: records.Record = {records.TYPE_KEY: ROUND_STATE_TYPE, "id": self.id}
+        r.update(records.nest("plan", records.to_record(self.plan)))
+        used = sorted(self._used.items())
+        r["used.reclusterings"] = [p for p, _ in used]
+        r["used.clusters"] = [k for _, k in used]
+        released = sorted(self._released.items())
+        r["released.reclusterings"] = [p[0] for p, _ in released]
+        r["released.clusters"] = [p[1] for p, _ in released]
+        r["released.sizes"] = [len(s) for _, s in released]
+        r["released.members"] = [i for _, s in released for i in sorted(s)]
+        return r
+
+    @classmethod
+    def from_state(cls, record, policy: ClientPolicy | None = None) -> ClientRound:
+        """The guard :meth:`export_state` saved. The plan was audited when the guard was
+        built and is not audited again: pass only records this client exported itself.
+        Raises :class:`~sharefl.protocol.records.RecordError` for a malformed record."""
+        if record.get(records.TYPE_KEY) != ROUND_STATE_TYPE:
+            raise records.RecordError(f"not a {ROUND_STATE_TYPE} record")
+        guard = cls.__new__(cls)
+        guard.id = records.get_int(record, "id")
+        guard.plan = records.from_record(records.unnest("plan", record), RoundPlan)
+        guard.policy = policy or ClientPolicy()
+        guard.digest = guard.plan.digest()
+        rs = records.get_ids(record, "used.reclusterings")
+        ks = records.get_ids(record, "used.clusters", unique=False)
+        if len(rs) != len(ks):
+            raise records.RecordError("'used.*' lists differ in length")
+        guard._used = dict(zip(rs, ks, strict=True))
+        rr = records.get_ids(record, "released.reclusterings", unique=False)
+        rk = records.get_ids(record, "released.clusters", unique=False)
+        sizes = records.get_ids(record, "released.sizes", unique=False)
+        members = records.get_ids(record, "released.members", 1 << 20, unique=False)
+        if not len(rr) == len(rk) == len(sizes) or sum(sizes) != len(members):
+            raise records.RecordError("'released.*' lists do not match")
+        guard._released, start = {}, 0
+        for r, k, size in zip(rr, rk, sizes, strict=True):
+            guard._released[(r, k)] = frozenset(members[start : start + size])
+            start += size
+        return guard
+
+
+ROUND_STATE_TYPE = "ClientRoundState"
+"""The ``type`` of a :meth:`ClientRound.export_state` record."""
 
 
 @functools.lru_cache(maxsize=8)

@@ -1,0 +1,503 @@
+"""Plain records of every protocol value, for transports that carry key-value records.
+
+A *record* is a flat ``dict[str, RecordValue]`` whose values are ints, floats, bools,
+strings, bytes, lists of ints, lists of bytes, or numpy arrays (vectors stay arrays: no
+base64, no pickle). Flower's ``ConfigRecord`` / ``ArrayRecord`` hold such values directly
+(:mod:`sharefl.integrations.flower`); any other stack with typed key-value messages can do
+the same. This module is sans-IO and knows no transport.
+
+:func:`to_record` converts every protocol message (:mod:`sharefl.protocol.messages`), a
+:class:`~sharefl.protocol.messages.ClusterAssignment`, a
+:class:`~sharefl.crypto.encoding.RingEncoding` and a
+:class:`~sharefl.protocol.plan.RoundPlan`; :func:`from_record` converts back and checks
+everything a peer could get wrong (types, ranges, byte sizes, list lengths, duplicate
+ids), raising :class:`RecordError`. A key context travels as its canonical bytes
+(:meth:`KeyContext.to_bytes`); a ``{peer: bytes}`` map as two parallel lists
+``<name>.peers`` / ``<name>.values``. ``from_record(to_record(x)) == x`` for every value.
+
+:func:`nest` / :func:`unnest` put one record inside another under a key prefix (a
+transport may carry several values in one record; :class:`ClientSession` state uses it).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Mapping
+from typing import Any, TypeAlias
+
+import numpy as np
+
+from sharefl.crypto.encoding import RingEncoding
+from sharefl.crypto.errors import EncodingError
+from sharefl.crypto.kdf import KEY_BYTES, PLAN_DIGEST_BYTES, KeyContext
+from sharefl.crypto.shamir import SHARE_BYTES
+from sharefl.crypto.signatures import SIGNATURE_BYTES
+from sharefl.protocol import messages as m
+from sharefl.protocol.bundles import COMMITMENT_BYTES, SEALED_BYTES
+from sharefl.protocol.clustering import Clustering, ClusteringError
+from sharefl.protocol.errors import ConfigurationError
+from sharefl.protocol.plan import RoundPlan
+
+RecordValue: TypeAlias = int | float | bool | str | bytes | list[int] | list[bytes] | np.ndarray
+Record: TypeAlias = dict[str, RecordValue]
+
+TYPE_KEY = "type"
+"""The key naming what a record holds (the Python class name, e.g. ``"MaskedInput"``)."""
+
+MAX_IDS = 1 << 16
+"""Most client ids (or per-peer entries) one list of a cluster's message may carry."""
+
+MAX_PLAN_IDS = 1 << 20
+"""Most client ids a round plan may carry in total (R · n)."""
+
+_CONTEXT_HEAD = struct.calcsize(">IQII")
+
+
+class RecordError(ValueError):
+    """A record is malformed: a missing key, a value of the wrong type, range or size, a
+    list longer than its cap, duplicate ids, or an unknown ``type``. The message names the
+    key; a receiver treats the sender as having sent something no honest peer sends."""
+
+
+# ---- small helpers ------------------------------------------------------------------------
+
+
+def _get(record: Mapping[str, Any], key: str) -> Any:
+    try:
+        return record[key]
+    except KeyError:
+        raise RecordError(f"record lacks {key!r}") from None
+
+
+def get_int(record: Mapping[str, Any], key: str, lo: int = 0, hi: int = 2**64 - 1) -> int:
+    """``record[key]`` as an int in [lo, hi]; raises :class:`RecordError`."""
+    value = _get(record, key)
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise RecordError(f"{key!r} must be an int, got {type(value).__name__}")
+    if not lo <= int(value) <= hi:
+        raise RecordError(f"{key!r} = {value} is outside [{lo}, {hi}]")
+    return int(value)
+
+
+def get_bool(record: Mapping[str, Any], key: str) -> bool:
+    """``record[key]`` as a bool; raises :class:`RecordError`."""
+    value = _get(record, key)
+    if not isinstance(value, bool | np.bool_):
+        raise RecordError(f"{key!r} must be a bool, got {type(value).__name__}")
+    return bool(value)
+
+
+def _float(record: Mapping[str, Any], key: str) -> float:
+    value = _get(record, key)
+    if isinstance(value, bool) or not isinstance(value, int | float | np.floating):
+        raise RecordError(f"{key!r} must be a float, got {type(value).__name__}")
+    return float(value)
+
+
+def get_bytes(record: Mapping[str, Any], key: str, sizes: tuple[int, ...] | None = None) -> bytes:
+    """``record[key]`` as bytes of one of ``sizes`` (any size if None); raises
+    :class:`RecordError`."""
+    value = _get(record, key)
+    if not isinstance(value, bytes | bytearray):
+        raise RecordError(f"{key!r} must be bytes, got {type(value).__name__}")
+    if sizes is not None and len(value) not in sizes:
+        raise RecordError(f"{key!r} must be {' or '.join(map(str, sizes))} bytes, got {len(value)}")
+    return bytes(value)
+
+
+def _list(record: Mapping[str, Any], key: str, cap: int = MAX_IDS) -> list:
+    value = _get(record, key)
+    if isinstance(value, np.ndarray) and value.ndim == 1 and value.dtype.kind in "iu":
+        value = value.tolist()
+    if not isinstance(value, list | tuple):
+        raise RecordError(f"{key!r} must be a list, got {type(value).__name__}")
+    if len(value) > cap:
+        raise RecordError(f"{key!r} has {len(value)} entries; at most {cap}")
+    return list(value)
+
+
+def get_ids(
+    record: Mapping[str, Any], key: str, cap: int = MAX_IDS, unique: bool = True
+) -> tuple[int, ...]:
+    """``record[key]`` as a tuple of client ids (at most ``cap``, distinct if ``unique``);
+    raises :class:`RecordError`."""
+    values = _list(record, key, cap)
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int | np.integer) or not 0 <= v < 2**64:
+            raise RecordError(f"{key!r} must hold client ids (ints in [0, 2^64)), got {v!r}")
+    ids = tuple(int(v) for v in values)
+    if unique and len(set(ids)) != len(ids):
+        raise RecordError(f"{key!r} has duplicate client ids")
+    return ids
+
+
+def put_map(record: Record, key: str, values: Mapping[int, bytes]) -> None:
+    """Store ``{peer: bytes}`` as the lists ``key.peers`` / ``key.values`` (peers sorted)."""
+    items = sorted(values.items())
+    record[f"{key}.peers"] = [int(p) for p, _ in items]
+    record[f"{key}.values"] = [bytes(v) for _, v in items]
+
+
+def get_map(record: Mapping[str, Any], key: str, size: int) -> dict[int, bytes]:
+    """The map :func:`put_map` stored, every value ``size`` bytes; raises :class:`RecordError`."""
+    peers = get_ids(record, f"{key}.peers")
+    values = _list(record, f"{key}.values")
+    if len(values) != len(peers):
+        raise RecordError(f"{key!r}: {len(peers)} peers but {len(values)} values")
+    result = {}
+    for peer, value in zip(peers, values, strict=True):
+        if not isinstance(value, bytes | bytearray) or len(value) != size:
+            raise RecordError(f"{key!r}: the entry of client {peer} must be {size} bytes")
+        result[peer] = bytes(value)
+    return result
+
+
+def nest(prefix: str, record: Mapping[str, RecordValue]) -> Record:
+    """``record`` with every key prefixed by ``prefix + "/"`` (to merge records)."""
+    return {f"{prefix}/{k}": v for k, v in record.items()}
+
+
+def unnest(prefix: str, record: Mapping[str, RecordValue]) -> Record:
+    """The keys of ``record`` under ``prefix + "/"``, without the prefix (empty if none)."""
+    head = f"{prefix}/"
+    return {k[len(head) :]: v for k, v in record.items() if k.startswith(head)}
+
+
+# ---- contexts -----------------------------------------------------------------------------
+
+
+def context_to_bytes(context: KeyContext) -> bytes:
+    """The context's canonical bytes (:meth:`KeyContext.to_bytes`)."""
+    return context.to_bytes()
+
+
+def context_from_bytes(data: bytes) -> KeyContext:
+    """Parse :meth:`KeyContext.to_bytes` output; raises :class:`RecordError`."""
+    if not isinstance(data, bytes | bytearray) or len(data) not in (
+        _CONTEXT_HEAD,
+        _CONTEXT_HEAD + PLAN_DIGEST_BYTES,
+    ):
+        raise RecordError(
+            f"a key context is {_CONTEXT_HEAD} or {_CONTEXT_HEAD + PLAN_DIGEST_BYTES} bytes"
+        )
+    version, round_, reclustering, cluster = struct.unpack(">IQII", data[:_CONTEXT_HEAD])
+    try:
+        return KeyContext(round_, reclustering, cluster, version, bytes(data[_CONTEXT_HEAD:]))
+    except ValueError as exc:  # pragma: no cover - struct already bounds every field
+        raise RecordError(f"bad key context: {exc}") from exc
+
+
+def _context(record: Mapping[str, Any], key: str = "context") -> KeyContext:
+    return context_from_bytes(get_bytes(record, key))
+
+
+# ---- values -------------------------------------------------------------------------------
+
+
+def _assignment_to(a: m.ClusterAssignment, r: Record) -> None:
+    r.update(
+        context=a.context.to_bytes(),
+        members=[int(x) for x in a.members],
+        threshold=a.threshold,
+        length=a.length,
+        bits=a.bits,
+        signed=bool(a.signed),
+    )
+    if a.neighbours is not None:
+        ids = sorted(a.neighbours)
+        r["neighbours.ids"] = ids
+        r["neighbours.degrees"] = [len(a.neighbours[i]) for i in ids]
+        r["neighbours.peers"] = [int(p) for i in ids for p in sorted(a.neighbours[i])]
+
+
+def _assignment_from(r: Mapping[str, Any]) -> m.ClusterAssignment:
+    members = get_ids(r, "members")
+    bits = get_int(r, "bits")
+    if bits not in (32, 64):
+        raise RecordError(f"'bits' must be 32 or 64, got {bits}")
+    neighbours = None
+    if "neighbours.ids" in r:
+        ids = get_ids(r, "neighbours.ids", len(members))
+        degrees = get_ids(r, "neighbours.degrees", len(members), unique=False)
+        peers = get_ids(r, "neighbours.peers", len(members) * len(members), unique=False)
+        if len(degrees) != len(ids) or sum(degrees) != len(peers):
+            raise RecordError("'neighbours.degrees' does not match the ids and peers")
+        neighbours, start = {}, 0
+        for cid, degree in zip(ids, degrees, strict=True):
+            neighbours[cid] = frozenset(peers[start : start + degree])
+            if len(neighbours[cid]) != degree:
+                raise RecordError(f"the neighbour list of {cid} has duplicates")
+            start += degree
+    return m.ClusterAssignment(
+        context=_context(r),
+        members=tuple(sorted(members)),
+        threshold=get_int(r, "threshold", 0, MAX_IDS),
+        length=get_int(r, "length", 0, 2**48),
+        bits=bits,
+        neighbours=neighbours,
+        signed=get_bool(r, "signed"),
+    )
+
+
+def _advert_to(a: m.AdvertiseKeys, r: Record) -> None:
+    r.update(
+        sender=a.sender,
+        context=a.context.to_bytes(),
+        encryption_public=a.encryption_public,
+        mask_public=a.mask_public,
+        commitment=a.commitment,
+        signature=a.signature,
+    )
+
+
+def _advert_from(r: Mapping[str, Any]) -> m.AdvertiseKeys:
+    return m.AdvertiseKeys(
+        sender=get_int(r, "sender"),
+        context=_context(r),
+        encryption_public=get_bytes(r, "encryption_public", (KEY_BYTES,)),
+        mask_public=get_bytes(r, "mask_public", (KEY_BYTES,)),
+        commitment=get_bytes(r, "commitment", (COMMITMENT_BYTES,)),
+        signature=get_bytes(r, "signature", (0, SIGNATURE_BYTES)),
+    )
+
+
+_ADVERT_FIELDS = ("sender", "context", "encryption_public", "mask_public", "commitment")
+
+
+def _keys_to(k: m.KeysBroadcast, r: Record) -> None:
+    r["context"] = k.context.to_bytes()
+    adverts = list(k.advertisements)
+    r["adverts.sender"] = [a.sender for a in adverts]
+    for name in (*_ADVERT_FIELDS[1:], "signature"):
+        r[f"adverts.{name}"] = [
+            a.context.to_bytes() if name == "context" else getattr(a, name) for a in adverts
+        ]
+
+
+def _keys_from(r: Mapping[str, Any]) -> m.KeysBroadcast:
+    senders = get_ids(r, "adverts.sender", unique=False)
+    columns = {n: _list(r, f"adverts.{n}") for n in (*_ADVERT_FIELDS[1:], "signature")}
+    if any(len(c) != len(senders) for c in columns.values()):
+        raise RecordError("the 'adverts.*' lists differ in length")
+    adverts = tuple(
+        _advert_from({"sender": s, **{n: c[i] for n, c in columns.items()}})
+        for i, s in enumerate(senders)
+    )
+    return m.KeysBroadcast(_context(r), adverts)
+
+
+def _shares_to(s: m.EncryptedShares, r: Record) -> None:
+    r.update(sender=s.sender, context=s.context.to_bytes())
+    put_map(r, "bundles", s.bundles)
+
+
+def _shares_from(r: Mapping[str, Any]) -> m.EncryptedShares:
+    return m.EncryptedShares(get_int(r, "sender"), _context(r), get_map(r, "bundles", SEALED_BYTES))
+
+
+def _masking_to(x: m.MaskingRequest, r: Record) -> None:
+    r.update(context=x.context.to_bytes(), receiver=x.receiver, survivors=list(x.survivors))
+    put_map(r, "bundles", x.bundles)
+
+
+def _masking_from(r: Mapping[str, Any]) -> m.MaskingRequest:
+    return m.MaskingRequest(
+        _context(r),
+        get_int(r, "receiver"),
+        get_ids(r, "survivors"),
+        get_map(r, "bundles", SEALED_BYTES),
+    )
+
+
+def _masked_to(x: m.MaskedInput, r: Record) -> None:
+    r.update(sender=x.sender, context=x.context.to_bytes(), vector=x.vector)
+    put_map(r, "complaints", x.complaints)
+
+
+def _vector(r: Mapping[str, Any]) -> np.ndarray:
+    vector = _get(r, "vector")
+    if (
+        not isinstance(vector, np.ndarray)
+        or vector.ndim != 1
+        or vector.dtype.newbyteorder("=") not in (np.dtype(np.uint32), np.dtype(np.uint64))
+    ):
+        raise RecordError("'vector' must be a 1-D uint32 or uint64 numpy array")
+    return vector.astype(vector.dtype.newbyteorder("="), copy=False)
+
+
+def _masked_from(r: Mapping[str, Any]) -> m.MaskedInput:
+    return m.MaskedInput(
+        get_int(r, "sender"), _context(r), _vector(r), get_map(r, "complaints", KEY_BYTES)
+    )
+
+
+def _consistency_to(x: m.ConsistencyRequest, r: Record) -> None:
+    r.update(context=x.context.to_bytes(), survivors=list(x.survivors))
+
+
+def _consistency_from(r: Mapping[str, Any]) -> m.ConsistencyRequest:
+    return m.ConsistencyRequest(_context(r), get_ids(r, "survivors"))
+
+
+def _signature_to(x: m.ConsistencySignature, r: Record) -> None:
+    r.update(sender=x.sender, context=x.context.to_bytes(), signature=x.signature)
+
+
+def _signature_from(r: Mapping[str, Any]) -> m.ConsistencySignature:
+    return m.ConsistencySignature(
+        get_int(r, "sender"), _context(r), get_bytes(r, "signature", (SIGNATURE_BYTES,))
+    )
+
+
+def _unmask_request_to(x: m.UnmaskRequest, r: Record) -> None:
+    r.update(context=x.context.to_bytes(), survivors=list(x.survivors), dropped=list(x.dropped))
+    put_map(r, "signatures", x.signatures)
+
+
+def _unmask_request_from(r: Mapping[str, Any]) -> m.UnmaskRequest:
+    return m.UnmaskRequest(
+        _context(r),
+        get_ids(r, "survivors"),
+        get_ids(r, "dropped"),
+        get_map(r, "signatures", SIGNATURE_BYTES),
+    )
+
+
+def _unmask_response_to(x: m.UnmaskResponse, r: Record) -> None:
+    r.update(sender=x.sender, context=x.context.to_bytes())
+    put_map(r, "seed_shares", x.seed_shares)
+    put_map(r, "key_shares", x.key_shares)
+
+
+def _unmask_response_from(r: Mapping[str, Any]) -> m.UnmaskResponse:
+    return m.UnmaskResponse(
+        get_int(r, "sender"),
+        _context(r),
+        get_map(r, "seed_shares", SHARE_BYTES),
+        get_map(r, "key_shares", SHARE_BYTES),
+    )
+
+
+def _encoding_to(e: RingEncoding, r: Record) -> None:
+    r.update(bits=e.bits, frac_bits=e.frac_bits, clip=e.clip, max_summands=e.max_summands)
+    if e.l2_clip is not None:
+        r["l2_clip"] = e.l2_clip
+
+
+def _encoding_from(r: Mapping[str, Any]) -> RingEncoding:
+    try:
+        return RingEncoding(
+            get_int(r, "bits"),
+            get_int(r, "frac_bits"),
+            _float(r, "clip"),
+            get_int(r, "max_summands"),
+            _float(r, "l2_clip") if "l2_clip" in r else None,
+        )
+    except EncodingError as exc:
+        raise RecordError(f"bad encoding: {exc}") from exc
+
+
+def _plan_to(p: RoundPlan, r: Record) -> None:
+    r["round"] = p.round
+    r["clusters_per_clustering"] = [len(c.clusters) for c in p.clusterings]
+    r["cluster_sizes"] = [len(k) for c in p.clusterings for k in c.clusters]
+    r["members"] = [int(i) for c in p.clusterings for k in c.clusters for i in k]
+
+
+def _plan_from(r: Mapping[str, Any]) -> RoundPlan:
+    counts = get_ids(r, "clusters_per_clustering", 1 << 10, unique=False)
+    sizes = get_ids(r, "cluster_sizes", MAX_PLAN_IDS, unique=False)
+    members = get_ids(r, "members", MAX_PLAN_IDS, unique=False)
+    if sum(counts) != len(sizes) or sum(sizes) != len(members):
+        raise RecordError("the plan's cluster counts and sizes do not match its members")
+    clusterings, k, i = [], 0, 0
+    for count in counts:
+        clusters = []
+        for size in sizes[k : k + count]:
+            clusters.append(members[i : i + size])
+            i += size
+        k += count
+        clusterings.append(tuple(clusters))
+    try:
+        return RoundPlan(get_int(r, "round"), tuple(Clustering(c) for c in clusterings))
+    except (ClusteringError, ConfigurationError, ValueError) as exc:
+        raise RecordError(f"bad round plan: {exc}") from exc
+
+
+_CONVERTERS: dict[type, tuple[Any, Any]] = {
+    m.ClusterAssignment: (_assignment_to, _assignment_from),
+    m.AdvertiseKeys: (_advert_to, _advert_from),
+    m.KeysBroadcast: (_keys_to, _keys_from),
+    m.EncryptedShares: (_shares_to, _shares_from),
+    m.MaskingRequest: (_masking_to, _masking_from),
+    m.MaskedInput: (_masked_to, _masked_from),
+    m.ConsistencyRequest: (_consistency_to, _consistency_from),
+    m.ConsistencySignature: (_signature_to, _signature_from),
+    m.UnmaskRequest: (_unmask_request_to, _unmask_request_from),
+    m.UnmaskResponse: (_unmask_response_to, _unmask_response_from),
+    RingEncoding: (_encoding_to, _encoding_from),
+    RoundPlan: (_plan_to, _plan_from),
+}
+_BY_NAME = {cls.__name__: cls for cls in _CONVERTERS}
+
+Recordable: TypeAlias = (
+    m.ClientMessage | m.ServerMessage | m.ClusterAssignment | RingEncoding | RoundPlan
+)
+
+
+def to_record(value: Recordable) -> Record:
+    """The record of one protocol message, assignment, encoding or round plan.
+
+    Raises ``TypeError`` for any other value.
+    """
+    converter = _CONVERTERS.get(type(value))
+    if converter is None:
+        raise TypeError(f"no record format for {type(value).__name__}")
+    record: Record = {TYPE_KEY: type(value).__name__}
+    converter[0](value, record)
+    return record
+
+
+def from_record(record: Mapping[str, Any], expected: type | tuple[type, ...] | None = None) -> Any:
+    """The value :func:`to_record` made ``record`` from.
+
+    ``expected`` restricts what is accepted (a class or a tuple of classes, e.g.
+    ``ClientMessage.__args__``). Raises :class:`RecordError` for a record that is malformed,
+    of an unknown type or not of the ``expected`` type.
+    """
+    if not isinstance(record, Mapping):
+        raise RecordError(f"a record is a mapping, got {type(record).__name__}")
+    name = record.get(TYPE_KEY)
+    cls = _BY_NAME.get(name) if isinstance(name, str) else None
+    if cls is None:
+        raise RecordError(f"unknown record type {name!r}; known: {sorted(_BY_NAME)}")
+    if expected is not None:
+        allowed = expected if isinstance(expected, tuple) else (expected,)
+        if cls not in allowed:
+            raise RecordError(
+                f"a {name} record where {' or '.join(c.__name__ for c in allowed)} was expected"
+            )
+    try:
+        return _CONVERTERS[cls][1](record)
+    except RecordError:
+        raise
+    except (TypeError, ValueError) as exc:
+        raise RecordError(f"bad {name} record: {exc}") from exc
+
+
+CLIENT_MESSAGES: tuple[type, ...] = (
+    m.AdvertiseKeys,
+    m.EncryptedShares,
+    m.MaskedInput,
+    m.ConsistencySignature,
+    m.UnmaskResponse,
+)
+"""The classes a server accepts from a client (``from_record(r, CLIENT_MESSAGES)``)."""
+
+SERVER_MESSAGES: tuple[type, ...] = (
+    m.KeysBroadcast,
+    m.MaskingRequest,
+    m.ConsistencyRequest,
+    m.UnmaskRequest,
+)
+"""The classes a client accepts from the server between assignment and unmasking."""
