@@ -417,6 +417,10 @@ class _Client:
             if f"{_STATE}.input" not in self.ctxt.state.config_records:
                 out = self._train(msg, ctxt, call_next)
             session.set_input(self._load("input")["vector"])
+            if message.context.reclustering + 1 >= guard.plan.reclusterings:
+                # The round's last masking: the input (d ring elements) leaves the Context,
+                # which Flower ships with every later message of this client.
+                _drop_record(self.ctxt.state, f"{_STATE}.input")
         reply = guard.handle(session, message)
         self._save("round", guard.export_state())
         self._save("session", session.export_state())
