@@ -197,3 +197,37 @@ def test_byzantine_clients_and_a_robust_rule():
     plain = ShareflWorkflow(cluster_size=3, clip=1.0, seed=5)
     moved, _ = run_round(plain, attacked, global_arrays)
     assert float(moved[0].mean()) < -0.5  # the attack drags plain FedAvg
+
+
+def test_the_input_leaves_the_context_after_the_rounds_last_masking():
+    """Flower ships a client's Context with each of its messages: the encoded input (d ring
+    elements) stays only while a masking of the round is still to come, and the client
+    trains once per round whatever the number of reclusterings."""
+    updates = updates_for(NODES, seed=2)
+    calls = dict.fromkeys(NODES, 0)
+
+    def counting(nid):
+        inner = trainer(*updates[nid])
+
+        def app(msg, ctxt):
+            calls[nid] += 1
+            return inner(msg, ctxt)
+
+        return app
+
+    seen: list[bool] = []
+
+    class Watching(FakeGrid):
+        def send_and_receive(self, messages, *, timeout=None):
+            replies = super().send_and_receive(messages, timeout=timeout)
+            seen.append(any(f"{PREFIX}.state.input" in c.state for c in self.contexts.values()))
+            return replies
+
+    grid = Watching({nid: counting(nid) for nid in NODES})
+    global_arrays = [np.zeros(s, np.float32) for s in SHAPES]
+    workflow = ShareflWorkflow(cluster_size=5, reclusterings=2, clip=1.0, seed=6)
+    workflow(grid, legacy_context(grid, NODES, global_arrays))
+    assert len(workflow.last_result.reclusterings) == 2
+    assert set(calls.values()) == {1}
+    # assign, keys, masking (trained: kept), unmask | assign, keys, masking (dropped), unmask
+    assert seen == [False, False, True, True, True, True, False, False]
