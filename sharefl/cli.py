@@ -187,14 +187,39 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+EXTRA_OF_MODULE = {
+    "grpc": "grpc",
+    "google": "grpc",
+    "torch": "sim",
+    "scipy": "sim",
+    "dp_accounting": "sim",
+    "matplotlib": "sim",
+    "PIL": "sim",
+    "flwr": "flower",
+}
+"""Top-level module → the extra of ``pyproject.toml`` that installs it."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``sharefl`` console script; returns the process exit status."""
+    """Entry point of the ``sharefl`` console script; returns the process exit status (2,
+    with the install command to run, when the command needs an extra that is missing)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except ModuleNotFoundError as exc:
+        extra = EXTRA_OF_MODULE.get((exc.name or "").split(".")[0])
+        if extra is None:
+            raise
+        print(
+            f"sharefl: `sharefl {args.command}` needs {exc.name}, which is not installed: "
+            f'pip install "sharefl[{extra}]" (or "sharefl[all]")',
+            file=sys.stderr,
+        )
+        return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,0 +1,49 @@
+"""The package's dependency promises: the secure layer imports only numpy and cryptography,
+and a command whose extra is missing says what to install instead of a traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OPTIONAL = ("torch", "grpc", "google.protobuf", "scipy", "matplotlib", "dp_accounting", "flwr")
+
+
+def _python(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
+
+
+def test_the_core_imports_no_optional_dependency():
+    done = _python(
+        "import sys\n"
+        "import sharefl.crypto, sharefl.protocol\n"
+        "from sharefl.protocol import secure_sum, RoundCoordinator, ClientRound\n"
+        f"print([m for m in {OPTIONAL!r} if m in sys.modules])\n"
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_the_core_needs_only_numpy_and_cryptography():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    names = sorted(d.split(">")[0].split("=")[0].strip() for d in project["dependencies"])
+    assert names == ["cryptography", "numpy"]
+    extras = project["optional-dependencies"]
+    assert {"grpc", "sim", "flower", "all", "test"} <= extras.keys()
+    assert "sharefl[all]" in extras["test"]
+
+
+def test_a_command_without_its_extra_says_what_to_install(tmp_path):
+    done = _python(
+        "import sys\n"
+        "sys.modules['grpc'] = None  # as if sharefl[grpc] were not installed\n"
+        "from sharefl.cli import main\n"
+        f"sys.exit(main(['serve', '--config', {str(tmp_path / 'x.toml')!r}]))\n"
+    )
+    assert done.returncode == 2
+    assert 'pip install "sharefl[grpc]"' in done.stderr and "Traceback" not in done.stderr
