@@ -95,6 +95,7 @@ class SignGaussian:
     epsilon: float
     sensitivity: float
     per_coordinate: bool = False
+    signed_u: bool = False
 
     def __post_init__(self) -> None:
         if not 0 < self.epsilon < 8:
@@ -104,6 +105,10 @@ class SignGaussian:
             )
         if not (math.isfinite(self.sensitivity) and self.sensitivity > 0):
             raise PrivacyConfigError(f"sensitivity must be > 0, got {self.sensitivity!r}")
+        if self.signed_u and not self.per_coordinate:
+            raise PrivacyConfigError(
+                "signed_u is the code's per-coordinate σ_i: set per_coordinate"
+            )
 
     @property
     def noise_floor(self) -> float:
@@ -111,11 +116,16 @@ class SignGaussian:
         return 4.0 * self.sensitivity / self.epsilon
 
     def sigma(self, u: torch.Tensor) -> torch.Tensor:
-        """σ (a 0-d tensor) or σ_i (u's shape), just above max{2|u_i|/3, 4Δu/ε}."""
-        scaled = u.abs() * (2.0 / 3.0)
+        """σ (0-d for ``[d]``, ``[K, 1]`` for ``[K, d]``) or σ_i (u's shape), just above
+        max{2|u_i|/3, 4Δu/ε} (u_i signed with ``signed_u``)."""
+        scaled = (u if self.signed_u else u.abs()) * (2.0 / 3.0)
         bound = scaled.clamp_min(self.noise_floor)
         if not self.per_coordinate:
-            bound = bound.max() if bound.numel() else bound.new_tensor(self.noise_floor)
+            if bound.shape[-1] == 0:
+                bound = bound.new_full((*bound.shape[:-1], 1), self.noise_floor)
+                bound = bound.squeeze(-1) if u.dim() == 1 else bound
+            else:
+                bound = bound.amax(dim=-1, keepdim=u.dim() > 1)
         return torch.nextafter(bound, bound.new_tensor(math.inf))  # Theorem 2 is strict
 
     def keep_probability(self, u: torch.Tensor) -> torch.Tensor:

@@ -19,6 +19,8 @@ Layout (every key optional unless noted; defaults in the dataclasses below)::
     [aggregator]  name, options, pre
     [server]      learning_rate, momentum
     [deployment]  address, stage_timeout_s, connect_timeout_s (for ``sharefl launch``)
+    [algorithm]   name ("federated" or "dp_rsa"), method, lr, penalty, epsilon, ... (the
+                  DP-RSA loop of seed002, :class:`AlgorithmConfig`)
     [paper]       "<label>" = accuracy reported by the paper for that label
 
     [[variant]]   # optional: each variant overrides keys of the base (deep merge)
@@ -269,6 +271,79 @@ class DeploymentConfig:
     stage_timeout_s: float = 60.0
 
 
+ALGORITHMS = ("federated", "dp_rsa")
+RSA_METHODS = ("rsa", "dp_rsa_f", "dp_rsa_g", "sgd", "signsgd", "sgd_gm")
+SIGMA_RULES = ("coordinate", "scalar", "code")
+WORKER_SIGNS = ("sent", "true")
+RSA_INITS = ("independent", "perturbed", "same")
+
+
+@dataclass(frozen=True)
+class AlgorithmConfig:
+    """Which training loop runs, and the parameters of the DP-RSA loop (seed002).
+
+    ``name = "federated"`` (default) is :class:`~sharefl.simulator.engine.Simulation`;
+    ``name = "dp_rsa"`` is :class:`~sharefl.simulator.rsa_loop.RSALoop`, whose ``method``
+    picks one of the paper's curves: ``rsa`` (no noise), ``dp_rsa_f`` (Sign-Flipping),
+    ``dp_rsa_g`` (Sign-Gaussian), or the gradient baselines ``sgd`` (mean), ``signsgd``
+    (mean of the gradients' signs) and ``sgd_gm`` (geometric median, Weiszfeld). The other
+    keys apply to the dp_rsa loop only (units: step sizes per iteration, M an l2 bound).
+
+    Attributes:
+        lr: α, constant step size (0.01).
+        penalty: λ (0.01 on MNIST, 0.002 on CIFAR-10).
+        regularization: w of the master's f_0(x) = w‖x‖² (0.002).
+        baseline_regularization: give the gradient baselines f_0 too (the code: no).
+        epsilon: per-round ε of DP-RSA(F)/(G) (Theorems 1, 2); required for those.
+        delta: δ of the composed ε reported over the run.
+        grad_bound: M of Theorem 2's Δu = 2αM (the code's 0.01).
+        clip_gradients: enforce M by clipping each worker's gradient to l2 norm M.
+        sigma_rule: Sign-Gaussian's σ: ``coordinate`` σ_i > max(2|u_i|/3, 4Δu/ε),
+            ``scalar`` σ > max(max_i 2|u_i|/3, 4Δu/ε) (Theorem 2 as written, one σ per
+            worker), ``code`` the authors' σ_i = max(2u_i/3, 4Δu/ε) with the signed u_i.
+        worker_sign: the sign in the worker's own step: ``sent`` (the perturbed one, the
+            analysis and the code) or ``true`` (eq. 5's noiseless sign).
+        init: the workers' x_k^0: ``same`` as x_0^0 (default; sign(0) = +1 then matters),
+            ``independent`` PyTorch initialisations (the MNIST code: measured here, they
+            do not reach consensus in 5,000 iterations, x_0 stays at ~9% accuracy), or
+            ``perturbed`` x_0 + 0.01·(U[0,1) − 0.5) (the CIFAR-10 code).
+        gm_max_iter, gm_tol: the geometric median's Weiszfeld iterations and tolerance.
+    """
+
+    name: str = "federated"
+    method: str = "dp_rsa_g"
+    lr: float = 0.01
+    penalty: float = 0.01
+    regularization: float = 0.002
+    baseline_regularization: bool = False
+    epsilon: float = 0.0
+    delta: float = 1e-5
+    grad_bound: float = 0.01
+    clip_gradients: bool = False
+    sigma_rule: str = "coordinate"
+    worker_sign: str = "sent"
+    init: str = "same"
+    gm_max_iter: int = 80
+    gm_tol: float = 1e-5
+
+    def __post_init__(self) -> None:
+        _require(self.name in ALGORITHMS, f"algorithm.name must be one of {ALGORITHMS}")
+        _require(self.method in RSA_METHODS, f"algorithm.method must be one of {RSA_METHODS}")
+        _require(self.lr > 0 and self.penalty > 0, "algorithm.lr and algorithm.penalty: > 0")
+        _require(self.regularization >= 0, "algorithm.regularization must be >= 0")
+        _require(self.epsilon >= 0, "algorithm.epsilon must be >= 0")
+        _require(0 < self.delta < 1, "algorithm.delta must be in (0, 1)")
+        _require(self.grad_bound > 0, "algorithm.grad_bound (M) must be > 0")
+        _require(self.sigma_rule in SIGMA_RULES, f"algorithm.sigma_rule: one of {SIGMA_RULES}")
+        _require(self.worker_sign in WORKER_SIGNS, f"algorithm.worker_sign: one of {WORKER_SIGNS}")
+        _require(self.init in RSA_INITS, f"algorithm.init must be one of {RSA_INITS}")
+        _require(self.gm_max_iter >= 1 and self.gm_tol >= 0, "algorithm.gm_*: bad value")
+        if self.name == "dp_rsa" and self.method in ("dp_rsa_f", "dp_rsa_g"):
+            _require(self.epsilon > 0, f"algorithm.method = {self.method!r} needs epsilon > 0")
+        if self.name == "dp_rsa" and self.method == "dp_rsa_g":
+            _require(self.epsilon < 8, "Theorem 2 (dp_rsa_g) holds for epsilon in (0, 8)")
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """One fully resolved run (an element of the grid)."""
@@ -289,6 +364,7 @@ class RunConfig:
     aggregator: AggregatorConfig = field(default_factory=AggregatorConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
     deployment: DeploymentConfig = field(default_factory=DeploymentConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     paper: float | None = None  # the paper's accuracy for this run's label
 
     def __post_init__(self) -> None:
@@ -300,6 +376,12 @@ class RunConfig:
         )
         if self.privacy.enabled and self.privacy.level == "client":
             _check_client_level(self)
+        if self.algorithm.name == "dp_rsa":
+            _require(
+                not self.privacy.enabled,
+                "the dp_rsa loop privatises sign messages (algorithm.method, "
+                "algorithm.epsilon): set privacy.enabled = false",
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -309,10 +391,13 @@ class RunConfig:
         """A stable identifier: readable prefix + hash of the resolved configuration.
 
         The paper's value is left out of the hash: correcting it must not re-run a finished
-        experiment. Greek letters are spelled out so that "Fed-αCDP" and "Fed-CDP" get
+        experiment; so is a default ``[algorithm]`` section (ids from before it existed).
+        Greek letters are spelled out so that "Fed-αCDP" and "Fed-CDP" get
         different prefixes.
         """
         settings = {k: v for k, v in self.to_dict().items() if k != "paper"}
+        if self.algorithm == AlgorithmConfig():  # ids of runs from before the section
+            del settings["algorithm"]
         blob = json.dumps(settings, sort_keys=True, default=str).encode()
         readable = f"{self.name}-{self.label}".translate(_GREEK)
         slug = re.sub(r"[^A-Za-z0-9]+", "-", readable).strip("-")[:60]

@@ -146,6 +146,11 @@ class Simulation:
         train: Dataset | None = None,
         test: Dataset | None = None,
     ) -> None:
+        if run.algorithm.name != "federated":
+            raise ConfigError(
+                f"Simulation runs the federated loop; [algorithm] name = "
+                f"{run.algorithm.name!r} is built by sharefl.simulator.loops.build_loop"
+            )
         self.run = run
         self.device = resolve_device(device or run.device)
         if train is None or test is None:
@@ -513,6 +518,11 @@ class Simulation:
         return g
 
     # -- reporting ---------------------------------------------------------------------
+
+    def privacy_summary(self) -> tuple[float | None, dict[str, Any]]:
+        """(δ of the reported ε or ``None`` without privacy, the JSON-ready parameters)."""
+        delta = self.privacy.delta if self.run.privacy.enabled else None
+        return delta, describe_privacy(self.privacy)
 
     def epsilon(self) -> float | None:
         """ε spent so far by each honest client (``None`` without privacy)."""

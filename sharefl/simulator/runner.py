@@ -24,7 +24,8 @@ from typing import Any, TextIO
 import torch
 
 from sharefl.simulator.config import RunConfig
-from sharefl.simulator.engine import RoundRecord, Simulation, describe_privacy
+from sharefl.simulator.engine import RoundRecord
+from sharefl.simulator.loops import Loop, build_loop
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,7 @@ def _bar(done: int, total: int, width: int = 24) -> str:
 
 
 def run_summary(
-    sim: Simulation,
+    sim: Loop,
     last: RoundRecord,
     accuracies: Sequence[float],
     *,
@@ -78,6 +79,7 @@ def run_summary(
 ) -> dict[str, Any]:
     """The ``summary.json`` of a finished run (``label``/``device`` override the run's)."""
     run = sim.run
+    delta, privacy = sim.privacy_summary()
     return {
         "run_id": run.run_id,
         "name": run.name,
@@ -86,12 +88,12 @@ def run_summary(
         "final_accuracy": last.accuracy,
         "best_accuracy": max(accuracies) if accuracies else None,
         "epsilon": last.epsilon,
-        "delta": sim.privacy.delta if run.privacy.enabled else None,
+        "delta": delta,
         "rounds": run.rounds,
         "wall_seconds": round(last.seconds, 2),
         "device": device or device_description(sim.device),
         "paper": run.paper,
-        "privacy": describe_privacy(sim.privacy),
+        "privacy": privacy,
         "config": run.to_dict(),
     }
 
@@ -103,7 +105,7 @@ def run_one(
     device: str | None = None,
     progress: Progress | None = None,
     position: str = "",
-    simulation_factory: Callable[..., Simulation] = Simulation,
+    simulation_factory: Callable[..., Loop] = build_loop,
 ) -> RunOutcome:
     """Run (or skip, if finished) one configuration, writing its folder under ``out``.
 

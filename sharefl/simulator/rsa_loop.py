@@ -1,0 +1,321 @@
+"""The DP-RSA loop of Zhu and Ling (seed002): a model per worker, a master model moved by
+the *sum of signs*, and the paper's baselines.
+
+State: the master model ``x_0`` ``[d]`` and the r regular workers' models ``x_k``, stacked
+``[r, d]`` (flat parameters of the run's model). One iteration t of the RSA family
+(``method`` = ``rsa``, ``dp_rsa_f``, ``dp_rsa_g``), vectorised over workers:
+
+    u_k = x_0 − x_k                                   (x_k before its local step)
+    s_k = F/G(sign(u_k))  (sign(u_k) for plain RSA)   the message worker k sends
+    g_k = ∇f_k(x_k; one batch of worker k)            (one vmap(grad) call, all workers)
+    x_k ← x_k − α (g_k − λ s_k)                       eq. 5 with the *sent* sign
+    x_0 ← x_0 − α (∇f_0(x_0) + λ (Σ_k s_k + Σ_j b_j)),  f_0 = 0.002‖x‖²   eq. 11
+
+with b_j the Byzantine messages (:mod:`sharefl.simulator.rsa_attacks`); the steps are
+:func:`~sharefl.robust.rsa.rsa_worker_step` and :class:`~sharefl.robust.rsa.RSAMaster`.
+``sign`` is the paper's (sign(0) = +1, :func:`~sharefl.robust.rsa.rsa_sign`). With
+``secure_aggregation.cluster_size >= 2`` the master receives Σ s + Σ b only, from
+:func:`~sharefl.protocol.driver.secure_sum` over the K = r + b workers' messages as
+uint32 ring vectors (±1 mod 2^32, summed exactly, one reclustering's cluster sums added);
+its seed comes from a separate generator, so the trajectory is bit-identical in the clear.
+
+The choices of the note's §6, as this loop makes them (``[algorithm]`` keys in brackets):
+
+1. the worker steps with the sign it *sent* (analysis and code) [worker_sign = "sent";
+   "true" gives eq. 5];
+2. sign(0) = +1, the paper's (the code's torch.sign gives 0);
+3. x_k^0 = x_0^0, the model at ``model.init_seed`` [init = "same"]. The MNIST code's
+   independent initialisations per worker [init = "independent"] were measured here not
+   to reach consensus: DP-RSA(F) at ε = 0.4 under the Gaussian attack kept x_0 at 8.9%
+   accuracy after 2,500 of 5,000 iterations, mean ‖x_k − x_0‖₂ stuck at ~6 (permuted
+   hidden units have no useful coordinate-wise median); "perturbed" is the CIFAR-10 code's
+   x_0 + 0.01(U − 0.5);
+4. Sign-Gaussian's σ: per coordinate, σ_i just above max(2|u_i|/3, 4Δu/ε) with |u_i|
+   [sigma_rule = "coordinate"; "scalar" is Theorem 2's one σ per worker, "code" the
+   signed u_i], Δu = 2αM with the code's M = 0.01 [grad_bound], not enforced unless
+   clip_gradients (the code does not clip);
+5. ε is nominal, per round and per coordinate (Theorems 1, 2); the composed ε over the run
+   (:mod:`sharefl.privacy.sign_accounting`) is per coordinate too, at ``algorithm.delta``;
+6. K includes the Byzantine workers; the data are split over all K and the regular
+   workers use shards 0 … r − 1 (the code; the last b shards go unused);
+7. the attacks as the table of :mod:`sharefl.simulator.rsa_attacks` (Gaussian vector shared
+   by the Byzantine workers; sign-flipping's "true model" = x_0; sample-duplicating copies
+   regular worker 0's raw sign);
+8. baselines on one shared model x, all workers' gradients at x: ``sgd`` steps with the
+   mean, ``signsgd`` with the *mean* of the element-wise signs (the code's commented
+   line), ``sgd_gm`` with the geometric median (smoothed Weiszfeld from
+   :class:`~sharefl.robust.GeometricMedian`, at most 80 iterations, relative tolerance
+   1e-5; the code starts from the mean and uses an absolute one), no f_0 unless
+   baseline_regularization;
+9. batches: each worker walks its own shuffled shard (B per step, all redrawn when one runs
+   out: :class:`~sharefl.simulator.worker_models.EpochSampler`).
+
+Evaluation (every ``eval_every`` iterations and at the end): accuracy and loss of x_0 (the
+shared x for baselines) on the test set; RSA runs also log ``disagreement`` = mean_k
+‖x_k − x_0‖₂.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from sharefl.privacy.sign import SignFlip, SignGaussian, rsa_sensitivity
+from sharefl.privacy.sign_accounting import composed_epsilon
+from sharefl.protocol.driver import secure_sum
+from sharefl.robust import GeometricMedian, RSAMaster, rsa_sign, rsa_worker_step
+from sharefl.simulator.config import ConfigError, RunConfig
+from sharefl.simulator.datasets import Dataset
+from sharefl.simulator.engine import RoundRecord, load_data, resolve_device
+from sharefl.simulator.models import build_model
+from sharefl.simulator.partition import partition
+from sharefl.simulator.rsa_attacks import SignAttack
+from sharefl.simulator.training import FlatModel
+from sharefl.simulator.worker_models import EpochSampler, WorkerGradients
+
+RSA_FAMILY = ("rsa", "dp_rsa_f", "dp_rsa_g")
+RING = 2**32
+
+
+def ring_signs(messages: Tensor) -> dict[int, np.ndarray]:
+    """Worker index → its ±1 message as a uint32 ring vector (−1 ↦ 2^32 − 1)."""
+    ring = messages.detach().to(torch.int64).remainder(RING).cpu().numpy().astype(np.uint32)
+    return {k: ring[k] for k in range(len(ring))}
+
+
+def signed_ring_sum(sums: list[np.ndarray]) -> np.ndarray:
+    """Σ of uint32 ring sums, read as signed integers in [−2^31, 2^31) (int64)."""
+    total = np.zeros_like(sums[0], dtype=np.uint64)
+    for s in sums:
+        total = (total + s.astype(np.uint64)) % RING
+    signed = total.astype(np.int64)
+    signed[signed >= RING // 2] -= RING
+    return signed
+
+
+class RSALoop:
+    """One run of the dp_rsa loop (``[algorithm] name = "dp_rsa"``) in this process.
+
+    Args:
+        run: the resolved configuration (``run.algorithm`` holds the loop's parameters).
+        device: overrides ``run.device``.
+        train, test: preloaded datasets (default: loaded from the configuration).
+
+    Raises:
+        ConfigError: an attack or option the loop does not know, privacy.enabled (DP here
+            is on the sign messages), secure aggregation for a gradient baseline.
+    """
+
+    def __init__(
+        self,
+        run: RunConfig,
+        *,
+        device: str | None = None,
+        train: Dataset | None = None,
+        test: Dataset | None = None,
+    ) -> None:
+        if run.algorithm.name != "dp_rsa":
+            raise ConfigError('RSALoop runs [algorithm] name = "dp_rsa"')
+        self.run = run
+        self.algo = algo = run.algorithm
+        self.device = resolve_device(device or run.device)
+        if train is None or test is None:
+            train, test = load_data(run, self.device)
+        self.train_set, self.test_set = train, test
+        self.generator = torch.Generator(device=self.device).manual_seed(run.seed)
+        self.rng = np.random.default_rng([run.seed, 2])  # secure_sum's plans only
+        self.regular = run.clients.honest
+        self.byzantine = run.clients.byzantine
+        self.attack = SignAttack.from_config(run.attack.name, run.attack.options)
+        self.rsa_family = algo.method in RSA_FAMILY
+        self.clustered = run.secure_aggregation.cluster_size >= 2
+        if self.clustered and not self.rsa_family:
+            raise ConfigError(
+                f"algorithm.method = {algo.method!r} sends gradients: secure aggregation of "
+                "sign sums is for the RSA family; set secure_aggregation.cluster_size = 1"
+            )
+
+        seed = run.seed if run.data.partition_seed < 0 else run.data.partition_seed
+        parts = partition(
+            train.targets.cpu().numpy(),
+            run.clients.total,
+            run.data.partition,
+            seed=seed,
+            **run.data.partition_options,
+        )
+        shape = tuple(train.inputs.shape[1:])
+        self.model = FlatModel(self._module(run.model.init_seed, shape).to(self.device))
+        sampler = EpochSampler(parts[: self.regular], run.training.batch_size, self.device)
+        self.gradients = WorkerGradients(self.model, train.inputs, train.targets, sampler)
+        self.x0 = self.model.initial().to(self.device)
+        self.xk = self._initial_workers(shape) if self.rsa_family else None
+        self.master = RSAMaster(
+            lr=algo.lr, penalty=algo.penalty, regularization=algo.regularization
+        )
+        self.mechanism = self._mechanism()
+        self.median = GeometricMedian(tol=algo.gm_tol, max_iter=algo.gm_max_iter)
+        self.started = time.perf_counter()
+        self.round = 0
+
+    # -- setup -------------------------------------------------------------------------
+
+    def _module(self, seed: int, shape: tuple[int, ...]) -> torch.nn.Module:
+        cfg = self.run.model
+        classes = self.train_set.num_classes
+        return build_model(
+            cfg.name, num_classes=classes, input_shape=shape, seed=seed, **cfg.options
+        )
+
+    def _initial_workers(self, shape: tuple[int, ...]) -> Tensor:
+        """x_k^0 ``[r, d]`` as ``algorithm.init`` says."""
+        init, r = self.algo.init, self.regular
+        if init == "same":
+            return self.x0.unsqueeze(0).repeat(r, 1)
+        if init == "perturbed":
+            u = torch.rand(r, self.model.dim, generator=self.generator, device=self.device)
+            return self.x0 + 0.01 * (u - 0.5)
+        seeds = np.random.SeedSequence([self.run.seed, self.run.model.init_seed]).generate_state(r)
+        flat = [FlatModel(self._module(int(s), shape)).initial() for s in seeds]
+        return torch.stack(flat).to(self.device)
+
+    def _mechanism(self) -> SignFlip | SignGaussian | None:
+        algo = self.algo
+        if algo.method == "dp_rsa_f":
+            return SignFlip(algo.epsilon)
+        if algo.method == "dp_rsa_g":
+            return SignGaussian(
+                algo.epsilon,
+                rsa_sensitivity(algo.lr, algo.grad_bound),
+                per_coordinate=algo.sigma_rule != "scalar",
+                signed_u=algo.sigma_rule == "code",
+            )
+        return None
+
+    # -- one iteration -------------------------------------------------------------------
+
+    def _clip(self, g: Tensor) -> Tensor:
+        if not self.algo.clip_gradients:
+            return g
+        norms = torch.linalg.vector_norm(g, dim=1, keepdim=True)
+        return g * (self.algo.grad_bound / norms.clamp_min(1e-12)).clamp_max(1.0)
+
+    def sign_sum(self, messages: Tensor) -> Tensor:
+        """Σ_k messages[k] ``[d]`` (float) from the ``[K, d]`` ±1 messages: in the clear,
+        or through ``secure_sum`` as uint32 ring vectors when clustered.
+
+        Raises:
+            RuntimeError: a cluster produced no sum (cannot happen without drop-outs)."""
+        if not self.clustered:
+            return messages.sum(dim=0)
+        sa = self.run.secure_aggregation
+        result = secure_sum(
+            ring_signs(messages),
+            cluster_size=sa.cluster_size,
+            reclusterings=1,
+            seed=int(self.rng.integers(2**63)),
+            allow_leakage=sa.allow_leakage,
+            round=self.round,
+            protocol=sa.enabled,
+        )
+        first = result.reclusterings[0]
+        if first.failed or first.corrupted:
+            raise RuntimeError(f"round {self.round}: a cluster of the sign sum failed")
+        total = signed_ring_sum([c.ring_sum for c in first.clusters])
+        return torch.as_tensor(total, device=messages.device).to(messages.dtype)
+
+    def _rsa_step(self) -> None:
+        assert self.xk is not None
+        x0, xk, gen = self.x0, self.xk, self.generator
+        u = x0.unsqueeze(0) - xk
+        raw = rsa_sign(u)
+        sent = raw if self.mechanism is None else self.mechanism(u, gen)
+        grads = self._clip(self.gradients.gradients(xk, gen))
+        own = sent if self.algo.worker_sign == "sent" else raw
+        self.xk = rsa_worker_step(xk, grads, own, lr=self.algo.lr, penalty=self.algo.penalty)
+        byzantine = self.attack.messages(self.byzantine, x0, raw, sent, gen)
+        self.x0 = self.master.step(x0, self.sign_sum(torch.cat([sent, byzantine])))
+
+    def _gradient_step(self) -> None:
+        x, algo = self.x0, self.algo
+        honest = self._clip(self.gradients.gradients(x.expand(self.regular, -1), self.generator))
+        rows = torch.cat([honest, self.attack.gradients(self.byzantine, honest, self.generator)])
+        if algo.method == "sgd":
+            step = rows.mean(dim=0)
+        elif algo.method == "signsgd":
+            step = rsa_sign(rows).mean(dim=0)
+        else:
+            step = self.median(rows)
+        if algo.baseline_regularization:
+            step = step + 2.0 * algo.regularization * x
+        self.x0 = x - algo.lr * step
+
+    def step(self) -> RoundRecord:
+        """One iteration; evaluates x_0 when due. Returns the iteration's record."""
+        with torch.no_grad():
+            if self.rsa_family:
+                self._rsa_step()
+            else:
+                self._gradient_step()
+        self.round += 1
+        due = self.round % self.run.eval_every == 0 or self.round == self.run.rounds
+        if not due:
+            return RoundRecord(self.round, None, None, None, self.elapsed())
+        accuracy, loss = self.model.evaluate(self.x0, self.test_set.inputs, self.test_set.targets)
+        extra: dict[str, Any] = {}
+        if self.xk is not None:
+            gap = torch.linalg.vector_norm(self.xk - self.x0, dim=1).mean()
+            extra["disagreement"] = float(gap)
+        if self.mechanism is not None:
+            extra["epsilon_round"] = self.algo.epsilon
+        return RoundRecord(self.round, accuracy, loss, self.epsilon(), self.elapsed(), extra)
+
+    # -- reporting -----------------------------------------------------------------------
+
+    def epsilon(self) -> float | None:
+        """Composed per-coordinate ε after the iterations so far (``None`` without DP)."""
+        if self.mechanism is None or self.round == 0:
+            return None
+        return composed_epsilon(self.algo.epsilon, self.round, self.algo.delta, discretization=1e-3)
+
+    def privacy_summary(self) -> tuple[float | None, dict[str, Any]]:
+        """(δ of the reported ε or ``None``, the JSON-ready privacy parameters)."""
+        algo = self.algo
+        if self.mechanism is None:
+            return None, {"mechanism": None, "method": algo.method}
+        info: dict[str, Any] = {
+            "method": algo.method,
+            "epsilon_round": algo.epsilon,
+            "delta": algo.delta,
+            "scope": "per round and per coordinate of one worker's sign message (nominal)",
+            "vector_epsilon_round": self.model.dim * algo.epsilon,
+            "composition": "PLD of randomised response (dp-accounting), replace-one",
+        }
+        if isinstance(self.mechanism, SignFlip):
+            info |= {"mechanism": "sign_flip", "keep_probability": self.mechanism.gamma}
+        else:
+            info |= {
+                "mechanism": "sign_gaussian",
+                "sigma_rule": algo.sigma_rule,
+                "sensitivity": self.mechanism.sensitivity,
+                "noise_floor": self.mechanism.noise_floor,
+                "gradient_bound_enforced": algo.clip_gradients,
+            }
+        return algo.delta, info
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+    def run_rounds(self, callback: Callable[[RoundRecord], None] | None = None) -> RoundRecord:
+        """Run the remaining iterations; ``callback`` sees every record. Returns the last."""
+        record = None
+        while self.round < self.run.rounds:
+            record = self.step()
+            if callback is not None:
+                callback(record)
+        assert record is not None
+        return record
