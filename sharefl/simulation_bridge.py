@@ -7,18 +7,23 @@ same data partition and model; then
 
 * a client process (:class:`SimulationTrainer`, the gRPC client's trainer) trains only its
   own client — honest DP training, or its Byzantine behaviour (label flipping, or an attack
-  on its own update: an omniscient attack cannot run in a real deployment) — with a noise
-  generator seeded by (seed, client id);
+  on its own update: an omniscient attack cannot run in a real deployment) — with its DP
+  noise (and batch sampling) drawn from a generator seeded by the operating system
+  (:func:`os_seeded_generator`), so neither the server nor another client can regenerate
+  and subtract it; the data partition and the initial model still come from the file's
+  seed, which every process shares;
 * the server (:class:`SimulationStrategy`) receives the cluster sums the protocol
   releases, aggregates them with the configured robust rule over cluster means and
   reclusterings (:meth:`Simulation.cluster_aggregate`), steps the model and evaluates it,
-  writing the same ``rounds.jsonl``/``summary.json`` as ``sharefl simulate``.
+  writing the same ``rounds.jsonl``/``summary.json`` as ``sharefl simulate``. The
+  deployment's cluster plans come from the operating system too (no ``reproducible_seed``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import secrets
 import time
 from pathlib import Path
 
@@ -71,7 +76,6 @@ def deployment_for(run: RunConfig, dim: int) -> DeploymentConfig:
             bits=sa.bits,
             clip=sa.clip,
             allow_leakage=sa.allow_leakage,
-            seed=run.seed,
         ),
     )
 
@@ -140,6 +144,16 @@ class SimulationStrategy:
         (self.folder / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
 
 
+def os_seeded_generator(device: torch.device | str = "cpu") -> torch.Generator:
+    """A ``torch.Generator`` seeded with 64 bits from the operating system (``secrets``):
+    what a real client process draws its DP noise from. Its seed is never derived from the
+    configuration, so the server cannot regenerate the noise; tests pin noise by passing
+    their own generator instead."""
+    generator = torch.Generator(device=device)
+    generator.manual_seed(secrets.randbits(64))
+    return generator
+
+
 class SimulationTrainer:
     """The gRPC client's trainer for client ``client_id`` of a run (see module doc)."""
 
@@ -147,8 +161,7 @@ class SimulationTrainer:
         if not 0 <= client_id < run.clients.total:
             raise ConfigError(f"client id {client_id} is not in 0..{run.clients.total - 1}")
         self.simulation = Simulation(run)
-        seed = np.random.SeedSequence([run.seed, client_id]).generate_state(1)[0]
-        self.simulation.generator.manual_seed(int(seed))
+        self.simulation.generator = os_seeded_generator(self.simulation.generator.device)
         self.client_id = client_id
 
     def __call__(self, model: np.ndarray, *, round: int, client_id: int) -> np.ndarray:
