@@ -592,3 +592,33 @@ def test_sigterm_to_simulate_exits_130(tmp_path):
     sim.send_signal(signal.SIGTERM)
     assert sim.wait(timeout=60) == 130
     assert "interrupted" in sim.stderr.read()
+
+
+def test_client_processes_draw_dp_noise_the_server_cannot_regenerate():
+    from sharefl.simulation_bridge import SimulationTrainer
+    from sharefl.simulator.config import expand
+
+    (run,) = expand(
+        {
+            "name": "noise",
+            "seed": 1,
+            "rounds": 1,
+            "data": {
+                "dataset": "synthetic",
+                "options": {"num_examples": 200, "shape": [1, 4, 4]},
+                "partition": "iid",
+            },
+            "model": {"name": "mlp", "options": {"hidden": [8]}},
+            "clients": {"honest": 4},
+            "training": {"batch_size": 8, "local_steps": 1, "upload": "delta"},
+            "privacy": {"enabled": True, "level": "client", "noise_multiplier": 1.0, "clip": 0.1},
+            "secure_aggregation": {"cluster_size": 1},
+            "aggregator": {"name": "mean"},
+        }
+    )
+    first, second = SimulationTrainer(run, 2), SimulationTrainer(run, 2)
+    model = first.simulation.w.detach().cpu().numpy()
+    a = first(model, round=0, client_id=2)
+    b = second(model, round=0, client_id=2)
+    # Same file, seed, client, model and round: only the OS-seeded noise differs.
+    assert a.shape == b.shape and not np.allclose(a, b)
