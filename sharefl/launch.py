@@ -121,11 +121,17 @@ def run_server(
 
 
 def _server_config(config_path: str, out: str | None) -> tuple[DeploymentConfig, Any]:
-    """A deployment file, or a simulation file with its training strategy."""
+    """A deployment file (with its robust strategy when it has an ``[aggregator]``), or a
+    simulation file with its training strategy."""
     from sharefl.simulator.config import is_simulation_config
 
     if not is_simulation_config(config_path):
-        return load_config(config_path), None
+        config = load_config(config_path)
+        if not config.aggregator.name:
+            return config, None
+        from sharefl.simulation_bridge import RobustStrategy
+
+        return config, RobustStrategy(config)
     from sharefl.simulation_bridge import SimulationStrategy, deployment_for, single_run
 
     run = single_run(config_path)

@@ -36,6 +36,8 @@ from sharefl.deploy.config import (
     SecureAggregationSection,
     ServerSection,
 )
+from sharefl.robust.hierarchical import ClusterScale, HierarchicalAggregator
+from sharefl.simulator.components import build_rule
 from sharefl.simulator.config import ConfigError, RunConfig, load_runs
 from sharefl.simulator.engine import RoundRecord, Simulation
 from sharefl.simulator.runner import device_description, run_summary
@@ -80,6 +82,45 @@ def deployment_for(run: RunConfig, dim: int) -> DeploymentConfig:
     )
 
 
+def check_cluster_rule(rule: HierarchicalAggregator, clusters: int) -> None:
+    """Run ``rule`` once over ``clusters`` zero sums; raises the rule's ``ValueError``
+    (``AggregationError``) when it cannot aggregate that many (``f`` too large...)."""
+    rule(torch.zeros(clusters, 2, dtype=torch.float64), [2] * clusters)
+
+
+class RobustStrategy:
+    """The server strategy of a deployment file with an ``[aggregator]`` table: any
+    :mod:`sharefl.robust` rule (named as in simulation configs, with its options and
+    pre-aggregators) over the released cluster sums, reclusterings averaged (SHARE's
+    Algorithm 1), then ``model += learning_rate × aggregate``; the model starts at zero.
+
+    Raises :class:`~sharefl.simulator.config.ConfigError` (a ``ValueError``) for an
+    unknown rule, option or pre-aggregator.
+    """
+
+    def __init__(self, config: DeploymentConfig) -> None:
+        section = config.aggregator
+        rule = build_rule(section.name, section.options, section.pre, os_seeded_generator())
+        self.rule = HierarchicalAggregator(rule=rule, scale=ClusterScale(section.scale))
+        self.dim = config.model.dim
+        self.learning_rate = config.model.learning_rate
+
+    def initial_model(self) -> np.ndarray:
+        return np.zeros(self.dim, dtype=np.float32)
+
+    def check(self, clusters: int) -> None:
+        check_cluster_rule(self.rule, clusters)
+
+    def apply(
+        self, model: np.ndarray, round_index: int, released: list
+    ) -> tuple[np.ndarray, np.ndarray, str]:
+        rounds = [torch.as_tensor(np.stack([s for s, _ in sums])) for sums in released]
+        sizes = [[size for _, size in sums] for sums in released]
+        aggregate = self.rule.average(rounds, sizes).cpu().numpy()
+        updated = (model + self.learning_rate * aggregate).astype(np.float32)
+        return updated, aggregate, f", {type(self.rule.rule).__name__} over cluster sums"
+
+
 class SimulationStrategy:
     """The gRPC server's :class:`~sharefl.deploy.server.ServerStrategy` for a run.
 
@@ -103,6 +144,11 @@ class SimulationStrategy:
     @property
     def dim(self) -> int:
         return self.simulation.model.dim
+
+    def check(self, clusters: int) -> None:
+        """Raise ``ValueError`` when the run's rule cannot aggregate ``clusters`` sums."""
+        if isinstance(self.simulation.rule, HierarchicalAggregator):
+            check_cluster_rule(self.simulation.rule, clusters)
 
     def initial_model(self) -> np.ndarray:
         return self.simulation.w.detach().cpu().numpy().astype(np.float32)

@@ -622,3 +622,105 @@ def test_client_processes_draw_dp_noise_the_server_cannot_regenerate():
     b = second(model, round=0, client_id=2)
     # Same file, seed, client, model and round: only the OS-seeded noise differs.
     assert a.shape == b.shape and not np.allclose(a, b)
+
+
+# --- a robust rule over the released cluster sums --------------------------------------------
+
+ATTACKER = """
+import numpy as np
+
+
+def push(model, *, round, client_id):
+    return np.ones(model.shape[0], dtype=np.float32)  # the largest update the clip allows
+"""
+
+
+def test_a_robust_rule_over_cluster_sums_resists_two_byzantine_clients(tmp_path):
+    # Twelve clients in four clusters of three (clients refuse clusters below three): the
+    # two attackers share one cluster, which a trimmed mean with f = 1 cuts off.
+    from sharefl.deploy.client import demo_trainer
+    from sharefl.protocol.clustering import as_generator, random_clustering
+    from sharefl.robust import TrimmedMean
+    from sharefl.robust.hierarchical import HierarchicalAggregator
+
+    dim, seed = 32, 7
+    (tmp_path / "attacker_trainer.py").write_text(ATTACKER)
+    config = tmp_path / "deploy.toml"
+    config.write_text(
+        '[server]\nclients = 12\nconnect_timeout_s = 60\n[model]\ndim = 32\naggregator = "sum"\n'
+        f"[secure_aggregation]\ncluster_size = 3\nreproducible_seed = {seed}\n"
+        '[aggregator]\nname = "trimmed_mean"\noptions = { f = 1 }\nscale = "mean"\n'
+    )
+    attackers = set(random_clustering(range(12), 3, as_generator(seed)).clusters[0][:2])
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    out = tmp_path / "out"
+    server = serve_process(config, address, tmp_path, "--out", str(out))
+    wait_for_line(tmp_path / "server.log", "listening")
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    clients = []
+    for cid in range(12):
+        trainer = (
+            "attacker_trainer:push" if cid in attackers else "sharefl.deploy.client:demo_trainer"
+        )
+        command = [*PYTHON, "client", "--server", address, "--id", str(cid), "--trainer", trainer]
+        clients.append(subprocess.Popen(command, env=env))
+    assert server.wait(timeout=120) == 0, (tmp_path / "server.log").read_text()
+    assert all(c.wait(timeout=30) == 0 for c in clients)
+    (record,) = [json.loads(x) for x in (out / "rounds.jsonl").read_text().splitlines()]
+    assert len(record["clusters"]) == 4 and record["failed"] == []
+
+    def update(cid):
+        if cid in attackers:
+            return np.ones(dim)
+        return demo_trainer(np.zeros(dim), round=0, client_id=cid).astype(np.float64)
+
+    sums = [sum(update(c) for c in cluster["members"]) for cluster in record["clusters"]]
+    rule = HierarchicalAggregator(rule=TrimmedMean(f=1), scale="mean")
+    expected = rule(torch_tensor(np.stack(sums)), [3] * 4).numpy()
+    aggregate = np.load(out / "round-0-aggregate.npy")
+    np.testing.assert_allclose(aggregate, expected, atol=1e-6)
+    # With f = 1 >= the one corrupted cluster, every coordinate of the result lies within
+    # the honest clusters' means, whatever the attackers sent; a plain mean does not.
+    honest = np.stack(
+        [
+            s / 3
+            for s, c in zip(sums, record["clusters"], strict=True)
+            if not attackers & set(c["members"])
+        ]
+    )
+    assert len(honest) == 3
+    low, high = honest.min(axis=0), honest.max(axis=0)
+    assert np.all((low - 1e-9 <= aggregate) & (aggregate <= high + 1e-9))
+    plain = np.mean(np.stack(sums) / 3, axis=0)
+    assert np.any(plain > high)
+
+
+def torch_tensor(array: np.ndarray):
+    import torch
+
+    return torch.as_tensor(array)
+
+
+@pytest.mark.parametrize(
+    "aggregator,match",
+    [
+        ('name = "trimmed_mean"\noptions = { f = 2 }', "cannot run over 4 cluster sums"),
+        ('name = "no_such_rule"', "aggregator.name must be one of"),
+    ],
+)
+def test_a_robust_rule_that_cannot_run_is_refused_before_listening(tmp_path, aggregator, match):
+    config = tmp_path / "deploy.toml"
+    config.write_text(
+        "[server]\nclients = 12\n[model]\ndim = 8\n"
+        "[secure_aggregation]\ncluster_size = 3\n"
+        f"[aggregator]\n{aggregator}\n"
+    )
+    done = subprocess.run(
+        [*PYTHON, "serve", "--config", str(config), "--address", f"127.0.0.1:{free_port()}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and match in done.stderr, done.stderr
+    assert "listening" not in done.stderr

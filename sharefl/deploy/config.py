@@ -1,6 +1,6 @@
 """Configuration of a deployment: one aggregation server and its clients over gRPC.
 
-A TOML file with four tables; every key is optional except where noted::
+A TOML file with five tables; every key is optional except where noted::
 
     [server]
     address = "127.0.0.1:50051"
@@ -29,6 +29,12 @@ A TOML file with four tables; every key is optional except where noted::
     exclude_after = 1         # rounds named a culprit before a client is excluded (0: never)
     allow_leakage = false
     reproducible_seed = 0     # TESTS ONLY: omit it, plans and graphs then come from the OS
+
+    [aggregator]              # optional: a sharefl.robust rule over the released cluster sums
+    name = "trimmed_mean"     # any simulation aggregator name; "" (default): model.aggregator
+    options = { f = 1 }       # the rule's keywords; f counts corrupted *clusters*
+    pre = []                  # pre-aggregators: "nnm", "bucketing"
+    scale = "mean"            # the rule runs over cluster means ("mean") or sums ("total")
 
     [tls]
     cert = "keys/server.pem"  # all three empty: plaintext (loopback testing only)
@@ -124,6 +130,24 @@ class SecureAggregationSection:
 
 
 @dataclass(frozen=True)
+class AggregatorSection:
+    """A robust rule over the released cluster sums (built by the CLI layer, which knows the
+    rules by name); an empty ``name`` keeps ``model.aggregator``'s plain sum or mean."""
+
+    name: str = ""
+    options: dict[str, Any] = field(default_factory=dict)
+    pre: list[str] = field(default_factory=list)
+    scale: str = "mean"
+
+    def __post_init__(self) -> None:
+        _require(self.scale in ("mean", "total"), 'aggregator.scale must be "mean" or "total"')
+        _require(
+            self.name or (not self.options and not self.pre),
+            "aggregator.options/pre need aggregator.name",
+        )
+
+
+@dataclass(frozen=True)
 class TLSSection:
     cert: str = ""
     key: str = ""
@@ -147,6 +171,7 @@ class DeploymentConfig:
     model: ModelSection = field(default_factory=ModelSection)
     secure_aggregation: SecureAggregationSection = field(default_factory=SecureAggregationSection)
     tls: TLSSection = field(default_factory=TLSSection)
+    aggregator: AggregatorSection = field(default_factory=AggregatorSection)
 
     def __post_init__(self) -> None:
         _require(
@@ -225,6 +250,7 @@ def load_config(path: str | Path) -> DeploymentConfig:
         "model": ModelSection,
         "secure_aggregation": SecureAggregationSection,
         "tls": TLSSection,
+        "aggregator": AggregatorSection,
     }
     if "seed" in data.get("secure_aggregation", {}):
         raise ConfigurationError(

@@ -222,6 +222,9 @@ class ServerStrategy(Protocol):
     ``initial_model()`` is the model broadcast in round 0 (float32 ``[dim]``);
     ``apply(model, round, released)`` gets the sums of every reclustering that released
     at least one cluster and returns ``(new model, the aggregate, a note for the log)``.
+    A strategy may also define ``check(clusters)``, called before the server listens with
+    the number of clusters of a reclustering, raising ``ValueError`` (e.g. a robust rule's
+    ``f`` too large for that many cluster sums).
     """
 
     def initial_model(self) -> np.ndarray: ...
@@ -759,12 +762,15 @@ def deployment_rng(config: DeploymentConfig) -> np.random.Generator:
 
 
 def validate_deployment(
-    config: DeploymentConfig, directory: Mapping[int, bytes] | None = None
+    config: DeploymentConfig,
+    directory: Mapping[int, bytes] | None = None,
+    strategy: ServerStrategy | None = None,
 ) -> None:
     """Check, before listening, what round 1 would check: the protocol settings, the plan of
     ``server.clients`` clients, the encoding (clip and bits) and every cluster's assignment
-    (threshold, SecAgg+ degree), plus the directory's size. Raises
-    :class:`ConfigurationError` / :class:`LeakageError` saying what to change."""
+    (threshold, SecAgg+ degree), the directory's size, and the strategy's ``check`` for the
+    planned number of clusters. Raises :class:`ConfigurationError` /
+    :class:`LeakageError` saying what to change."""
     check_secure_deployment(config)
     wanted = config.server.clients
     ids = sorted(directory)[:wanted] if directory else list(range(wanted))
@@ -781,6 +787,17 @@ def validate_deployment(
         directory=directory,
     )
     rc.open_reclustering()
+    check = getattr(strategy, "check", None)
+    if check is not None:
+        clusters = min(len(c.clusters) for c in rc.plan.clusterings)
+        try:
+            check(clusters)
+        except ValueError as exc:
+            raise ConfigurationError(
+                f"the aggregator cannot run over {clusters} cluster sums per reclustering "
+                f"({config.server.clients} clients, clusters of "
+                f"{config.secure_aggregation.cluster_size}): {exc}"
+            ) from exc
 
 
 def check_hello(hello: pb.Hello) -> None:
@@ -843,7 +860,7 @@ async def serve(
     :class:`LeakageError` for an unusable or (off loopback) insecure configuration.
     """
     directory = load_directory(config.tls.directory)
-    validate_deployment(config, directory)
+    validate_deployment(config, directory, strategy)
     run = ServerRun(config, log, strategy, directory, on_round)
     server = grpc.aio.server(
         options=[
