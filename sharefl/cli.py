@@ -38,7 +38,9 @@ def _cmd_keygen(args: argparse.Namespace) -> int:
 def _cmd_serve(args: argparse.Namespace) -> int:
     from sharefl.launch import run_server
 
-    return run_server(args.config, address=args.address, clients=args.clients, out=args.out)
+    return run_server(
+        args.config, address=args.address, clients=args.clients, out=args.out, resume=args.resume
+    )
 
 
 def _cmd_client(args: argparse.Namespace) -> int:
@@ -140,7 +142,12 @@ def _add_deployment_commands(sub) -> None:
     )
     serve.add_argument("--address", help="override [server] address, e.g. 0.0.0.0:50051")
     serve.add_argument("--clients", type=int, help="override [server] clients")
-    serve.add_argument("--out", help="folder for result.json and model.npy")
+    serve.add_argument("--out", help="folder for rounds.jsonl, result.json and model.npy")
+    serve.add_argument(
+        "--resume",
+        metavar="DIR",
+        help="continue the stopped run whose --out was DIR from its last finished round",
+    )
     serve.set_defaults(func=_cmd_serve)
 
     client = sub.add_parser("client", help="run one client process")

@@ -38,7 +38,7 @@ from sharefl.deploy.client import (
 )
 from sharefl.deploy.config import DeploymentConfig, load_config
 from sharefl.deploy.keygen import load_identity
-from sharefl.deploy.results import ResultsWriter
+from sharefl.deploy.results import ResultsWriter, load_checkpoint
 from sharefl.deploy.server import RunResult, load_directory, serve
 from sharefl.machine import keep_freed_memory
 from sharefl.protocol.client import ClientPolicy
@@ -89,8 +89,11 @@ def run_server(
     address: str | None = None,
     clients: int | None = None,
     out: str | None = None,
+    resume: str | None = None,
 ) -> int:
-    """``sharefl serve``: run all rounds, write results, return an exit status."""
+    """``sharefl serve``: run all rounds, write results, return an exit status. ``resume``
+    is the results folder of a stopped run (deployment files only): the rounds go on from
+    its last finished one, appended to the same folder."""
     keep_freed_memory()
     writer = None
     try:
@@ -101,9 +104,26 @@ def run_server(
             clients=clients or config.server.clients,
         )
         config = dataclasses.replace(config, server=server)
-        writer = ResultsWriter(out) if out else None
+        checkpoint = None
+        if resume:
+            if out and Path(out).resolve() != Path(resume).resolve():
+                raise ConfigurationError("--resume DIR writes to DIR: drop --out or make it DIR")
+            from sharefl.simulator.config import is_simulation_config
+
+            if is_simulation_config(config_path):
+                raise ConfigurationError(
+                    "--resume continues deployment files only (a simulation file's run "
+                    "restarts from its seed)"
+                )
+            checkpoint, out = load_checkpoint(resume), resume
+        writer = ResultsWriter(out, checkpoint) if out else None
         result = _run_cancellable(
-            serve(config, strategy=strategy, on_round=writer.round if writer else None)
+            serve(
+                config,
+                strategy=strategy,
+                on_round=writer.round if writer else None,
+                resume=checkpoint,
+            )
         )
     except (ConfigurationError, LeakageError, ValueError) as exc:
         _error(str(exc))

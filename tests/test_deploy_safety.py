@@ -63,6 +63,15 @@ def wait_for_line(path: Path, text: str, timeout: float = 60) -> str:
     raise TimeoutError(f"{text!r} never appeared in {path}:\n{content}")
 
 
+def wait_for_rounds(path: Path, count: int, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text().count("\n") >= count:
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"{path} never held {count} rounds")
+
+
 def serve_process(config: Path, address: str, folder: Path, *extra: str) -> subprocess.Popen:
     log = (folder / "server.log").open("w")
     return subprocess.Popen(
@@ -554,7 +563,7 @@ def test_a_killed_server_leaves_every_finished_round_intact(tmp_path):
         for c in range(3)
     ]
     try:
-        wait_for_line(tmp_path / "server.log", "round 3/", timeout=90)
+        wait_for_rounds(out / "rounds.jsonl", 3)
         server.kill()
         server.wait()
         finished = [json.loads(x) for x in (out / "rounds.jsonl").read_text().splitlines()]
@@ -724,3 +733,74 @@ def test_a_robust_rule_that_cannot_run_is_refused_before_listening(tmp_path, agg
     )
     assert done.returncode == 2 and match in done.stderr, done.stderr
     assert "listening" not in done.stderr
+
+
+def test_a_server_killed_in_round_k_resumes_from_k_with_earlier_rounds_intact(tmp_path):
+    from sharefl.deploy.client import demo_trainer
+
+    rounds, dim = 20, 16
+    config = toml(
+        tmp_path / "deploy.toml",
+        {
+            "server": {"clients": 3, "rounds": rounds, "connect_timeout_s": 60},
+            "model": {"dim": dim, "aggregator": "sum"},
+            "secure_aggregation": {"cluster_size": 3},
+        },
+    )
+    out = tmp_path / "out"
+
+    def start(*extra: str) -> tuple[subprocess.Popen, list[subprocess.Popen], str]:
+        address = f"127.0.0.1:{free_port()}"
+        server = serve_process(config, address, tmp_path, *extra)
+        wait_for_line(tmp_path / "server.log", "listening")
+        command = [*PYTHON, "client", "--server", address, "--server-timeout", "5"]
+        clients = [
+            subprocess.Popen([*command, "--id", str(c)], stderr=subprocess.DEVNULL)
+            for c in range(3)
+        ]
+        return server, clients, address
+
+    server, clients, _ = start("--out", str(out))
+    wait_for_rounds(out / "rounds.jsonl", 3)
+    server.kill()  # SIGKILL somewhere in round 4 or later
+    server.wait()
+    assert all(c.wait(timeout=60) == 3 for c in clients)
+    before = (out / "rounds.jsonl").read_text().splitlines()
+    k = len(before)
+    assert 3 <= k < rounds
+    server, clients, _ = start("--resume", str(out))
+    assert server.wait(timeout=120) == 0, (tmp_path / "server.log").read_text()
+    assert all(c.wait(timeout=30) == 0 for c in clients)
+    assert f"resuming at round {k + 1}/{rounds}" in (tmp_path / "server.log").read_text()
+    after = (out / "rounds.jsonl").read_text().splitlines()
+    assert after[:k] == before  # rounds 0..k-1 untouched
+    assert [json.loads(x)["round"] for x in after] == list(range(rounds))
+    result = json.loads((out / "result.json").read_text())
+    assert len(result["rounds"]) == rounds and "interrupted" not in result
+    # The demo updates depend only on (round, client): the resumed model is the whole sum.
+    expected = sum(
+        demo_trainer(np.zeros(dim), round=r, client_id=c) for r in range(rounds) for c in range(3)
+    )
+    np.testing.assert_array_equal(np.load(out / "model.npy"), expected.astype(np.float32))
+
+
+def test_a_checkpoint_ahead_of_its_line_is_repaired_and_a_torn_folder_refused(tmp_path):
+    from sharefl.deploy.results import ResultsWriter, ResumeError, load_checkpoint
+    from sharefl.deploy.server import RoundReport
+
+    def report(r: int) -> RoundReport:
+        return RoundReport(r, [0, 1, 2], [], [], [], [], {}, [], 3, 0.1, np.ones(4))
+
+    writer = ResultsWriter(tmp_path)
+    writer.round(report(0), np.full(4, 1.0, np.float32))
+    writer.round(report(1), np.full(4, 2.0, np.float32))
+    lines = (tmp_path / "rounds.jsonl").read_text().splitlines()
+    (tmp_path / "rounds.jsonl").write_text(lines[0] + "\n")  # killed before line 2
+    checkpoint = load_checkpoint(tmp_path)
+    assert checkpoint.next_round == 2 and checkpoint.model[0] == 2.0
+    assert len((tmp_path / "rounds.jsonl").read_text().splitlines()) == 2
+    (tmp_path / "rounds.jsonl").write_text("")
+    with pytest.raises(ResumeError, match="checkpoint is of round 1"):
+        load_checkpoint(tmp_path / "")
+    with pytest.raises(ResumeError, match="missing"):
+        load_checkpoint(tmp_path / "nothing")

@@ -37,6 +37,7 @@ from sharefl.crypto.kdf import KEY_BYTES
 from sharefl.crypto.signatures import SIGNATURE_BYTES, verify
 from sharefl.deploy import wire
 from sharefl.deploy.config import DeploymentConfig, check_secure_deployment
+from sharefl.deploy.results import Checkpoint
 from sharefl.proto import sharefl_pb2 as pb
 from sharefl.proto import sharefl_pb2_grpc as pb_grpc
 from sharefl.protocol.coordinator import (
@@ -291,6 +292,8 @@ class ServerRun:
     rounds by the configured policy (``secure_aggregation.exclude_after``) and its stream
     ended with ``PERMISSION_DENIED``.
 
+    ``resume`` (a :class:`~sharefl.deploy.results.Checkpoint`) continues a stopped run: its
+    model, the exclusions its rounds recorded, and rounds from its ``next_round`` on.
     ``on_round(report, model)`` is called after every finished round (the results writer);
     once it returned, the report's aggregate is dropped so memory does not grow with the
     rounds. Raises :class:`ConfigurationError` for an insecure configuration off loopback
@@ -304,6 +307,7 @@ class ServerRun:
         strategy: ServerStrategy | None = None,
         directory: Mapping[int, bytes] | None = None,
         on_round: Callable[[RoundReport, np.ndarray], None] | None = None,
+        resume: Checkpoint | None = None,
     ) -> None:
         self.config = config
         self.settings = round_settings(config)
@@ -319,7 +323,13 @@ class ServerRun:
         self.on_round = on_round
         self.identities: dict[int, bytes] = {}
         self.exclusions = Exclusions(config.secure_aggregation.exclude_after)
+        self.start_round = 0
         self.model = np.asarray(self.strategy.initial_model(), dtype=np.float32)
+        if resume is not None:
+            self.start_round = resume.next_round
+            self.model = np.asarray(resume.model, dtype=np.float32)
+            for row in resume.rows:  # the exclusion policy's state, replayed
+                self.exclusions.record({int(c): r for c, r in row["culprits"].items()})
         if self.model.shape != (config.model.dim,):
             raise ConfigurationError(
                 f"the strategy's model has shape {self.model.shape}; "
@@ -464,7 +474,7 @@ class ServerRun:
         is raised again."""
         try:
             await self.wait_for_clients()
-            for round_index in range(self.config.server.rounds):
+            for round_index in range(self.start_round, self.config.server.rounds):
                 self._warn_insecure()
                 report = await self._round(round_index)
                 if self.on_round is not None:
@@ -848,6 +858,7 @@ async def serve(
     ready: asyncio.Event | None = None,
     strategy: ServerStrategy | None = None,
     on_round: Callable[[RoundReport, np.ndarray], None] | None = None,
+    resume: Checkpoint | None = None,
 ) -> RunResult:
     """Run the server until the configured rounds are done.
 
@@ -855,13 +866,21 @@ async def serve(
     the initial model and what the released sums do (default :class:`AveragingStrategy`;
     the simulator's robust training is :class:`sharefl.simulation_bridge.
     SimulationStrategy`). ``on_round(report, model)`` runs after each finished round (see
-    :class:`ServerRun`). The whole configuration is validated before the port is bound
+    :class:`ServerRun`); ``resume`` continues a stopped run (see :class:`ServerRun`). The
+    whole configuration is validated before the port is bound
     (:func:`validate_deployment`): raises :class:`ConfigurationError` /
     :class:`LeakageError` for an unusable or (off loopback) insecure configuration.
     """
     directory = load_directory(config.tls.directory)
     validate_deployment(config, directory, strategy)
-    run = ServerRun(config, log, strategy, directory, on_round)
+    run = ServerRun(config, log, strategy, directory, on_round, resume)
+    if resume is not None:
+        if resume.next_round >= config.server.rounds:
+            raise ConfigurationError(
+                f"the run to resume finished {resume.next_round} of {config.server.rounds} "
+                "rounds: nothing is left (raise server.rounds to go on)"
+            )
+        log(f"resuming at round {resume.next_round + 1}/{config.server.rounds}")
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
