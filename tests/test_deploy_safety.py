@@ -355,13 +355,18 @@ def test_a_client_refused_for_its_certificate_says_so(tmp_path):
         ({"cluster_size": 4, "threshold": 5}, "threshold"),
         ({"cluster_size": 4, "neighbour_degree": 4}, "degree|regular|neighbour"),
         ({"cluster_size": 4, "clip": 1e12}, "clip|bits|range"),
-        ({"cluster_size": 3, "reclusterings": 10, "planner": "random"}, "LEAKS"),
+        # Random plans leak with a probability: pin the draw (round 1 would draw the same).
+        (
+            {"cluster_size": 3, "reclusterings": 10, "planner": "random", "reproducible_seed": 0},
+            "LEAKS",
+        ),
     ],
 )
 def test_unusable_configurations_fail_before_listening(tmp_path, sa, match):
+    clients = 6 if "reclusterings" in sa else 8  # the exact audit is quick at 6 clients
     config = toml(
         tmp_path / "deploy.toml",
-        {"server": {"clients": 8}, "model": {"dim": 16}, "secure_aggregation": sa},
+        {"server": {"clients": clients}, "model": {"dim": 16}, "secure_aggregation": sa},
     )
     done = subprocess.run(
         [*PYTHON, "serve", "--config", str(config), "--address", f"127.0.0.1:{free_port()}"],

@@ -299,7 +299,7 @@ def test_a_leaking_reclustering_plan_is_refused_before_the_server_listens():
     cfg = dataclasses.replace(
         config(port, clients=6),
         secure_aggregation=SecureAggregationSection(
-            cluster_size=3, reclusterings=10, planner="random"
+            cluster_size=3, reclusterings=10, planner="random", reproducible_seed=0
         ),
     )
     ready = asyncio.Event()
