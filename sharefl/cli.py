@@ -38,7 +38,9 @@ def _cmd_keygen(args: argparse.Namespace) -> int:
 def _cmd_serve(args: argparse.Namespace) -> int:
     from sharefl.launch import run_server
 
-    return run_server(args.config, address=args.address, clients=args.clients, out=args.out)
+    return run_server(
+        args.config, address=args.address, clients=args.clients, out=args.out, resume=args.resume
+    )
 
 
 def _cmd_client(args: argparse.Namespace) -> int:
@@ -52,6 +54,9 @@ def _cmd_client(args: argparse.Namespace) -> int:
         retries=args.retries,
         exit_before=args.exit_before,
         config=args.config,
+        server_timeout_s=args.server_timeout,
+        read_timeout_s=args.read_timeout,
+        insecure=args.insecure,
     )
 
 
@@ -62,11 +67,13 @@ def _cmd_launch(args: argparse.Namespace) -> int:
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
+    from sharefl.launch import sigterm_interrupts
     from sharefl.machine import keep_freed_memory
     from sharefl.simulator.config import ConfigError, load_runs
     from sharefl.simulator.runner import Progress, run_grid
 
     keep_freed_memory()  # per-example gradients: ~2× faster without a page fault per page
+    sigterm_interrupts()  # SIGTERM stops like Ctrl-C: exit 130, finished runs kept
     overrides = {"rounds": args.rounds} if args.rounds else None
     try:
         runs = load_runs(args.config, overrides)
@@ -135,7 +142,12 @@ def _add_deployment_commands(sub) -> None:
     )
     serve.add_argument("--address", help="override [server] address, e.g. 0.0.0.0:50051")
     serve.add_argument("--clients", type=int, help="override [server] clients")
-    serve.add_argument("--out", help="folder for result.json and model.npy")
+    serve.add_argument("--out", help="folder for rounds.jsonl, result.json and model.npy")
+    serve.add_argument(
+        "--resume",
+        metavar="DIR",
+        help="continue the stopped run whose --out was DIR from its last finished round",
+    )
     serve.set_defaults(func=_cmd_serve)
 
     client = sub.add_parser("client", help="run one client process")
@@ -151,6 +163,24 @@ def _add_deployment_commands(sub) -> None:
     )
     client.add_argument("--keys", help="keygen folder: TLS CA/certificate and identity")
     client.add_argument("--retries", type=int, default=5, help="connection attempts")
+    client.add_argument(
+        "--server-timeout",
+        type=float,
+        default=60.0,
+        help="seconds a stopped, dead or unreachable server may stay silent (keepalive "
+        "pings every quarter of it) before the client exits with status 3 (default 60)",
+    )
+    client.add_argument(
+        "--read-timeout",
+        type=float,
+        default=900.0,
+        help="longest gap between two server messages during a run (default 900)",
+    )
+    client.add_argument(
+        "--insecure",
+        action="store_true",
+        help="allow plaintext gRPC to a server that is not on loopback (no --keys)",
+    )
     client.add_argument("--exit-before", help=argparse.SUPPRESS)  # testing: vanish at a stage
     client.set_defaults(func=_cmd_client)
 

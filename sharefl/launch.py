@@ -3,16 +3,19 @@
 Each returns a process exit status and handles SIGINT/SIGTERM by cancelling its asyncio
 task, so the gRPC server stops cleanly and a client closes its stream.
 
-Exit statuses: 0 done; 2 bad configuration (message on stderr); 3 server unreachable;
-4 refused by the server (identity, certificate, malformed message); 5 the server's stream
-could not be followed (a client leaves a misbehaving server); 130 interrupted.
+Exit statuses: 0 done; 2 bad configuration (message on stderr); 3 server unreachable or
+silent (stopped, dead link) beyond the client's ``--server-timeout``; 4 refused by the
+server (identity, certificate, malformed message, a run the server stopped, with its
+reason); 5 the server's stream could not be followed (a client leaves a misbehaving server);
+130 interrupted (SIGINT or SIGTERM; ``serve`` keeps every finished round, ``launch`` stops
+its server and clients first).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
-import json
 import os
 import signal
 import socket
@@ -24,15 +27,31 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import numpy as np
 
-from sharefl.deploy.client import ClientRuntime, ConnectionLost, load_trainer, read_tls
+from sharefl.deploy.client import (
+    READ_TIMEOUT_S,
+    SERVER_TIMEOUT_S,
+    ClientRuntime,
+    ConnectionLost,
+    load_trainer,
+    read_tls,
+)
 from sharefl.deploy.config import DeploymentConfig, load_config
 from sharefl.deploy.keygen import load_identity
+from sharefl.deploy.results import ResultsWriter, load_checkpoint
 from sharefl.deploy.server import RunResult, load_directory, serve
 from sharefl.machine import keep_freed_memory
 from sharefl.protocol.client import ClientPolicy
 from sharefl.protocol.errors import ConfigurationError, LeakageError, ProtocolError
+
+
+def sigterm_interrupts() -> None:
+    """Make SIGTERM raise ``KeyboardInterrupt`` in the main thread, like SIGINT."""
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
 
 
 def _run_cancellable(coroutine: Coroutine[Any, Any, Any]) -> Any:
@@ -56,18 +75,12 @@ def _error(message: str) -> None:
 
 
 def write_results(out: str | Path, result: RunResult) -> Path:
-    """``result.json`` (rounds, clusters, failures) and ``.npy`` vectors under ``out``."""
-    folder = Path(out)
-    folder.mkdir(parents=True, exist_ok=True)
-    rounds = []
+    """``result.json`` (rounds, clusters, failures) and ``.npy`` vectors under ``out``, all
+    at once (``serve`` writes them round by round with :class:`ResultsWriter` instead)."""
+    writer = ResultsWriter(out)
     for report in result.reports:
-        rounds.append({k: v for k, v in dataclasses.asdict(report).items() if k != "total"})
-        if report.total is not None:
-            np.save(folder / f"round-{report.round}-aggregate.npy", report.total)
-    np.save(folder / "model.npy", result.model)
-    summary = {"rounds": rounds, "traffic": result.traffic}
-    (folder / "result.json").write_text(json.dumps(summary, indent=1))
-    return folder
+        writer.round(report, result.model)
+    return writer.finish(result.traffic)
 
 
 def run_server(
@@ -76,9 +89,13 @@ def run_server(
     address: str | None = None,
     clients: int | None = None,
     out: str | None = None,
+    resume: str | None = None,
 ) -> int:
-    """``sharefl serve``: run all rounds, write results, return an exit status."""
+    """``sharefl serve``: run all rounds, write results, return an exit status. ``resume``
+    is the results folder of a stopped run (deployment files only): the rounds go on from
+    its last finished one, appended to the same folder."""
     keep_freed_memory()
+    writer = None
     try:
         config, strategy = _server_config(config_path, out)
         server = dataclasses.replace(
@@ -86,26 +103,55 @@ def run_server(
             address=address or config.server.address,
             clients=clients or config.server.clients,
         )
+        config = dataclasses.replace(config, server=server)
+        checkpoint = None
+        if resume:
+            if out and Path(out).resolve() != Path(resume).resolve():
+                raise ConfigurationError("--resume DIR writes to DIR: drop --out or make it DIR")
+            from sharefl.simulator.config import is_simulation_config
+
+            if is_simulation_config(config_path):
+                raise ConfigurationError(
+                    "--resume continues deployment files only (a simulation file's run "
+                    "restarts from its seed)"
+                )
+            checkpoint, out = load_checkpoint(resume), resume
+        writer = ResultsWriter(out, checkpoint) if out else None
         result = _run_cancellable(
-            serve(dataclasses.replace(config, server=server), strategy=strategy)
+            serve(
+                config,
+                strategy=strategy,
+                on_round=writer.round if writer else None,
+                resume=checkpoint,
+            )
         )
     except (ConfigurationError, LeakageError, ValueError) as exc:
         _error(str(exc))
         return 2
     except KeyboardInterrupt:
-        _error("server interrupted")
+        kept = ""
+        if writer is not None:
+            writer.finish(interrupted=True)
+            kept = f"; {len(writer.rows)} finished round(s) kept in {writer.folder}"
+        _error("server interrupted" + kept)
         return 130
-    if out:
-        print(f"results in {write_results(out, result)}", file=sys.stderr)
+    if writer is not None:
+        print(f"results in {writer.finish(result.traffic)}", file=sys.stderr)
     return 0
 
 
 def _server_config(config_path: str, out: str | None) -> tuple[DeploymentConfig, Any]:
-    """A deployment file, or a simulation file with its training strategy."""
+    """A deployment file (with its robust strategy when it has an ``[aggregator]``), or a
+    simulation file with its training strategy."""
     from sharefl.simulator.config import is_simulation_config
 
     if not is_simulation_config(config_path):
-        return load_config(config_path), None
+        config = load_config(config_path)
+        if not config.aggregator.name:
+            return config, None
+        from sharefl.simulation_bridge import RobustStrategy
+
+        return config, RobustStrategy(config)
     from sharefl.simulation_bridge import SimulationStrategy, deployment_for, single_run
 
     run = single_run(config_path)
@@ -128,15 +174,22 @@ def client_runtime(
     retries: int = 5,
     exit_before: str | None = None,
     config: str | None = None,
+    server_timeout_s: float = SERVER_TIMEOUT_S,
+    read_timeout_s: float = READ_TIMEOUT_S,
+    insecure: bool = False,
 ) -> ClientRuntime:
-    """Build a client from CLI-style arguments; ``keys`` is a ``sharefl keygen`` folder;
-    ``config``, a simulation file, replaces ``trainer`` by that run's client training."""
+    """Build a client from CLI-style arguments; ``keys`` is a ``sharefl keygen`` folder
+    (its CA is required: a client with keys always uses TLS); ``config``, a simulation
+    file, replaces ``trainer`` by that run's client training. Raises ``ValueError`` /
+    ``OSError`` for missing keys or an insecure connection not asked for."""
     identity = tls = None
     policy = None
     if keys:
         folder = Path(keys)
         identity = load_identity(folder / f"client-{client_id}.identity")
         cert, key = folder / f"client-{client_id}.pem", folder / f"client-{client_id}.key"
+        if not (folder / "ca.pem").is_file():
+            raise ValueError(f"{folder / 'ca.pem'} is missing: a client with keys requires TLS")
         tls = read_tls(str(folder / "ca.pem"), str(cert), str(key))
         directory = load_directory(str(folder / "directory.json"))
         # A client with an identity and a directory never runs unsigned: no downgrade.
@@ -150,6 +203,9 @@ def client_runtime(
         tls=tls,
         retries=retries,
         exit_before=exit_before,
+        server_timeout_s=server_timeout_s,
+        read_timeout_s=read_timeout_s,
+        insecure=insecure,
     )
 
 
@@ -189,6 +245,28 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _stop(procs: list[subprocess.Popen], grace: float, term_wait: float = 10) -> None:
+    """Let ``procs`` exit within ``grace`` seconds, then SIGTERM them (a server writes what
+    it finished, a client closes its stream), then SIGKILL what is left after
+    ``term_wait`` seconds; every process is reaped."""
+    deadline = time.monotonic() + grace
+    for proc in procs:
+        remaining = deadline - time.monotonic()
+        if remaining > 0:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=remaining)
+    alive = [p for p in procs if p.poll() is None]
+    for proc in alive:
+        proc.terminate()
+    deadline = time.monotonic() + term_wait
+    for proc in alive:
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def launch(config_path: str, clients: int | None, *, trainer: str, out: str | None = None) -> int:
     """``sharefl launch``: a server and ``clients`` client processes on loopback.
 
@@ -224,8 +302,9 @@ def launch(config_path: str, clients: int | None, *, trainer: str, out: str | No
     python = [sys.executable, "-m", "sharefl.cli"]
     serve_cmd = [*python, "serve", "--config", config_path, "--address", address]
     serve_cmd += ["--clients", str(clients)] + (["--out", out] if out else [])
+    sigterm_interrupts()
+    procs: list[subprocess.Popen] = []
     server = subprocess.Popen(serve_cmd)
-    procs = []
     try:
         time.sleep(0.3)
         # Many client processes share this machine's cores: one compute thread each, or
@@ -236,16 +315,12 @@ def launch(config_path: str, clients: int | None, *, trainer: str, out: str | No
             cmd += ["--config", config_path] if simulation else ["--trainer", trainer]
             procs.append(subprocess.Popen(cmd + (["--keys", keys] if keys else []), env=client_env))
         status = server.wait()
+        _stop([server, *procs], grace=10)
     except KeyboardInterrupt:
-        server.terminate()
-        status = server.wait()
-    finally:
-        deadline = time.monotonic() + 10
-        for proc in procs:
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.terminate()
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second signal must not cut the stop
+        _stop([server, *procs], grace=0)
+        _error(f"launch interrupted; server and {len(procs)} client(s) stopped")
+        return 130
     failed = sum(1 for p in procs if p.returncode not in (0, None))
     print(
         f"launch: server exited {status}; {clients - failed} of {clients} clients exited cleanly",

@@ -7,18 +7,23 @@ same data partition and model; then
 
 * a client process (:class:`SimulationTrainer`, the gRPC client's trainer) trains only its
   own client — honest DP training, or its Byzantine behaviour (label flipping, or an attack
-  on its own update: an omniscient attack cannot run in a real deployment) — with a noise
-  generator seeded by (seed, client id);
+  on its own update: an omniscient attack cannot run in a real deployment) — with its DP
+  noise (and batch sampling) drawn from a generator seeded by the operating system
+  (:func:`os_seeded_generator`), so neither the server nor another client can regenerate
+  and subtract it; the data partition and the initial model still come from the file's
+  seed, which every process shares;
 * the server (:class:`SimulationStrategy`) receives the cluster sums the protocol
   releases, aggregates them with the configured robust rule over cluster means and
   reclusterings (:meth:`Simulation.cluster_aggregate`), steps the model and evaluates it,
-  writing the same ``rounds.jsonl``/``summary.json`` as ``sharefl simulate``.
+  writing the same ``rounds.jsonl``/``summary.json`` as ``sharefl simulate``. The
+  deployment's cluster plans come from the operating system too (no ``reproducible_seed``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import secrets
 import time
 from pathlib import Path
 
@@ -31,6 +36,8 @@ from sharefl.deploy.config import (
     SecureAggregationSection,
     ServerSection,
 )
+from sharefl.robust.hierarchical import ClusterScale, HierarchicalAggregator
+from sharefl.simulator.components import build_rule
 from sharefl.simulator.config import ConfigError, RunConfig, load_runs
 from sharefl.simulator.engine import RoundRecord, Simulation
 from sharefl.simulator.runner import device_description, run_summary
@@ -71,9 +78,47 @@ def deployment_for(run: RunConfig, dim: int) -> DeploymentConfig:
             bits=sa.bits,
             clip=sa.clip,
             allow_leakage=sa.allow_leakage,
-            seed=run.seed,
         ),
     )
+
+
+def check_cluster_rule(rule: HierarchicalAggregator, clusters: int) -> None:
+    """Run ``rule`` once over ``clusters`` zero sums; raises the rule's ``ValueError``
+    (``AggregationError``) when it cannot aggregate that many (``f`` too large...)."""
+    rule(torch.zeros(clusters, 2, dtype=torch.float64), [2] * clusters)
+
+
+class RobustStrategy:
+    """The server strategy of a deployment file with an ``[aggregator]`` table: any
+    :mod:`sharefl.robust` rule (named as in simulation configs, with its options and
+    pre-aggregators) over the released cluster sums, reclusterings averaged (SHARE's
+    Algorithm 1), then ``model += learning_rate × aggregate``; the model starts at zero.
+
+    Raises :class:`~sharefl.simulator.config.ConfigError` (a ``ValueError``) for an
+    unknown rule, option or pre-aggregator.
+    """
+
+    def __init__(self, config: DeploymentConfig) -> None:
+        section = config.aggregator
+        rule = build_rule(section.name, section.options, section.pre, os_seeded_generator())
+        self.rule = HierarchicalAggregator(rule=rule, scale=ClusterScale(section.scale))
+        self.dim = config.model.dim
+        self.learning_rate = config.model.learning_rate
+
+    def initial_model(self) -> np.ndarray:
+        return np.zeros(self.dim, dtype=np.float32)
+
+    def check(self, clusters: int) -> None:
+        check_cluster_rule(self.rule, clusters)
+
+    def apply(
+        self, model: np.ndarray, round_index: int, released: list
+    ) -> tuple[np.ndarray, np.ndarray, str]:
+        rounds = [torch.as_tensor(np.stack([s for s, _ in sums])) for sums in released]
+        sizes = [[size for _, size in sums] for sums in released]
+        aggregate = self.rule.average(rounds, sizes).cpu().numpy()
+        updated = (model + self.learning_rate * aggregate).astype(np.float32)
+        return updated, aggregate, f", {type(self.rule.rule).__name__} over cluster sums"
 
 
 class SimulationStrategy:
@@ -99,6 +144,11 @@ class SimulationStrategy:
     @property
     def dim(self) -> int:
         return self.simulation.model.dim
+
+    def check(self, clusters: int) -> None:
+        """Raise ``ValueError`` when the run's rule cannot aggregate ``clusters`` sums."""
+        if isinstance(self.simulation.rule, HierarchicalAggregator):
+            check_cluster_rule(self.simulation.rule, clusters)
 
     def initial_model(self) -> np.ndarray:
         return self.simulation.w.detach().cpu().numpy().astype(np.float32)
@@ -140,6 +190,16 @@ class SimulationStrategy:
         (self.folder / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
 
 
+def os_seeded_generator(device: torch.device | str = "cpu") -> torch.Generator:
+    """A ``torch.Generator`` seeded with 64 bits from the operating system (``secrets``):
+    what a real client process draws its DP noise from. Its seed is never derived from the
+    configuration, so the server cannot regenerate the noise; tests pin noise by passing
+    their own generator instead."""
+    generator = torch.Generator(device=device)
+    generator.manual_seed(secrets.randbits(64))
+    return generator
+
+
 class SimulationTrainer:
     """The gRPC client's trainer for client ``client_id`` of a run (see module doc)."""
 
@@ -147,8 +207,7 @@ class SimulationTrainer:
         if not 0 <= client_id < run.clients.total:
             raise ConfigError(f"client id {client_id} is not in 0..{run.clients.total - 1}")
         self.simulation = Simulation(run)
-        seed = np.random.SeedSequence([run.seed, client_id]).generate_state(1)[0]
-        self.simulation.generator.manual_seed(int(seed))
+        self.simulation.generator = os_seeded_generator(self.simulation.generator.device)
         self.client_id = client_id
 
     def __call__(self, model: np.ndarray, *, round: int, client_id: int) -> np.ndarray:

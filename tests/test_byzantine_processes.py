@@ -88,7 +88,7 @@ def _attackers(plan: Plan) -> dict[int, str]:
 
 
 def _deploy(folder: Path, plan: Plan) -> Outcome:
-    sa = {"cluster_size": CLUSTER, "threshold": 3, "seed": SEED, "signed": plan.signed}
+    sa = {"cluster_size": CLUSTER, "threshold": 3, "reproducible_seed": SEED, "signed": plan.signed}
     keys_args: list[str] = []
     tls = None
     if plan.signed:

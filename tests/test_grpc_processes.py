@@ -18,7 +18,7 @@ PYTHON = [sys.executable, "-m", "sharefl.cli"]
 
 
 def write_config(folder: Path, *, clients: int, rounds: int = 1, dim: int = 200, **extra) -> Path:
-    sa = {"cluster_size": 4, "seed": 1, **extra.pop("secure_aggregation", {})}
+    sa = {"cluster_size": 4, "reproducible_seed": 1, **extra.pop("secure_aggregation", {})}
     tls = extra.pop("tls", None)
     lines = [
         "[server]",

@@ -13,8 +13,17 @@ Malformed server input never ends in a traceback: a bad stage message or assignm
 ``Refusal``; a bad challenge or model stream (a length above ``max_model_length``, or one
 that changes between rounds) raises :class:`ServerMisbehaved` and the stream is closed.
 
-Connection loss: the client retries with exponential backoff (``retries`` attempts), then
-raises :class:`ConnectionLost` with a clear message.
+Liveness: the channel sends HTTP/2 keepalive pings every ``server_timeout_s / 4`` seconds
+and drops the connection when one goes unanswered for as long, so a stopped (SIGSTOP) or
+vanished server is noticed even while no protocol message is due; the Challenge must arrive
+within what is left of ``server_timeout_s``, and no gap between two server messages may
+exceed ``read_timeout_s``. Connection loss: the client retries with exponential backoff
+(at most ``retries`` attempts) and raises :class:`ConnectionLost` with a clear message once
+the attempts are spent or the server has been silent for ``server_timeout_s`` seconds: a
+client notices a dead server within about ``server_timeout_s`` (plus one backoff step).
+
+Transport security: a client with a signing policy (started with keys) requires TLS;
+without TLS the address must be loopback unless ``insecure=True``.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ import asyncio
 import importlib
 import os
 import signal
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +44,14 @@ from grpc._cython.cygrpc import InternalError as _GrpcInternalError
 from sharefl.crypto.encoding import encode
 from sharefl.crypto.signatures import IdentityKey
 from sharefl.deploy import wire
-from sharefl.deploy.server import MAX_MESSAGE_BYTES, TRANSPORT_OPTIONS, hello_statement
+from sharefl.deploy.config import is_loopback
+from sharefl.deploy.server import (
+    MAX_MESSAGE_BYTES,
+    MIN_PING_INTERVAL_S,
+    TRANSPORT_OPTIONS,
+    hello_statement,
+    keepalive_options,
+)
 from sharefl.proto import sharefl_pb2 as pb
 from sharefl.proto import sharefl_pb2_grpc as pb_grpc
 from sharefl.protocol.client import ClientPolicy, ClientSession
@@ -55,10 +72,20 @@ MAX_MODEL_LENGTH = 1 << 28
 """Default bound on the model length a client accepts (2^28 float32 = 1 GiB)."""
 
 NONCE_BYTES = 32
+SERVER_TIMEOUT_S = 60.0
+"""Default bound on how long a client waits for a silent server before it gives up."""
+READ_TIMEOUT_S = 900.0
+"""Default longest gap between two server messages during a run (training, stage
+deadlines and other clients' work happen in these gaps)."""
+RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
 class ConnectionLost(ProtocolError):
     """The server could not be reached (or was lost) after all retries."""
+
+
+class ServerSilent(ProtocolError):
+    """The server sent nothing within a read deadline (it may be stopped or unreachable)."""
 
 
 class ServerMisbehaved(ProtocolError):
@@ -158,6 +185,13 @@ class ClientRuntime:
             stage's first message (``advertise``, ``share``, ``mask``, ``consistency``,
             ``unmask``), to play a client that vanishes at that stage.
         max_model_length: the longest model (elements) this client accepts from the server.
+        server_timeout_s: how long the server may stay silent (no answer to keepalive
+            pings, no Challenge, unreachable) before the client gives up.
+        read_timeout_s: the longest gap between two server messages of a run.
+        insecure: allow a plaintext connection to a non-loopback address.
+
+    Raises ``ValueError`` for a client with a signing policy and no TLS; :meth:`run` raises
+    it for a plaintext client aimed at another machine without ``insecure``.
     """
 
     def __init__(
@@ -172,9 +206,20 @@ class ClientRuntime:
         retries: int = 5,
         exit_before: str | None = None,
         max_model_length: int = MAX_MODEL_LENGTH,
+        server_timeout_s: float = SERVER_TIMEOUT_S,
+        read_timeout_s: float = READ_TIMEOUT_S,
+        insecure: bool = False,
     ) -> None:
         if exit_before is not None and exit_before not in STAGES:
             raise ValueError(f"exit_before must be one of {STAGES}")
+        if server_timeout_s <= 0 or read_timeout_s <= 0:
+            raise ValueError("server_timeout_s and read_timeout_s must be > 0")
+        if tls is None and policy is not None and policy.require_signed:
+            raise ValueError(
+                f"client {client_id} has identity keys (signed mode) but no TLS: give it the "
+                "deployment's CA (ca.pem in the keygen folder)"
+            )
+
         self.client_id = client_id
         self.address = address
         self.trainer = trainer
@@ -184,7 +229,11 @@ class ClientRuntime:
         self.retries = retries
         self.exit_before = exit_before
         self.max_model_length = max_model_length
+        self.insecure = insecure
+        self.server_timeout_s = server_timeout_s
+        self.read_timeout_s = read_timeout_s
         self.report = ClientReport(client_id)
+        self._heard = time.monotonic()
         self._model_length: int | None = None
 
     def _channel(self) -> grpc.aio.Channel:
@@ -192,6 +241,7 @@ class ClientRuntime:
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             *TRANSPORT_OPTIONS,
+            *keepalive_options(max(MIN_PING_INTERVAL_S, self.server_timeout_s / 4)),
         ]
         if self.tls is None:
             return grpc.aio.insecure_channel(self.address, options=options)
@@ -205,31 +255,53 @@ class ClientRuntime:
     async def run(self) -> ClientReport:
         """Take part until the server finishes; returns the report.
 
-        Raises :class:`ConnectionLost` when the server stays unreachable,
-        :class:`ServerMisbehaved` when its stream cannot be followed, and
-        ``grpc.aio.AioRpcError`` when the server refuses this client (wrong identity,
-        certificate, malformed message) — those are not retried.
+        Raises :class:`ConnectionLost` when the server stays unreachable or silent (see the
+        module docstring for the bound), :class:`ServerMisbehaved` when its stream cannot be
+        followed, and ``grpc.aio.AioRpcError`` when the server refuses this client (wrong
+        identity, certificate, malformed message, a run it stopped) — not retried;
+        ``ValueError`` before connecting in plaintext to a non-loopback address without
+        ``insecure``.
         """
+        if self.tls is None and not self.insecure and not is_loopback(self.address):
+            raise ValueError(
+                f"refusing plaintext gRPC to {self.address}: give --keys (TLS), or --insecure "
+                "to send updates unencrypted"
+            )
         delay = 0.5
+        self._heard = time.monotonic()
         for attempt in range(1, self.retries + 1):
             try:
                 async with self._channel() as channel:
                     await self._session(pb_grpc.AggregationStub(channel))
                 return self.report
             except grpc.aio.AioRpcError as exc:
-                if exc.code() not in (
-                    grpc.StatusCode.UNAVAILABLE,
-                    grpc.StatusCode.DEADLINE_EXCEEDED,
-                ):
+                if exc.code() not in RETRYABLE:
                     raise
-                if attempt == self.retries:
-                    raise ConnectionLost(
-                        f"client {self.client_id}: server {self.address} unreachable after "
-                        f"{self.retries} attempts ({exc.details()})"
-                    ) from exc
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 8.0)
+                cause: Exception = exc
+                why = f"{exc.code().name}: {exc.details()}"
+            except ServerSilent as exc:
+                cause, why = exc, str(exc)
+            silent = time.monotonic() - self._heard
+            if attempt == self.retries or silent + delay >= self.server_timeout_s:
+                raise ConnectionLost(
+                    f"client {self.client_id}: server {self.address} unreachable after "
+                    f"{attempt} attempts, silent for {silent:.1f} s ({why})"
+                ) from cause
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 8.0)
         return self.report
+
+    async def _read(self, call, timeout: float | None = None):
+        """The next server message, within ``timeout`` (default ``read_timeout_s``);
+        raises :class:`ServerSilent` when nothing came."""
+        timeout = self.read_timeout_s if timeout is None else timeout
+        try:
+            message = await asyncio.wait_for(call.read(), max(timeout, 0.1))
+        except TimeoutError as exc:
+            call.cancel()
+            raise ServerSilent(f"no message from the server within {timeout:.1f} s") from exc
+        self._heard = time.monotonic()
+        return message
 
     def _send(self, call, message: pb.ClientMessage):
         self.report.bytes_sent += message.ByteSize()
@@ -241,7 +313,7 @@ class ClientRuntime:
 
     async def _session(self, stub: pb_grpc.AggregationStub) -> None:
         call = stub.Session()
-        challenge = await call.read()
+        challenge = await self._read(call, self.server_timeout_s - (time.monotonic() - self._heard))
         if challenge is grpc.aio.EOF or challenge.WhichOneof("body") != "challenge":
             raise ServerMisbehaved("the server did not open with a Challenge")
         nonce = challenge.challenge.nonce
@@ -261,7 +333,7 @@ class ClientRuntime:
         session: ClientSession | None = None
         round_guard = RoundGuard()
         finished = False
-        while (envelope := await call.read()) is not grpc.aio.EOF:
+        while (envelope := await self._read(call)) is not grpc.aio.EOF:
             kind = envelope.WhichOneof("body")
             if kind in ("round_start", "finished"):
                 header = (
@@ -304,7 +376,7 @@ class ClientRuntime:
                 )
             assembler = wire.VectorAssembler.bounded(header, self.max_model_length, np.float32)
             while not assembler.complete:
-                envelope = await call.read()
+                envelope = await self._read(call)
                 if envelope is grpc.aio.EOF or envelope.WhichOneof("body") != "chunk":
                     raise wire.WireError("the server interrupted a vector")
                 assembler.add(envelope.chunk)

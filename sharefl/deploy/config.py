@@ -1,6 +1,6 @@
 """Configuration of a deployment: one aggregation server and its clients over gRPC.
 
-A TOML file with four tables; every key is optional except where noted::
+A TOML file with five tables; every key is optional except where noted::
 
     [server]
     address = "127.0.0.1:50051"
@@ -8,6 +8,8 @@ A TOML file with four tables; every key is optional except where noted::
     rounds = 2
     connect_timeout_s = 60.0  # how long to wait for the clients
     stage_timeout_s = 30.0    # a client that misses a stage deadline counts as dropped
+    keepalive_s = 20.0        # HTTP/2 pings to each client; a silent one is dropped
+    insecure = false          # true: allow plaintext / unsigned / no directory off loopback
 
     [model]
     dim = 1000                # length of the model / update vector
@@ -26,7 +28,13 @@ A TOML file with four tables; every key is optional except where noted::
     min_sum_size = 3          # no update, no sum of fewer clients may become recoverable
     exclude_after = 1         # rounds named a culprit before a client is excluded (0: never)
     allow_leakage = false
-    seed = 0
+    reproducible_seed = 0     # TESTS ONLY: omit it, plans and graphs then come from the OS
+
+    [aggregator]              # optional: a sharefl.robust rule over the released cluster sums
+    name = "trimmed_mean"     # any simulation aggregator name; "" (default): model.aggregator
+    options = { f = 1 }       # the rule's keywords; f counts corrupted *clusters*
+    pre = []                  # pre-aggregators: "nnm", "bucketing"
+    scale = "mean"            # the rule runs over cluster means ("mean") or sums ("total")
 
     [tls]
     cert = "keys/server.pem"  # all three empty: plaintext (loopback testing only)
@@ -35,10 +43,15 @@ A TOML file with four tables; every key is optional except where noted::
     directory = "keys/directory.json"  # client id -> Ed25519 public key; empty: any identity
 
 Unknown keys and bad values raise :class:`ConfigurationError` naming the key.
+
+Secure by default (:func:`check_secure_deployment`): on an address other than loopback the
+server refuses plaintext, unsigned mode, a missing identity directory and a
+``reproducible_seed`` unless ``server.insecure = true``.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,12 +68,20 @@ class ServerSection:
     rounds: int = 1
     connect_timeout_s: float = 60.0
     stage_timeout_s: float = 30.0
+    keepalive_s: float = 20.0
+    insecure: bool = False
 
     def __post_init__(self) -> None:
         _require(self.clients >= 2, "server.clients must be >= 2")
         _require(self.rounds >= 1, "server.rounds must be >= 1")
         _require(self.connect_timeout_s > 0, "server.connect_timeout_s must be > 0")
         _require(self.stage_timeout_s > 0, "server.stage_timeout_s must be > 0")
+        _require(self.keepalive_s >= 1, "server.keepalive_s must be >= 1 (seconds)")
+
+    @property
+    def loopback(self) -> bool:
+        """Whether the address is a loopback one (127.0.0.0/8, ::1, localhost)."""
+        return is_loopback(self.address)
 
 
 @dataclass(frozen=True)
@@ -87,7 +108,7 @@ class SecureAggregationSection:
     min_sum_size: int = 3
     exclude_after: int = 1
     allow_leakage: bool = False
-    seed: int = 0
+    reproducible_seed: int | None = None
 
     def __post_init__(self) -> None:
         _require(self.cluster_size >= 2, "secure_aggregation.cluster_size must be >= 2")
@@ -106,6 +127,24 @@ class SecureAggregationSection:
             "reveals the sum of its members)",
         )
         _require(self.exclude_after >= 0, "secure_aggregation.exclude_after must be >= 0")
+
+
+@dataclass(frozen=True)
+class AggregatorSection:
+    """A robust rule over the released cluster sums (built by the CLI layer, which knows the
+    rules by name); an empty ``name`` keeps ``model.aggregator``'s plain sum or mean."""
+
+    name: str = ""
+    options: dict[str, Any] = field(default_factory=dict)
+    pre: list[str] = field(default_factory=list)
+    scale: str = "mean"
+
+    def __post_init__(self) -> None:
+        _require(self.scale in ("mean", "total"), 'aggregator.scale must be "mean" or "total"')
+        _require(
+            self.name or (not self.options and not self.pre),
+            "aggregator.options/pre need aggregator.name",
+        )
 
 
 @dataclass(frozen=True)
@@ -132,12 +171,57 @@ class DeploymentConfig:
     model: ModelSection = field(default_factory=ModelSection)
     secure_aggregation: SecureAggregationSection = field(default_factory=SecureAggregationSection)
     tls: TLSSection = field(default_factory=TLSSection)
+    aggregator: AggregatorSection = field(default_factory=AggregatorSection)
 
     def __post_init__(self) -> None:
         _require(
             not self.secure_aggregation.signed or bool(self.tls.directory),
             "secure_aggregation.signed needs tls.directory (the clients' identity keys)",
         )
+
+
+def is_loopback(address: str) -> bool:
+    """Whether ``host:port`` (or ``[v6]:port``) names this machine's loopback interface."""
+    host = address.rsplit(":", 1)[0].strip("[]") if ":" in address else address
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def insecure_settings(config: DeploymentConfig) -> list[str]:
+    """What in ``config`` is unsafe outside loopback testing (empty: nothing)."""
+    problems = []
+    if not config.tls.enabled:
+        problems.append("plaintext (set tls.cert and tls.key)")
+    if not config.secure_aggregation.signed:
+        problems.append("unsigned mode (set secure_aggregation.signed = true)")
+    if not config.tls.directory:
+        problems.append("no identity directory (set tls.directory; any client could take any id)")
+    if config.secure_aggregation.reproducible_seed is not None:
+        problems.append(
+            "a reproducible_seed (the server could predict every cluster: remove it so plans "
+            "come from the operating system)"
+        )
+    return problems
+
+
+def check_secure_deployment(config: DeploymentConfig) -> list[str]:
+    """Refuse an insecure deployment off loopback; returns what is insecure (to warn about).
+
+    Raises :class:`ConfigurationError` when ``server.address`` is not loopback, something of
+    :func:`insecure_settings` applies and ``server.insecure`` is not set.
+    """
+    problems = insecure_settings(config)
+    if problems and not config.server.loopback and not config.server.insecure:
+        raise ConfigurationError(
+            f"refusing to serve on {config.server.address} with "
+            + "; ".join(problems)
+            + ". Fix these, or set server.insecure = true to run insecurely anyway."
+        )
+    return problems
 
 
 def _require(condition: bool, message: str) -> None:
@@ -166,7 +250,14 @@ def load_config(path: str | Path) -> DeploymentConfig:
         "model": ModelSection,
         "secure_aggregation": SecureAggregationSection,
         "tls": TLSSection,
+        "aggregator": AggregatorSection,
     }
+    if "seed" in data.get("secure_aggregation", {}):
+        raise ConfigurationError(
+            "secure_aggregation.seed was removed: deployments draw cluster plans and SecAgg+ "
+            "graphs from the operating system. Delete it; only a test may set "
+            "secure_aggregation.reproducible_seed (refused off loopback)."
+        )
     unknown = sorted(set(data) - set(classes))
     if unknown:
         raise ConfigurationError(f"unknown table(s) {unknown}; known: {sorted(classes)}")

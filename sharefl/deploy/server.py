@@ -19,9 +19,10 @@ import asyncio
 import contextlib
 import json
 import os
+import secrets
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -35,10 +36,10 @@ from sharefl.crypto.errors import SignatureError
 from sharefl.crypto.kdf import KEY_BYTES
 from sharefl.crypto.signatures import SIGNATURE_BYTES, verify
 from sharefl.deploy import wire
-from sharefl.deploy.config import DeploymentConfig
+from sharefl.deploy.config import DeploymentConfig, check_secure_deployment
+from sharefl.deploy.results import Checkpoint
 from sharefl.proto import sharefl_pb2 as pb
 from sharefl.proto import sharefl_pb2_grpc as pb_grpc
-from sharefl.protocol.clustering import as_generator
 from sharefl.protocol.coordinator import (
     Exclusions,
     Planner,
@@ -46,7 +47,7 @@ from sharefl.protocol.coordinator import (
     RoundResult,
     SecureAggregationSettings,
 )
-from sharefl.protocol.errors import ConfigurationError, RejectedMessage
+from sharefl.protocol.errors import ConfigurationError, LeakageError, RejectedMessage
 
 HELLO_TAG = b"sharefl/hello\x00"
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
@@ -54,6 +55,35 @@ TRANSPORT_OPTIONS = (
     ("grpc.http2.lookahead_bytes", 16 * 1024 * 1024),
     ("grpc.http2.max_frame_size", 16 * 1024 * 1024 - 1),
 )
+MIN_PING_INTERVAL_S = 1.0
+"""The server accepts client keepalive pings this often (clients ping every
+``server_timeout_s / 4`` seconds, at least this)."""
+
+
+def keepalive_options(interval_s: float) -> list[tuple[str, int]]:
+    """gRPC channel arguments for HTTP/2 keepalive: a ping every ``interval_s`` seconds, the
+    connection closed (``UNAVAILABLE``) when one is not answered within ``interval_s``. Pings
+    flow while a stream is idle, so a stopped or vanished peer is noticed within about
+    ``2 × interval_s`` even when no protocol message is due."""
+    ms = int(interval_s * 1000)
+    return [
+        ("grpc.keepalive_time_ms", ms),
+        ("grpc.keepalive_timeout_ms", ms),
+        ("grpc.http2.ping_timeout_ms", ms),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+        ("grpc.http2.min_time_between_pings_ms", min(ms, int(MIN_PING_INTERVAL_S * 1000))),
+        ("grpc.http2.min_ping_interval_without_data_ms", min(ms, int(MIN_PING_INTERVAL_S * 1000))),
+    ]
+
+
+def server_keepalive_options(interval_s: float) -> list[tuple[str, int]]:
+    """The server's keepalive (it pings each client) and its tolerance of client pings."""
+    return [
+        *keepalive_options(interval_s),
+        ("grpc.http2.min_recv_ping_interval_without_data_ms", int(MIN_PING_INTERVAL_S * 1000)),
+        ("grpc.http2.max_ping_strikes", 0),
+    ]
 
 
 def hello_statement(nonce: bytes, client_id: int) -> bytes:
@@ -193,6 +223,9 @@ class ServerStrategy(Protocol):
     ``initial_model()`` is the model broadcast in round 0 (float32 ``[dim]``);
     ``apply(model, round, released)`` gets the sums of every reclustering that released
     at least one cluster and returns ``(new model, the aggregate, a note for the log)``.
+    A strategy may also define ``check(clusters)``, called before the server listens with
+    the number of clusters of a reclustering, raising ``ValueError`` (e.g. a robust rule's
+    ``f`` too large for that many cluster sums).
     """
 
     def initial_model(self) -> np.ndarray: ...
@@ -258,6 +291,13 @@ class ServerRun:
     strategy to what the round released. A client named a culprit is excluded from later
     rounds by the configured policy (``secure_aggregation.exclude_after``) and its stream
     ended with ``PERMISSION_DENIED``.
+
+    ``resume`` (a :class:`~sharefl.deploy.results.Checkpoint`) continues a stopped run: its
+    model, the exclusions its rounds recorded, and rounds from its ``next_round`` on.
+    ``on_round(report, model)`` is called after every finished round (the results writer);
+    once it returned, the report's aggregate is dropped so memory does not grow with the
+    rounds. Raises :class:`ConfigurationError` for an insecure configuration off loopback
+    (:func:`~sharefl.deploy.config.check_secure_deployment`).
     """
 
     def __init__(
@@ -266,6 +306,8 @@ class ServerRun:
         log: Log = _stderr,
         strategy: ServerStrategy | None = None,
         directory: Mapping[int, bytes] | None = None,
+        on_round: Callable[[RoundReport, np.ndarray], None] | None = None,
+        resume: Checkpoint | None = None,
     ) -> None:
         self.config = config
         self.settings = round_settings(config)
@@ -276,9 +318,18 @@ class ServerRun:
         self.accepting = True
         self.changed = asyncio.Event()
         self.round: RoundCoordinator | None = None
-        self.rng = as_generator(config.secure_aggregation.seed)
+        self.rng = deployment_rng(config)
+        self.insecure = check_secure_deployment(config)
+        self.on_round = on_round
+        self.identities: dict[int, bytes] = {}
         self.exclusions = Exclusions(config.secure_aggregation.exclude_after)
+        self.start_round = 0
         self.model = np.asarray(self.strategy.initial_model(), dtype=np.float32)
+        if resume is not None:
+            self.start_round = resume.next_round
+            self.model = np.asarray(resume.model, dtype=np.float32)
+            for row in resume.rows:  # the exclusion policy's state, replayed
+                self.exclusions.record({int(c): r for c, r in row["culprits"].items()})
         if self.model.shape != (config.model.dim,):
             raise ConfigurationError(
                 f"the strategy's model has shape {self.model.shape}; "
@@ -288,7 +339,19 @@ class ServerRun:
 
     # -- links ------------------------------------------------------------------------------
 
-    def register(self, client_id: int) -> ClientLink:
+    def register(self, client_id: int, identity: bytes | None = None) -> ClientLink:
+        """A link for an authenticated client. An id is bound to the first Ed25519 identity
+        that authenticated as it in this run: a later stream for that id (a reconnect) must
+        prove the same identity. Raises :class:`StreamError`: ``PERMISSION_DENIED`` for
+        another identity or an excluded client, ``ALREADY_EXISTS`` while the id is
+        connected, ``FAILED_PRECONDITION`` for a new id once the run started."""
+        bound = self.identities.get(client_id)
+        if identity is not None and bound is not None and bound != identity:
+            raise StreamError(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"client id {client_id} is bound to another identity in this run; "
+                "a reconnecting client must sign with the same identity key",
+            )
         old = self.links.get(client_id)
         if old is not None and old.alive:
             raise StreamError(grpc.StatusCode.ALREADY_EXISTS, f"client {client_id} is connected")
@@ -302,7 +365,10 @@ class ServerRun:
                 grpc.StatusCode.FAILED_PRECONDITION, "the run has started; new clients are closed"
             )
         link = ClientLink(client_id)
+        if identity is not None:
+            self.identities[client_id] = identity
         self.links[client_id] = link
+        self.log(f"client {client_id} {'reconnected' if old is not None else 'connected'}")
         self.changed.set()
         return link
 
@@ -402,11 +468,36 @@ class ServerRun:
             raise ConfigurationError(f"only {have} clients connected; need at least 2")
 
     async def run(self) -> list[RoundReport]:
-        await self.wait_for_clients()
-        for round_index in range(self.config.server.rounds):
-            self.reports.append(await self._round(round_index))
+        """All rounds, then the final model to every client. A failure of the run (too few
+        clients, a configuration error in a round) ends every stream with
+        ``FAILED_PRECONDITION`` and the reason, so clients report the server's refusal, and
+        is raised again."""
+        try:
+            await self.wait_for_clients()
+            for round_index in range(self.start_round, self.config.server.rounds):
+                self._warn_insecure()
+                report = await self._round(round_index)
+                if self.on_round is not None:
+                    self.on_round(report, self.model)
+                    report.total = None
+                self.reports.append(report)
+        except (ConfigurationError, LeakageError) as exc:
+            self.abort(f"the server stopped the run: {exc}")
+            raise
         self._finish()
         return self.reports
+
+    def abort(self, reason: str) -> None:
+        """End every client's stream with ``FAILED_PRECONDITION`` and ``reason``."""
+        error = StreamError(grpc.StatusCode.FAILED_PRECONDITION, wire.printable(reason, 600))
+        for link in self.links.values():
+            link.close(error)
+
+    def _warn_insecure(self) -> None:
+        """Off loopback (``server.insecure = true``), say before every round what is
+        insecure (on loopback, testing, the start-up line says it once)."""
+        if self.insecure and not self.config.server.loopback:
+            self.log("WARNING: INSECURE DEPLOYMENT: " + "; ".join(self.insecure))
 
     async def _round(self, round_index: int) -> RoundReport:
         start = time.monotonic()
@@ -526,11 +617,22 @@ class AggregationService(pb_grpc.AggregationServicer):
         directory: ``{client id: Ed25519 public key}``; when given, only these identities
             may connect. The same mapping is what the round coordinator hands to its
             :class:`~sharefl.protocol.server.ServerSession` s (``directory=``).
+        require_certificate: the server requires TLS client certificates
+            (``tls.client_ca``): the certificate's common name must be ``client-<id>`` for
+            the id of the Hello (:func:`check_certificate`), which binds certificate, client
+            id and (through the directory) Ed25519 identity together.
     """
 
-    def __init__(self, run: ServerRun, directory: Mapping[int, bytes] | None) -> None:
+    def __init__(
+        self,
+        run: ServerRun,
+        directory: Mapping[int, bytes] | None,
+        *,
+        require_certificate: bool = False,
+    ) -> None:
         self.run = run
         self.directory = directory
+        self.require_certificate = require_certificate
 
     async def Session(self, request_iterator, context):
         incoming = request_iterator.__aiter__()
@@ -539,7 +641,10 @@ class AggregationService(pb_grpc.AggregationServicer):
             pb.ServerMessage(challenge=pb.Challenge(nonce=nonce, server_version=__version__))
         )
         try:
-            link = self.run.register(await self._authenticate(incoming, nonce))
+            client_id, identity = await self._authenticate(incoming, nonce)
+            if self.require_certificate:
+                check_certificate(context.auth_context(), client_id)
+            link = self.run.register(client_id, identity)
         except StreamError as exc:
             await context.abort(exc.code, str(exc))
             return
@@ -553,8 +658,9 @@ class AggregationService(pb_grpc.AggregationServicer):
         if link.error is not None:
             await context.abort(link.error.code, str(link.error))
 
-    async def _authenticate(self, incoming, nonce: bytes) -> int:
-        """The client id of a stream whose first message is a valid signed Hello.
+    async def _authenticate(self, incoming, nonce: bytes) -> tuple[int, bytes]:
+        """The client id and Ed25519 identity of a stream whose first message is a valid
+        signed Hello.
 
         Raises :class:`StreamError`: ``INVALID_ARGUMENT`` for no Hello, bytes that do not
         decode, or fields of the wrong size; ``PERMISSION_DENIED`` for an identity the
@@ -583,7 +689,7 @@ class AggregationService(pb_grpc.AggregationServicer):
             raise StreamError(
                 grpc.StatusCode.UNAUTHENTICATED, f"client {client_id}: Hello signature invalid"
             ) from exc
-        return client_id
+        return client_id, bytes(hello.identity_public)
 
     async def _read(self, link: ClientLink, incoming) -> None:
         """Route the client's messages until its stream ends; a failure ends this stream.
@@ -639,6 +745,71 @@ def bounded_refusal(envelope: pb.ClientMessage) -> pb.ClientMessage:
     return envelope
 
 
+CERTIFICATE_PREFIX = "client-"
+"""A client certificate's common name is ``client-<id>`` (what :func:`~sharefl.deploy.keygen.
+keygen` writes)."""
+
+
+def check_certificate(auth_context: Mapping[str, Sequence[bytes]], client_id: int) -> None:
+    """Raise :class:`StreamError` (``PERMISSION_DENIED``) unless the stream's verified TLS
+    client certificate names ``client-<client_id>`` as its common name."""
+    names = [n.decode(errors="replace") for n in auth_context.get("x509_common_name", [])]
+    expected = f"{CERTIFICATE_PREFIX}{client_id}"
+    if names != [expected]:
+        shown = wire.printable(", ".join(names) or "none", 80)
+        raise StreamError(
+            grpc.StatusCode.PERMISSION_DENIED,
+            f"the Hello claims client {client_id} but the TLS certificate's common name is "
+            f"{shown}; connect with the certificate issued for {expected}",
+        )
+
+
+def deployment_rng(config: DeploymentConfig) -> np.random.Generator:
+    """The generator of cluster plans and SecAgg+ graphs: seeded from the operating system
+    (``secrets``), unless the file sets ``secure_aggregation.reproducible_seed`` (tests)."""
+    seed = config.secure_aggregation.reproducible_seed
+    return np.random.default_rng(secrets.randbits(128) if seed is None else seed)
+
+
+def validate_deployment(
+    config: DeploymentConfig,
+    directory: Mapping[int, bytes] | None = None,
+    strategy: ServerStrategy | None = None,
+) -> None:
+    """Check, before listening, what round 1 would check: the protocol settings, the plan of
+    ``server.clients`` clients, the encoding (clip and bits) and every cluster's assignment
+    (threshold, SecAgg+ degree), the directory's size, and the strategy's ``check`` for the
+    planned number of clusters. Raises :class:`ConfigurationError` /
+    :class:`LeakageError` saying what to change."""
+    check_secure_deployment(config)
+    wanted = config.server.clients
+    ids = sorted(directory)[:wanted] if directory else list(range(wanted))
+    if len(ids) < wanted:
+        raise ConfigurationError(
+            f"server.clients is {wanted} but tls.directory knows only {len(ids)} identities"
+        )
+    rc = RoundCoordinator(
+        round_settings(config),
+        round=0,
+        participants=ids,
+        length=config.model.dim,
+        rng=deployment_rng(config),
+        directory=directory,
+    )
+    rc.open_reclustering()
+    check = getattr(strategy, "check", None)
+    if check is not None:
+        clusters = min(len(c.clusters) for c in rc.plan.clusterings)
+        try:
+            check(clusters)
+        except ValueError as exc:
+            raise ConfigurationError(
+                f"the aggregator cannot run over {clusters} cluster sums per reclustering "
+                f"({config.server.clients} clients, clusters of "
+                f"{config.secure_aggregation.cluster_size}): {exc}"
+            ) from exc
+
+
 def check_hello(hello: pb.Hello) -> None:
     """Raise :class:`StreamError` (``INVALID_ARGUMENT``) unless the Hello's identity key is
     32 bytes and its signature 64 bytes (checked before either is used)."""
@@ -654,11 +825,18 @@ def check_hello(hello: pb.Hello) -> None:
 
 
 def load_directory(path: str) -> dict[int, bytes] | None:
-    """``{client id: Ed25519 public key}`` from a keygen ``directory.json`` (None if unset)."""
+    """``{client id: Ed25519 public key}`` from a keygen ``directory.json`` (None if unset).
+    Raises :class:`ConfigurationError` for a file that cannot be read or parsed."""
     if not path:
         return None
-    data = json.loads(Path(path).read_text())
-    return {int(cid): bytes.fromhex(key) for cid, key in data["identities"].items()}
+    try:
+        data = json.loads(Path(path).read_text())
+        return {int(cid): bytes.fromhex(key) for cid, key in data["identities"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ConfigurationError(
+            f"cannot read the identity directory {path}: {exc!r}; use the directory.json "
+            "written by sharefl keygen"
+        ) from exc
 
 
 def server_credentials(config: DeploymentConfig) -> grpc.ServerCredentials | None:
@@ -679,17 +857,30 @@ async def serve(
     log: Log = _stderr,
     ready: asyncio.Event | None = None,
     strategy: ServerStrategy | None = None,
+    on_round: Callable[[RoundReport, np.ndarray], None] | None = None,
+    resume: Checkpoint | None = None,
 ) -> RunResult:
     """Run the server until the configured rounds are done.
 
     ``ready`` is set once the port is bound (for in-process tests). ``strategy`` decides
     the initial model and what the released sums do (default :class:`AveragingStrategy`;
     the simulator's robust training is :class:`sharefl.simulation_bridge.
-    SimulationStrategy`). Raises :class:`ConfigurationError` / :class:`LeakageError` for an
-    unusable configuration.
+    SimulationStrategy`). ``on_round(report, model)`` runs after each finished round (see
+    :class:`ServerRun`); ``resume`` continues a stopped run (see :class:`ServerRun`). The
+    whole configuration is validated before the port is bound
+    (:func:`validate_deployment`): raises :class:`ConfigurationError` /
+    :class:`LeakageError` for an unusable or (off loopback) insecure configuration.
     """
     directory = load_directory(config.tls.directory)
-    run = ServerRun(config, log, strategy, directory)
+    validate_deployment(config, directory, strategy)
+    run = ServerRun(config, log, strategy, directory, on_round, resume)
+    if resume is not None:
+        if resume.next_round >= config.server.rounds:
+            raise ConfigurationError(
+                f"the run to resume finished {resume.next_round} of {config.server.rounds} "
+                "rounds: nothing is left (raise server.rounds to go on)"
+            )
+        log(f"resuming at round {resume.next_round + 1}/{config.server.rounds}")
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -698,9 +889,11 @@ async def serve(
             # silently receive a share of its clients' connections. Refuse the port instead.
             ("grpc.so_reuseport", 0),
             *TRANSPORT_OPTIONS,
+            *server_keepalive_options(config.server.keepalive_s),
         ]
     )
-    pb_grpc.add_AggregationServicer_to_server(AggregationService(run, directory), server)
+    service = AggregationService(run, directory, require_certificate=bool(config.tls.client_ca))
+    pb_grpc.add_AggregationServicer_to_server(service, server)
     credentials = server_credentials(config)
     address = config.server.address
     try:
@@ -716,6 +909,8 @@ async def serve(
     await server.start()
     mode = "TLS" if credentials else "plaintext"
     log(f"sharefl server {__version__} listening on {address} ({mode})")
+    if run.insecure:
+        log("WARNING: INSECURE DEPLOYMENT: " + "; ".join(run.insecure))
     if ready is not None:
         ready.set()
     try:
