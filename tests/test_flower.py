@@ -23,12 +23,15 @@ from flwr.server.strategy import FedAvg
 from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD
 
 from sharefl.crypto.signatures import IdentityKey
+from sharefl.deploy.keygen import keygen
 from sharefl.integrations.flower import (
     PREFIX,
     STAGE_RECORD,
+    FlowerIntegrationError,
     ShareflWorkflow,
     get_record,
     make_sharefl_mod,
+    policy_from_node_config,
     put_record,
     sharefl_mod,
 )
@@ -64,16 +67,23 @@ class FakeGrid:
     """Delivers each message to its node's mod chain at once. ``error_at[nid] = kind`` makes
     the node answer its ``kind`` message (a sharefl protocol message class name, or a
     stage) with an error; ``silent_at`` makes it not answer at all (a timeout). ``mods``
-    replaces ``sharefl_mod`` per node; ``sent`` lists the kinds sent, ``errors`` the error
-    reasons per node."""
+    replaces ``sharefl_mod`` per node, ``node_configs`` sets their node configs; ``sent``
+    lists the kinds sent, ``errors`` the error reasons per node."""
 
-    def __init__(self, apps, error_at=None, silent_at=None, mods=None):
+    def __init__(self, apps, error_at=None, silent_at=None, mods=None, node_configs=None):
         self.apps = apps
         self.mods = mods or {}
         self.sent: list[str] = []
         self.errors: dict[int, list[str]] = {}
+        configs = node_configs or {}
         self.contexts = {
-            nid: Context(run_id=1, node_id=nid, node_config={}, state=RecordDict(), run_config={})
+            nid: Context(
+                run_id=1,
+                node_id=nid,
+                node_config=dict(configs.get(nid, {})),
+                state=RecordDict(),
+                run_config={},
+            )
             for nid in apps
         }
         self.error_at = error_at or {}
@@ -402,3 +412,37 @@ def test_signed_mode_and_the_directory_come_together(tmp_path):
     assert ShareflWorkflow(cluster_size=5, clip=1.0, signed=True, directory=path)._directory == (
         DIRECTORY
     )
+
+
+def test_a_signed_round_from_sharefl_keygen_files_and_node_configs(tmp_path):
+    """The deployment path: ``sharefl keygen`` writes the identities and directory.json;
+    each SuperNode's node config names its identity file and the directory, the server
+    reads the same directory.json."""
+    keys = keygen(tmp_path / "keys", range(N))
+    configs = {
+        nid: {
+            "sharefl-identity": str(keys / f"client-{i}.identity"),
+            "sharefl-directory": str(keys / "directory.json"),
+        }
+        for i, nid in enumerate(NODES)
+    }
+    mod = make_sharefl_mod(policy_from_node_config)
+    updates = updates_for(NODES, seed=13)
+    global_arrays = [np.zeros(s, np.float32) for s in SHAPES]
+    workflow = ShareflWorkflow(
+        cluster_size=5, clip=1.0, seed=8, signed=True, directory=keys / "directory.json"
+    )
+    new, _ = run_round(
+        workflow,
+        updates,
+        global_arrays,
+        mods=dict.fromkeys(NODES, mod),
+        node_configs=configs,
+    )
+    assert dict(workflow.last_route.nodes) == dict(enumerate(NODES))
+    assert len(workflow.last_result.clusters) == 2
+    for got, want in zip(new, fedavg(updates, NODES), strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-4)
+    bare = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
+    with pytest.raises(FlowerIntegrationError, match="sharefl-identity"):
+        policy_from_node_config(bare)
