@@ -30,6 +30,7 @@ from sharefl.integrations.flower import (
     FlowerIntegrationError,
     ShareflWorkflow,
     get_record,
+    hello_statement,
     make_sharefl_mod,
     policy_from_node_config,
     put_record,
@@ -310,9 +311,23 @@ def test_signed_round_equals_fedavg_with_a_dropout_at_the_consistency_stage():
         np.testing.assert_allclose(got - g, want, atol=bound + 1e-6)
 
 
+def replaying(node_id: int, client: int):
+    """A node that answers the hello with client ``client``'s valid signature for the node
+    ``node_id`` it really runs on (as if it had copied that node's reply)."""
+
+    def mod(msg, ctxt, call_next):
+        nonce = get_record(msg.content, STAGE_RECORD)["nonce"]
+        signature = IDENTITIES[client].sign(hello_statement(node_id, client, nonce))
+        out = RecordDict()
+        put_record(out, f"{PREFIX}.hello", {"client_id": client, "signature": signature})
+        return Message(out, reply_to=msg)
+
+    return mod
+
+
 def test_an_impostor_node_is_refused_at_hello_and_the_others_round_completes():
-    impostor, stranger = 11, 12  # Flower node ids
-    nodes = [*NODES, impostor, stranger]
+    impostor, stranger, replayer = 11, 12, 13  # Flower node ids
+    nodes = [*NODES, impostor, stranger, replayer]
     updates = updates_for(nodes, seed=9)
     mods = signed_mods()
     wrong = IdentityKey.from_private(b"\xee" * 32)
@@ -324,15 +339,17 @@ def test_an_impostor_node_is_refused_at_hello_and_the_others_round_completes():
     mods[stranger] = make_sharefl_mod(
         ClientPolicy(identity=wrong, directory={**DIRECTORY, 99: wrong.public}, require_signed=True)
     )
+    mods[replayer] = replaying(NODES[5], 5)  # client 5's signature, bound to another node
     global_arrays = [np.zeros(s, np.float32) for s in SHAPES]
     workflow = ShareflWorkflow(cluster_size=5, clip=1.0, seed=4, signed=True, directory=DIRECTORY)
     new, grid = run_round(workflow, updates, global_arrays, mods=mods)
     culprits = workflow.last_node_culprits
-    assert set(culprits) == {impostor, stranger}
+    assert set(culprits) == {impostor, stranger, replayer}
     assert "client 4" in culprits[impostor] and "not signed" in culprits[impostor]
+    assert "client 5" in culprits[replayer] and "not signed" in culprits[replayer]
     assert "99" in culprits[stranger] and "lacks" in culprits[stranger]
     assert dict(workflow.last_route.nodes) == dict(enumerate(NODES))
-    assert grid.calls[impostor] == grid.calls[stranger] == 0  # never asked to train
+    assert grid.calls[impostor] == grid.calls[stranger] == grid.calls[replayer] == 0
     result = workflow.last_result
     assert len(result.clusters) == 2 and not result.failed and not result.culprits
     for got, want in zip(new, fedavg(updates, NODES), strict=True):

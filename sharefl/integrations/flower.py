@@ -48,7 +48,7 @@ import json
 import logging
 import os
 import struct
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -159,6 +159,8 @@ def hello_statement(node_id: int, client_id: int, nonce: bytes) -> bytes:
     [0, 2^64) or a nonce of the wrong size."""
     if len(nonce) != NONCE_BYTES:
         raise ValueError(f"a hello nonce is {NONCE_BYTES} bytes, got {len(nonce)}")
+    if not (0 <= node_id < 2**64 and 0 <= client_id < 2**64):
+        raise ValueError(f"node and client ids are in [0, 2^64), got {node_id}, {client_id}")
     return HELLO_TAG + struct.pack(">QQ", node_id, client_id) + bytes(nonce)
 
 
@@ -248,7 +250,8 @@ class Route:
             raise ValueError("two client ids routed to one node")
 
     @classmethod
-    def identity(cls, node_ids) -> Route:
+    def identity(cls, node_ids: Iterable[int]) -> Route:
+        """The unsigned route: every node is its own client id."""
         return cls({nid: nid for nid in node_ids})
 
     @property
@@ -371,10 +374,11 @@ class ShareflWorkflow:
         else:
             route = Route.identity(sorted(proxies))
         self.last_route = route
+        clients = route.clients
         fitins = {
-            cid: compat.fitins_to_recorddict(ins, True)
+            clients[proxy.node_id]: compat.fitins_to_recorddict(ins, True)
             for proxy, ins in instructions
-            if (cid := route.clients.get(proxy.node_id)) is not None
+            if proxy.node_id in clients
         }
         codec = WeightedUpdateCodec.like(global_arrays, self.clip, self.max_weight)
         try:
