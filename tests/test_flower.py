@@ -4,6 +4,8 @@ Byzantine clients under a robust rule."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -20,13 +22,22 @@ from flwr.server.compat.legacy_context import LegacyContext
 from flwr.server.strategy import FedAvg
 from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD
 
+from sharefl.crypto.signatures import IdentityKey
+from sharefl.deploy.keygen import keygen
 from sharefl.integrations.flower import (
     PREFIX,
     STAGE_RECORD,
+    FlowerIntegrationError,
     ShareflWorkflow,
     get_record,
+    hello_statement,
+    make_sharefl_mod,
+    policy_from_node_config,
+    put_record,
     sharefl_mod,
 )
+from sharefl.protocol.client import ClientPolicy
+from sharefl.protocol.errors import ConfigurationError
 from sharefl.robust.coordinate import Median
 
 SHAPES = [(3, 4), (5,)]
@@ -55,13 +66,25 @@ def updates_for(nodes, seed=0):
 
 class FakeGrid:
     """Delivers each message to its node's mod chain at once. ``error_at[nid] = kind`` makes
-    the node answer its ``kind`` message (a sharefl protocol message class name) with an
-    error; ``silent_at`` makes it not answer at all (a timeout)."""
+    the node answer its ``kind`` message (a sharefl protocol message class name, or a
+    stage) with an error; ``silent_at`` makes it not answer at all (a timeout). ``mods``
+    replaces ``sharefl_mod`` per node, ``node_configs`` sets their node configs; ``sent``
+    lists the kinds sent, ``errors`` the error reasons per node."""
 
-    def __init__(self, apps, error_at=None, silent_at=None):
+    def __init__(self, apps, error_at=None, silent_at=None, mods=None, node_configs=None):
         self.apps = apps
+        self.mods = mods or {}
+        self.sent: list[str] = []
+        self.errors: dict[int, list[str]] = {}
+        configs = node_configs or {}
         self.contexts = {
-            nid: Context(run_id=1, node_id=nid, node_config={}, state=RecordDict(), run_config={})
+            nid: Context(
+                run_id=1,
+                node_id=nid,
+                node_config=dict(configs.get(nid, {})),
+                state=RecordDict(),
+                run_config={},
+            )
             for nid in apps
         }
         self.error_at = error_at or {}
@@ -73,14 +96,17 @@ class FakeGrid:
         for msg in messages:
             nid = msg.metadata.dst_node_id
             kind = _kind(msg)
+            self.sent.append(kind)
             if self.silent_at.get(nid) == kind:
                 continue
             if self.error_at.get(nid) == kind:
                 replies.append(Message(Error(code=0, reason="lost"), reply_to=msg))
                 continue
             try:
-                replies.append(sharefl_mod(msg, self.contexts[nid], self.apps[nid]))
+                mod = self.mods.get(nid, sharefl_mod)
+                replies.append(mod(msg, self.contexts[nid], self.apps[nid]))
             except Exception as exc:  # what Flower does with an exception in a ClientApp
+                self.errors.setdefault(nid, []).append(repr(exc))
                 replies.append(Message(Error(code=0, reason=repr(exc)), reply_to=msg))
         return replies
 
@@ -122,10 +148,22 @@ def legacy_context(grid, nodes, global_arrays):
 
 def run_round(workflow, updates, global_arrays, **grid_kwargs):
     nodes = sorted(updates)
-    apps = {nid: trainer(*updates[nid]) for nid in nodes}
+    calls = dict.fromkeys(nodes, 0)
+
+    def counting(nid):
+        inner = trainer(*updates[nid])
+
+        def app(msg, ctxt):
+            calls[nid] += 1
+            return inner(msg, ctxt)
+
+        return app
+
+    apps = {nid: counting(nid) for nid in nodes}
     grid = FakeGrid(apps, **grid_kwargs)
     ctx = legacy_context(grid, nodes, global_arrays)
     workflow(grid, ctx)
+    grid.calls = calls
     new = compat.arrayrecord_to_parameters(ctx.state.array_records[MAIN_PARAMS_RECORD], True)
     return to_ndarrays(new), grid
 
@@ -231,3 +269,197 @@ def test_the_input_leaves_the_context_after_the_rounds_last_masking():
     assert set(calls.values()) == {1}
     # assign, keys, masking (trained: kept), unmask | assign, keys, masking (dropped), unmask
     assert seen == [False, False, True, True, True, True, False, False]
+
+
+# ---- signed mode: identities, a directory by stable client id, random node ids -------------
+
+IDENTITIES = [IdentityKey.from_private(bytes([i + 1]) * 32) for i in range(N)]
+DIRECTORY = {i: key.public for i, key in enumerate(IDENTITIES)}
+
+
+def signed_mods(nodes=NODES):
+    """Client i (directory id i) runs on Flower node ``nodes[i]``; its id comes from its
+    identity's entry in the directory."""
+    return {
+        nid: make_sharefl_mod(
+            ClientPolicy(identity=IDENTITIES[i], directory=DIRECTORY, require_signed=True)
+        )
+        for i, nid in enumerate(nodes)
+    }
+
+
+def test_signed_round_equals_fedavg_with_a_dropout_at_the_consistency_stage():
+    updates = updates_for(NODES, seed=8)
+    global_arrays = [np.full(s, -0.25, np.float32) for s in SHAPES]
+    workflow = ShareflWorkflow(cluster_size=5, clip=1.0, seed=3, signed=True, directory=DIRECTORY)
+    lost = NODES[6]
+    new, grid = run_round(
+        workflow, updates, global_arrays, mods=signed_mods(), error_at={lost: "ConsistencyRequest"}
+    )
+    assert dict(workflow.last_route.nodes) == dict(enumerate(NODES))  # ids from the directory
+    assert "hello" in grid.sent and "ConsistencyRequest" in grid.sent
+    assert grid.sent.count("ConsistencyRequest") == N  # every client of both clusters
+    result = workflow.last_result
+    assert result is not None and len(result.clusters) == 2 and not result.failed
+    assert not result.culprits and not workflow.last_node_culprits
+    assert result.plan.participants == tuple(range(N))
+    summed = set().union(*(set(c.members) for c in result.clusters))
+    assert summed == set(range(N))  # lost after masking: its masked input still counts
+    assert set(grid.calls.values()) == {1}
+    bound = 2 * 2.0 ** -workflow_frac_bits(result)
+    for got, g, want in zip(new, global_arrays, fedavg(updates, NODES), strict=True):
+        np.testing.assert_allclose(got - g, want, atol=bound + 1e-6)
+
+
+def replaying(node_id: int, client: int):
+    """A node that answers the hello with client ``client``'s valid signature for the node
+    ``node_id`` it really runs on (as if it had copied that node's reply)."""
+
+    def mod(msg, ctxt, call_next):
+        nonce = get_record(msg.content, STAGE_RECORD)["nonce"]
+        signature = IDENTITIES[client].sign(hello_statement(node_id, client, nonce))
+        out = RecordDict()
+        put_record(out, f"{PREFIX}.hello", {"client_id": client, "signature": signature})
+        return Message(out, reply_to=msg)
+
+    return mod
+
+
+def test_an_impostor_node_is_refused_at_hello_and_the_others_round_completes():
+    impostor, stranger, replayer = 11, 12, 13  # Flower node ids
+    nodes = [*NODES, impostor, stranger, replayer]
+    updates = updates_for(nodes, seed=9)
+    mods = signed_mods()
+    wrong = IdentityKey.from_private(b"\xee" * 32)
+    # Claims to be client 4 (on NODES[4] too) with a key that is not client 4's.
+    mods[impostor] = make_sharefl_mod(
+        ClientPolicy(identity=wrong, directory=DIRECTORY, require_signed=True), client_id=4
+    )
+    # A client id the directory does not list.
+    mods[stranger] = make_sharefl_mod(
+        ClientPolicy(identity=wrong, directory={**DIRECTORY, 99: wrong.public}, require_signed=True)
+    )
+    mods[replayer] = replaying(NODES[5], 5)  # client 5's signature, bound to another node
+    global_arrays = [np.zeros(s, np.float32) for s in SHAPES]
+    workflow = ShareflWorkflow(cluster_size=5, clip=1.0, seed=4, signed=True, directory=DIRECTORY)
+    new, grid = run_round(workflow, updates, global_arrays, mods=mods)
+    culprits = workflow.last_node_culprits
+    assert set(culprits) == {impostor, stranger, replayer}
+    assert "client 4" in culprits[impostor] and "not signed" in culprits[impostor]
+    assert "client 5" in culprits[replayer] and "not signed" in culprits[replayer]
+    assert "99" in culprits[stranger] and "lacks" in culprits[stranger]
+    assert dict(workflow.last_route.nodes) == dict(enumerate(NODES))
+    assert grid.calls[impostor] == grid.calls[stranger] == grid.calls[replayer] == 0
+    result = workflow.last_result
+    assert len(result.clusters) == 2 and not result.failed and not result.culprits
+    for got, want in zip(new, fedavg(updates, NODES), strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-4)
+
+
+def corrupt_advert_signature(inner):
+    """A Byzantine client: an honest hello, but its advertised keys carry a signature that
+    does not verify (as if the server or the client had substituted them)."""
+
+    def mod(msg, ctxt, call_next):
+        reply = inner(msg, ctxt, call_next)
+        if f"{PREFIX}.message" in reply.content.config_records:
+            record = get_record(reply.content, f"{PREFIX}.message")
+            if record["type"] == "AdvertiseKeys":
+                record["signature"] = bytes([record["signature"][0] ^ 1]) + record["signature"][1:]
+                put_record(reply.content, f"{PREFIX}.message", record)
+        return reply
+
+    return mod
+
+
+def test_a_client_whose_advert_signature_does_not_verify_is_named_and_left_out():
+    updates = updates_for(NODES, seed=10)
+    mods = signed_mods()
+    bad = 2
+    mods[NODES[bad]] = corrupt_advert_signature(mods[NODES[bad]])
+    global_arrays = [np.zeros(s, np.float32) for s in SHAPES]
+    workflow = ShareflWorkflow(cluster_size=5, clip=1.0, seed=5, signed=True, directory=DIRECTORY)
+    new, _ = run_round(workflow, updates, global_arrays, mods=mods)
+    result = workflow.last_result
+    assert set(result.culprits) == {bad} and "signature" in result.culprits[bad].lower()
+    assert len(result.clusters) == 2 and not result.failed
+    summed = set().union(*(set(c.members) for c in result.clusters))
+    assert summed == set(range(N)) - {bad}
+    honest = [nid for i, nid in enumerate(NODES) if i != bad]
+    for got, want in zip(new, fedavg(updates, honest), strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-4)
+
+
+def test_clients_that_require_signed_mode_refuse_an_unsigned_workflow():
+    updates = updates_for(NODES, seed=11)
+    global_arrays = [np.full(s, 0.5, np.float32) for s in SHAPES]
+    workflow = ShareflWorkflow(cluster_size=5, clip=1.0, seed=6)  # no downgrade
+    new, grid = run_round(workflow, updates, global_arrays, mods=signed_mods())
+    assert set(grid.errors) == set(NODES)
+    assert all("requires signed mode" in e[0] for e in grid.errors.values())
+    assert set(grid.sent) == {"assign"}  # refused before any key left a client
+    assert set(grid.calls.values()) == {0}
+    assert workflow.last_update is None and not workflow.last_result.clusters
+    for got, g in zip(new, global_arrays, strict=True):
+        np.testing.assert_array_equal(got, g)
+
+
+def test_a_signed_workflow_runs_no_round_with_unsigned_clients():
+    updates = updates_for(NODES, seed=12)
+    global_arrays = [np.full(s, 0.5, np.float32) for s in SHAPES]
+    workflow = ShareflWorkflow(cluster_size=5, clip=1.0, seed=7, signed=True, directory=DIRECTORY)
+    new, grid = run_round(workflow, updates, global_arrays)  # sharefl_mod: no identity
+    assert set(grid.errors) == set(NODES) and set(grid.sent) == {"hello"}
+    assert not workflow.last_route.nodes and workflow.last_result is None
+    for got, g in zip(new, global_arrays, strict=True):
+        np.testing.assert_array_equal(got, g)
+
+
+def test_signed_mode_and_the_directory_come_together(tmp_path):
+    with pytest.raises(ConfigurationError):
+        ShareflWorkflow(cluster_size=5, clip=1.0, signed=True)
+    with pytest.raises(ConfigurationError):
+        ShareflWorkflow(cluster_size=5, clip=1.0, directory=DIRECTORY)
+    with pytest.raises(ConfigurationError, match="one public key for two clients"):
+        ShareflWorkflow(
+            cluster_size=5, clip=1.0, signed=True, directory={**DIRECTORY, 50: DIRECTORY[0]}
+        )
+    path = tmp_path / "directory.json"
+    path.write_text(json.dumps({"identities": {str(i): k.hex() for i, k in DIRECTORY.items()}}))
+    assert ShareflWorkflow(cluster_size=5, clip=1.0, signed=True, directory=path)._directory == (
+        DIRECTORY
+    )
+
+
+def test_a_signed_round_from_sharefl_keygen_files_and_node_configs(tmp_path):
+    """The deployment path: ``sharefl keygen`` writes the identities and directory.json;
+    each SuperNode's node config names its identity file and the directory, the server
+    reads the same directory.json."""
+    keys = keygen(tmp_path / "keys", range(N))
+    configs = {
+        nid: {
+            "sharefl-identity": str(keys / f"client-{i}.identity"),
+            "sharefl-directory": str(keys / "directory.json"),
+        }
+        for i, nid in enumerate(NODES)
+    }
+    mod = make_sharefl_mod(policy_from_node_config)
+    updates = updates_for(NODES, seed=13)
+    global_arrays = [np.zeros(s, np.float32) for s in SHAPES]
+    workflow = ShareflWorkflow(
+        cluster_size=5, clip=1.0, seed=8, signed=True, directory=keys / "directory.json"
+    )
+    new, _ = run_round(
+        workflow,
+        updates,
+        global_arrays,
+        mods=dict.fromkeys(NODES, mod),
+        node_configs=configs,
+    )
+    assert dict(workflow.last_route.nodes) == dict(enumerate(NODES))
+    assert len(workflow.last_result.clusters) == 2
+    for got, want in zip(new, fedavg(updates, NODES), strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-4)
+    bare = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
+    with pytest.raises(FlowerIntegrationError, match="sharefl-identity"):
+        policy_from_node_config(bare)

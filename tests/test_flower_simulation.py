@@ -9,6 +9,7 @@ partition id, so the two runs see the same updates whatever node ids Flower draw
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,13 +27,16 @@ from flwr.server.strategy import FedAvg
 from flwr.server.workflow import DefaultWorkflow
 from flwr.simulation import run_simulation
 
-from sharefl.integrations.flower import PREFIX, ShareflWorkflow, get_record, sharefl_mod
+from sharefl.crypto.signatures import IdentityKey
+from sharefl.integrations.flower import PREFIX, ShareflWorkflow, get_record, make_sharefl_mod
+from sharefl.protocol.client import ClientPolicy
 from sharefl.robust.coordinate import Median
 
 N = 10
 SHAPES = [(20, 8), (8,)]
 LOST_AT_MASKING = 1  # partition ids
 LOST_AT_UNMASKING = 2
+LOST_AT_CONSISTENCY = 3
 BYZANTINE = 0
 BACKEND = {
     "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
@@ -80,23 +84,45 @@ def client_fn(context: Context):
     return UpdateClient(_pid(context)).to_client()
 
 
-def lose_at_unmasking(msg: Message, ctxt: Context, call_next) -> Message:
+LOSSES = {
+    ("dropout", LOST_AT_UNMASKING): "UnmaskRequest",
+    ("signed", LOST_AT_CONSISTENCY): ("ConsistencyRequest"),
+}
+
+
+def lose_a_client(msg: Message, ctxt: Context, call_next) -> Message:
     """An outer mod: in the ``"dropout"`` scenario (remembered from the fit instructions),
-    the client of partition LOST_AT_UNMASKING fails its unmask request."""
+    the client of partition LOST_AT_UNMASKING fails its unmask request; in ``"signed"``,
+    that of LOST_AT_CONSISTENCY its consistency request."""
     if "fitins.config" in msg.content.config_records:
         ctxt.state["scenario"] = ConfigRecord(dict(msg.content.config_records["fitins.config"]))
     scenario = ctxt.state.config_records.get("scenario", {}).get("scenario")
+    lost_at = LOSSES.get((scenario, _pid(ctxt)))
     if (
-        scenario == "dropout"
-        and _pid(ctxt) == LOST_AT_UNMASKING
+        lost_at is not None
         and f"{PREFIX}.message" in msg.content.config_records
-        and get_record(msg.content, f"{PREFIX}.message")["type"] == "UnmaskRequest"
+        and get_record(msg.content, f"{PREFIX}.message")["type"] == lost_at
     ):
-        raise RuntimeError("lost at unmasking")
+        raise RuntimeError(f"lost at {lost_at}")
     return call_next(msg, ctxt)
 
 
-CLIENT_APP = ClientApp(client_fn=client_fn, mods=[lose_at_unmasking, sharefl_mod])
+def identity(pid: int) -> IdentityKey:
+    """Partition ``pid``'s identity: derived from the partition id, so the driver and Ray's
+    workers (which import this module anew) agree; a deployment uses ``sharefl keygen``."""
+    return IdentityKey.from_private(hashlib.sha256(f"sharefl-test/{pid}".encode()).digest())
+
+
+DIRECTORY = {pid: identity(pid).public for pid in range(N)}
+
+
+def policy(context: Context) -> ClientPolicy:
+    """Each client's identity and the directory, keyed by partition id. Signed rounds run
+    on directory ids, unsigned rounds (the other scenarios) on node ids."""
+    return ClientPolicy(identity=identity(_pid(context)), directory=DIRECTORY)
+
+
+CLIENT_APP = ClientApp(client_fn=client_fn, mods=[lose_a_client, make_sharefl_mod(policy)])
 
 
 class Recording(FedAvg):
@@ -139,14 +165,19 @@ class Run:
 
 @pytest.fixture(scope="module")
 def runs() -> dict[str, Run]:
-    """Four one-round runs in one ``run_simulation`` (one Ray start): each scenario with
-    Flower's FedAvg and with sharefl, the clients keeping their node ids and contexts."""
+    """Five one-round runs in one ``run_simulation`` (one Ray start): the drop-out and
+    Byzantine scenarios with Flower's FedAvg and with sharefl, and a signed sharefl round;
+    the clients keep their node ids and contexts."""
     runs = {
         "dropout/fedavg": Run("dropout", None),
         "dropout/sharefl": Run("dropout", ShareflWorkflow(cluster_size=5, clip=1.0, seed=11)),
         "byzantine/fedavg": Run("byzantine", None),
         "byzantine/sharefl": Run(
             "byzantine", ShareflWorkflow(cluster_size=3, clip=1.0, seed=12, rule=Median(f=1))
+        ),
+        "signed/sharefl": Run(
+            "signed",
+            ShareflWorkflow(cluster_size=5, clip=1.0, seed=13, signed=True, directory=DIRECTORY),
         ),
     }
     server = ServerApp()
@@ -207,3 +238,23 @@ def test_byzantine_client_and_a_robust_rule(runs):
         assert float(np.abs(got - GLOBAL[k]).max()) <= 0.5  # honest updates are in ±0.5
     # Flower's FedAvg on the same updates is dragged towards the attacker's -1.
     assert float(plain.aggregated[0].mean() - GLOBAL[0].mean()) < -0.5
+
+
+def test_signed_round_with_a_dropout_at_the_consistency_stage(runs):
+    run = runs["signed/sharefl"]
+    workflow, strategy = run.workflow, run.strategy
+    route = workflow.last_route.nodes
+    assert sorted(route) == list(range(N)) and not workflow.last_node_culprits
+    # Every client proved its partition's directory entry from its Flower node.
+    assert {cid: strategy.pids[nid] for cid, nid in route.items()} == {p: p for p in range(N)}
+    result = workflow.last_result
+    assert len(result.clusters) == 2 and not result.failed and not result.culprits
+    # Lost after masking: its masked input is summed, it counts.
+    assert {i for c in result.clusters for i in c.members} == set(range(N))
+    assert strategy.failures == 1  # the error reply at the consistency stage
+    updates = [honest_update(pid) for pid in range(N)]
+    total = sum(w for _, w in updates)
+    bound = N * 2.0**-result.encoding.frac_bits + 1e-6
+    for k, got in enumerate(strategy.aggregated):
+        want = GLOBAL[k] + sum(u[k].astype(np.float64) * w for u, w in updates) / total
+        np.testing.assert_allclose(got, want, rtol=0, atol=bound)

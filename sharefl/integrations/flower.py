@@ -16,6 +16,18 @@ carries the strategy's fit instructions: clients train after key setup) → [``c
 → ``unmask``. A client that does not answer within ``timeout`` or answers with an error is
 a drop-out, handled by the protocol at every stage.
 
+Signed mode (an untrusted server, ``ShareflWorkflow(signed=True, directory=...)``): every
+client holds a long-term Ed25519 identity, and both sides hold the same directory
+{client id → public key} (e.g. ``sharefl keygen``'s ``directory.json``), from a source the
+server does not control. Flower's node ids are random, so the protocol's client ids are the
+directory's ids, not node ids: each round starts with a ``hello`` stage in which a node
+signs (its node id, its client id, the server's fresh nonce) with its identity; the
+workflow checks the signature against the directory and routes that client id to that node
+for the round. A node whose hello does not verify (an id it cannot prove, an id another
+node proved first) takes no part in the round and is named in ``last_node_culprits``. The
+clients' adverts and consistency signatures are then checked by both sides against their
+own directory, so the binding the server chose cannot let it substitute keys.
+
 What is aggregated: each client's *update* (its trained arrays minus the arrays it
 received), clipped per coordinate to ``clip`` and weighted by its number of examples
 (:class:`~sharefl.protocol.updates.WeightedUpdateCodec`). The server learns only cluster
@@ -32,16 +44,22 @@ records (:meth:`ClientSession.export_state`), never pickled.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
-from collections.abc import Callable, Mapping
+import struct
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 from sharefl.crypto.encoding import RingEncoding, encode
+from sharefl.crypto.errors import CryptoError, SignatureError
+from sharefl.crypto.kdf import KEY_BYTES
+from sharefl.crypto.signatures import SIGNATURE_BYTES, IdentityKey, verify
 from sharefl.protocol import records
 from sharefl.protocol.client import ClientPolicy, ClientSession
 from sharefl.protocol.client_round import ClientRound
@@ -53,6 +71,7 @@ from sharefl.protocol.coordinator import (
 )
 from sharefl.protocol.errors import (
     ConfigurationError,
+    InconsistentRequest,
     LeakageError,
     ProtocolError,
     RejectedMessage,
@@ -121,6 +140,126 @@ def _drop_record(content: RecordDict, name: str) -> None:
     content.pop(name + _ARRAYS, None)
 
 
+# ---- identities ---------------------------------------------------------------------------
+
+HELLO_TAG = b"sharefl/flower-hello\x00"
+"""Domain separation of the hello statement (distinct from every other signed statement)."""
+NONCE_BYTES = 32
+IDENTITY_CONFIG = "sharefl-identity"
+"""The node-config key naming a client's identity file (:func:`policy_from_node_config`)."""
+DIRECTORY_CONFIG = "sharefl-directory"
+"""The node-config key naming the directory file (:func:`policy_from_node_config`)."""
+
+
+def hello_statement(node_id: int, client_id: int, nonce: bytes) -> bytes:
+    """The bytes a client signs in the ``hello`` stage: it is ``client_id`` of the directory,
+    reachable as Flower node ``node_id``, answering the server's fresh ``nonce``. The node
+    id (which Flower authenticates as the reply's sender) stops another node replaying it;
+    the nonce stops a replay in a later round. Raises ``ValueError`` for an id outside
+    [0, 2^64) or a nonce of the wrong size."""
+    if len(nonce) != NONCE_BYTES:
+        raise ValueError(f"a hello nonce is {NONCE_BYTES} bytes, got {len(nonce)}")
+    if not (0 <= node_id < 2**64 and 0 <= client_id < 2**64):
+        raise ValueError(f"node and client ids are in [0, 2^64), got {node_id}, {client_id}")
+    return HELLO_TAG + struct.pack(">QQ", node_id, client_id) + bytes(nonce)
+
+
+def checked_directory(directory: Mapping[int, bytes]) -> dict[int, bytes]:
+    """``directory`` as a ``{client id: 32-byte Ed25519 public key}`` dict, checked: ids in
+    [0, 2^64), keys of 32 bytes, no key listed twice (a client's id is the entry of its
+    key). Raises :class:`ConfigurationError`."""
+    result: dict[int, bytes] = {}
+    for cid, key in directory.items():
+        if isinstance(cid, bool) or not isinstance(cid, int) or not 0 <= cid < 2**64:
+            raise ConfigurationError(f"directory ids are ints in [0, 2^64), got {cid!r}")
+        if not isinstance(key, bytes | bytearray) or len(key) != KEY_BYTES:
+            raise ConfigurationError(f"the directory key of client {cid} is not {KEY_BYTES} bytes")
+        result[cid] = bytes(key)
+    if len(set(result.values())) != len(result):
+        raise ConfigurationError("the directory lists one public key for two clients")
+    return result
+
+
+def read_directory(path: str | Path) -> dict[int, bytes]:
+    """The directory in a ``sharefl keygen`` ``directory.json`` (``{"identities": {id:
+    public key hex}}``), checked by :func:`checked_directory`. Raises ``OSError`` and
+    :class:`ConfigurationError` (not JSON, not that shape, bad ids or keys)."""
+    try:
+        entries = json.loads(Path(path).read_text())["identities"]
+        directory = {int(cid): bytes.fromhex(key) for cid, key in entries.items()}
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ConfigurationError(f"{path}: not a directory.json ({exc})") from exc
+    return checked_directory(directory)
+
+
+def read_identity(path: str | Path) -> IdentityKey:
+    """The identity in a ``sharefl keygen`` ``client-<id>.identity`` file (hex of the raw
+    32-byte Ed25519 private key). Raises ``OSError`` and :class:`ConfigurationError`."""
+    try:
+        return IdentityKey.from_private(bytes.fromhex(Path(path).read_text().strip()))
+    except (ValueError, CryptoError) as exc:
+        raise ConfigurationError(f"{path}: not an identity file ({exc})") from exc
+
+
+def policy_from_node_config(context: Context) -> ClientPolicy:
+    """A signed-mode :class:`ClientPolicy` from the SuperNode's node config: the identity
+    file under ``sharefl-identity`` and the directory under ``sharefl-directory``, e.g.
+    ``flower-supernode --node-config "sharefl-identity='keys/client-3.identity'
+    sharefl-directory='keys/directory.json'"``; use it as
+    ``make_sharefl_mod(policy_from_node_config)``. The client requires signed mode (no
+    downgrade). Raises :class:`FlowerIntegrationError` when a key is missing, and what
+    :func:`read_identity` / :func:`read_directory` raise."""
+    missing = [k for k in (IDENTITY_CONFIG, DIRECTORY_CONFIG) if k not in context.node_config]
+    if missing:
+        raise FlowerIntegrationError(f"the node config lacks {missing} (signed mode)")
+    return ClientPolicy(
+        identity=read_identity(str(context.node_config[IDENTITY_CONFIG])),
+        directory=read_directory(str(context.node_config[DIRECTORY_CONFIG])),
+        require_signed=True,
+    )
+
+
+def directory_id(policy: ClientPolicy) -> int:
+    """The client id the policy's directory lists for the policy's identity. Raises
+    :class:`ConfigurationError` when the policy has no identity or directory, or the
+    directory does not list the identity's public key exactly once."""
+    if policy.identity is None or policy.directory is None:
+        raise ConfigurationError("signed mode needs policy.identity and policy.directory")
+    ids = [cid for cid, key in policy.directory.items() if key == policy.identity.public]
+    if len(ids) != 1:
+        raise ConfigurationError(
+            f"the directory lists this client's identity {len(ids)} times; it must list it "
+            "once (or pass client_id to make_sharefl_mod)"
+        )
+    return int(ids[0])
+
+
+@dataclass(frozen=True)
+class Route:
+    """The round's binding of protocol client ids to Flower node ids (one to one).
+
+    Unsigned rounds use the node ids themselves; signed rounds the directory ids the nodes
+    proved in the hello stage.
+    """
+
+    nodes: Mapping[int, int]
+    """client id → node id."""
+
+    def __post_init__(self) -> None:
+        if len(set(self.nodes.values())) != len(self.nodes):
+            raise ValueError("two client ids routed to one node")
+
+    @classmethod
+    def identity(cls, node_ids: Iterable[int]) -> Route:
+        """The unsigned route: every node is its own client id."""
+        return cls({nid: nid for nid in node_ids})
+
+    @property
+    def clients(self) -> dict[int, int]:
+        """node id → client id."""
+        return {nid: cid for cid, nid in self.nodes.items()}
+
+
 # ---- the server side ----------------------------------------------------------------------
 
 
@@ -129,7 +268,7 @@ class ShareflWorkflow:
     """A Flower fit workflow that aggregates with sharefl's cluster secure aggregation.
 
     Use it as ``DefaultWorkflow(fit_workflow=ShareflWorkflow(...))``; clients need
-    :func:`sharefl_mod`.
+    :func:`sharefl_mod` (signed mode: :func:`make_sharefl_mod` with the client's identity).
 
     Attributes:
         cluster_size: m, clients per cluster (SHARE); at least ``min_sum_size``.
@@ -145,11 +284,21 @@ class ShareflWorkflow:
         rule: a robust rule over the released cluster sums (``f`` counts clusters);
             default :class:`~sharefl.robust.coordinate.Mean` (FedAvg).
         seed: seeds the cluster plan (simulations only; ``None``: the OS).
+        signed: untrusted-server mode: a hello stage binds each node to the directory id it
+            proves, adverts and consistency signatures are checked against ``directory``,
+            and the clients verify each other (see the module docstring).
+        directory: signed mode: {client id → Ed25519 public key}, or the path of a
+            ``sharefl keygen`` ``directory.json`` (:func:`read_directory`); the same
+            directory the clients hold.
 
-    Attributes set by each round: ``last_result`` (the :class:`RoundResult`),
-    ``last_update`` (the aggregated update arrays, or ``None``).
+    Attributes set by each round: ``last_result`` (the :class:`RoundResult`, its culprits
+    by client id), ``last_update`` (the aggregated update arrays, or ``None``),
+    ``last_route`` (the :class:`Route` of client ids to node ids) and
+    ``last_node_culprits`` (signed mode: node id → why its hello was refused).
 
-    Raises :class:`ConfigurationError` for settings no round could run with.
+    Raises :class:`ConfigurationError` for settings no round could run with, signed mode
+    without a directory (or a directory without signed mode), and what
+    :func:`read_directory` raises.
     """
 
     cluster_size: int
@@ -163,8 +312,12 @@ class ShareflWorkflow:
     timeout: float | None = None
     rule: Aggregator | None = None
     seed: int | None = None
+    signed: bool = False
+    directory: Mapping[int, bytes] | str | Path | None = None
     last_result: RoundResult | None = field(default=None, init=False)
     last_update: list[np.ndarray] | None = field(default=None, init=False)
+    last_route: Route | None = field(default=None, init=False)
+    last_node_culprits: dict[int, str] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
         self.settings = SecureAggregationSettings(
@@ -173,14 +326,27 @@ class ShareflWorkflow:
             threshold=self.threshold,
             bits=self.bits,
             clip=self.clip,
+            signed=self.signed,
             neighbour_degree=self.neighbour_degree,
             min_sum_size=self.min_sum_size,
             planner=Planner.SAFE,
         )
         if not self.settings.secure:
             raise ConfigurationError("cluster_size 1 is no secure aggregation; use FedAvg")
+        self._directory = self._load_directory()
         self._aggregator = HierarchicalAggregator(rule=self.rule or Mean(), scale=ClusterScale.MEAN)
         self._rng = np.random.default_rng(self.seed)
+
+    def _load_directory(self) -> dict[int, bytes]:
+        if self.signed != (self.directory is not None):
+            raise ConfigurationError(
+                "signed mode needs the clients' directory, and a directory needs signed=True"
+            )
+        if self.directory is None:
+            return {}
+        if isinstance(self.directory, str | Path):
+            return read_directory(self.directory)
+        return checked_directory(self.directory)
 
     # -- one round --------------------------------------------------------------------------
 
@@ -200,10 +366,20 @@ class ShareflWorkflow:
         if not instructions:
             log.info("configure_fit: no clients selected, cancel")
             return
-        fitins = {
-            proxy.node_id: compat.fitins_to_recorddict(ins, True) for proxy, ins in instructions
-        }
         proxies = {proxy.node_id: proxy for proxy, _ in instructions}
+        failures: list[BaseException] = []
+        self.last_node_culprits = {}
+        if self.signed:
+            route = self._hello(grid, current_round, sorted(proxies), failures)
+        else:
+            route = Route.identity(sorted(proxies))
+        self.last_route = route
+        clients = route.clients
+        fitins = {
+            clients[proxy.node_id]: compat.fitins_to_recorddict(ins, True)
+            for proxy, ins in instructions
+            if proxy.node_id in clients
+        }
         codec = WeightedUpdateCodec.like(global_arrays, self.clip, self.max_weight)
         try:
             rc = RoundCoordinator(
@@ -212,15 +388,15 @@ class ShareflWorkflow:
                 participants=sorted(fitins),
                 length=codec.length,
                 rng=self._rng,
+                directory=self._directory,
             )
         except (ConfigurationError, LeakageError) as exc:
             log.error("sharefl: no round with %d clients: %s", len(fitins), exc)
             return
         assert rc.encoding is not None
         fit_results: dict[int, Any] = {}
-        failures: list[BaseException] = []
         while not rc.done:
-            self._reclustering(grid, rc, current_round, fitins, fit_results, failures)
+            self._reclustering(grid, rc, route, current_round, fitins, fit_results, failures)
         result = rc.result()
         self.last_result = result
         update = self._aggregate(result, codec)
@@ -235,9 +411,9 @@ class ShareflWorkflow:
         ]
         new_parameters = ndarrays_to_parameters(new)
         results = []
-        for nid, fitres in fit_results.items():
+        for cid, fitres in fit_results.items():
             fitres.parameters = new_parameters
-            results.append((proxies[nid], fitres))
+            results.append((proxies[route.nodes[cid]], fitres))
         aggregated, metrics = context.strategy.aggregate_fit(current_round, results, failures)
         if aggregated:
             context.state.array_records[MAIN_PARAMS_RECORD] = compat.parameters_to_arrayrecord(
@@ -245,10 +421,78 @@ class ShareflWorkflow:
             )
             context.history.add_metrics_distributed_fit(server_round=current_round, metrics=metrics)
 
+    def _send(self, grid, contents: Mapping[int, RecordDict], group: str) -> list[Message]:
+        """Send each node its content (a TRAIN message) and return the replies that came
+        back within ``timeout``."""
+        return list(
+            grid.send_and_receive(
+                [
+                    Message(
+                        content=c, dst_node_id=nid, message_type=MessageType.TRAIN, group_id=group
+                    )
+                    for nid, c in contents.items()
+                ],
+                timeout=self.timeout,
+            )
+        )
+
+    def _hello(
+        self, grid, current_round: int, node_ids: list[int], failures: list[BaseException]
+    ) -> Route:
+        """The hello stage of a signed round: a fresh nonce to every selected node, and the
+        route of the client ids whose signed replies verify against the directory (the
+        first node to prove an id gets it). Error replies are failures; replies that do not
+        verify name their node in ``last_node_culprits``."""
+        nonce = os.urandom(NONCE_BYTES)
+        contents = {}
+        for nid in node_ids:
+            content = RecordDict()
+            put_record(content, STAGE_RECORD, {"stage": "hello", "nonce": nonce})
+            contents[nid] = content
+        nodes: dict[int, int] = {}
+        for reply in self._send(grid, contents, str(current_round)):
+            nid = reply.metadata.src_node_id
+            if nid not in contents or nid in nodes.values():
+                continue
+            if reply.has_error():
+                failures.append(Exception(reply.error))
+                continue
+            try:
+                cid = self._verified_hello(reply.content, nid, nonce)
+                if cid in nodes:
+                    raise RejectedMessage(f"client {cid} was proved by node {nodes[cid]} first")
+            except RejectedMessage as exc:
+                log.warning("sharefl: node %d refused: %s", nid, exc)
+                self.last_node_culprits[nid] = str(exc)
+                continue
+            nodes[cid] = nid
+        return Route(nodes)
+
+    def _verified_hello(self, content: RecordDict, node_id: int, nonce: bytes) -> int:
+        """The client id a hello reply proves. Raises :class:`RejectedMessage` for a reply
+        that is malformed, names an id the directory lacks, or whose signature does not
+        verify with that id's key."""
+        try:
+            hello = get_record(content, f"{PREFIX}.hello")
+            cid = records.get_int(hello, "client_id")
+            signature = records.get_bytes(hello, "signature", (SIGNATURE_BYTES,))
+        except records.RecordError as exc:
+            raise RejectedMessage(f"an unreadable hello: {exc}") from exc
+        if cid not in self._directory:
+            raise RejectedMessage(f"it claims client {cid}, which the directory lacks", cid)
+        try:
+            verify(self._directory[cid], hello_statement(node_id, cid, nonce), signature)
+        except SignatureError as exc:
+            raise RejectedMessage(
+                f"its hello as client {cid} is not signed by that client's identity", cid
+            ) from exc
+        return cid
+
     def _reclustering(
         self,
         grid,
         rc: RoundCoordinator,
+        route: Route,
         current_round: int,
         fitins: Mapping[int, RecordDict],
         fit_results: dict[int, Any],
@@ -256,60 +500,54 @@ class ShareflWorkflow:
     ) -> None:
         first = rc.reclustering == 0
         group = str(current_round)
+        clients = route.clients
         outgoing: dict[int, RecordDict] = {}
-        for nid, assignment in rc.open_reclustering().items():
+        for cid, assignment in rc.open_reclustering().items():
             content = RecordDict()
             put_record(content, STAGE_RECORD, {"stage": "assign", "max_weight": self.max_weight})
             put_record(content, f"{PREFIX}.assignment", records.to_record(assignment))
             put_record(content, f"{PREFIX}.encoding", records.to_record(rc.encoding))
             if first:
                 put_record(content, f"{PREFIX}.plan", records.to_record(rc.plan))
-            outgoing[nid] = content
+            outgoing[route.nodes[cid]] = content
         while outgoing:
-            replies = grid.send_and_receive(
-                [
-                    Message(
-                        content=c, dst_node_id=nid, message_type=MessageType.TRAIN, group_id=group
-                    )
-                    for nid, c in outgoing.items()
-                ],
-                timeout=self.timeout,
-            )
-            for reply in replies:
-                nid = reply.metadata.src_node_id
+            for reply in self._send(grid, outgoing, group):
+                cid = clients.get(reply.metadata.src_node_id)
+                if cid is None:
+                    continue
                 if reply.has_error():
                     failures.append(Exception(reply.error))
                     continue
-                self._deliver(rc, nid, reply.content, fit_results)
+                self._deliver(rc, cid, reply.content, fit_results)
             outgoing = {}
             if rc.reclustering_done:
                 break
-            for nid, message in rc.advance().items():
+            for cid, message in rc.advance().items():
                 content = RecordDict()
                 if isinstance(message, MaskingRequest) and first:
-                    content = RecordDict(dict(fitins[nid].items()))
+                    content = RecordDict(dict(fitins[cid].items()))
                 put_record(content, STAGE_RECORD, {"stage": "step"})
                 put_record(content, f"{PREFIX}.message", records.to_record(message))
-                outgoing[nid] = content
+                outgoing[route.nodes[cid]] = content
         rc.close_reclustering()
 
     def _deliver(
-        self, rc: RoundCoordinator, nid: int, content: RecordDict, fit_results: dict[int, Any]
+        self, rc: RoundCoordinator, cid: int, content: RecordDict, fit_results: dict[int, Any]
     ) -> None:
         try:
             message = records.from_record(
                 get_record(content, f"{PREFIX}.message"), records.CLIENT_MESSAGES
             )
         except records.RecordError as exc:
-            rc.name_culprit(nid, f"sent an unreadable message: {exc}")
+            rc.name_culprit(cid, f"sent an unreadable message: {exc}")
             return
         try:
-            rc.receive(nid, message)
+            rc.receive(cid, message)
         except RejectedMessage as exc:
             log.warning("sharefl: %s", exc)
             return
         if "fitres.status" in content.config_records:  # the first masking stage's reply
-            fit_results[nid] = compat.recorddict_to_fitres(content, keep_input=True)
+            fit_results[cid] = compat.recorddict_to_fitres(content, keep_input=True)
 
     def _aggregate(
         self, result: RoundResult, codec: WeightedUpdateCodec
@@ -340,15 +578,29 @@ class ShareflWorkflow:
 def make_sharefl_mod(
     policy: ClientPolicy | Callable[[Context], ClientPolicy] | None = None,
     *,
+    client_id: int | Callable[[Context], int] | None = None,
     randbytes: Callable[[int], bytes] = os.urandom,
 ):
     """A client mod with this client's :class:`ClientPolicy` (or a function of the
-    ``Context`` that returns it); :data:`sharefl_mod` uses the default policy."""
+    ``Context`` that returns it, e.g. :func:`policy_from_node_config`); :data:`sharefl_mod`
+    uses the default policy.
+
+    In signed rounds the client takes part as ``client_id`` (an int, or a function of the
+    ``Context``, e.g. of ``node_config["partition-id"]``); by default as the id its
+    policy's directory lists for its identity (:func:`directory_id`). Unsigned rounds use
+    the Flower node id. A policy with ``require_signed`` refuses unsigned rounds (an error
+    reply: no downgrade).
+    """
 
     def policy_of(context: Context) -> ClientPolicy:
         if callable(policy):
             return policy(context)
         return policy or ClientPolicy()
+
+    def id_of(context: Context, policy: ClientPolicy) -> int:
+        if client_id is None:
+            return directory_id(policy)
+        return int(client_id(context) if callable(client_id) else client_id)
 
     def mod(msg: Message, ctxt: Context, call_next) -> Message:
         if (
@@ -357,8 +609,11 @@ def make_sharefl_mod(
         ):
             return call_next(msg, ctxt)
         stage = get_record(msg.content, STAGE_RECORD)
-        client = _Client(msg.metadata.dst_node_id, ctxt, policy_of(ctxt), randbytes)
-        if stage.get("stage") == "assign":
+        pol = policy_of(ctxt)
+        client = _Client(msg.metadata.dst_node_id, ctxt, pol, lambda: id_of(ctxt, pol), randbytes)
+        if stage.get("stage") == "hello":
+            out = client.hello(records.get_bytes(stage, "nonce", (NONCE_BYTES,)))
+        elif stage.get("stage") == "assign":
             out = client.assign(msg.content, float(stage["max_weight"]))
         else:
             out = client.step(msg, ctxt, call_next)
@@ -372,9 +627,11 @@ class _Client:
     """One message's worth of a client: loads its state from the Context, runs the step,
     stores the state back."""
 
-    nid: int
+    node_id: int
     ctxt: Context
     policy: ClientPolicy
+    signed_id: Callable[[], int]
+    """This client's id in signed rounds (resolved only when needed)."""
     randbytes: Callable[[int], bytes]
 
     def _load(self, name: str) -> dict[str, Any]:
@@ -384,14 +641,35 @@ class _Client:
         _drop_record(self.ctxt.state, f"{_STATE}.{name}")
         put_record(self.ctxt.state, f"{_STATE}.{name}", record)
 
+    def hello(self, nonce: bytes) -> RecordDict:
+        """Sign (node id, client id, nonce) with this client's identity. Raises
+        :class:`ConfigurationError` when the policy has no identity (an unsigned client
+        cannot take part in a signed round)."""
+        if self.policy.identity is None:
+            raise ConfigurationError("a signed round needs policy.identity and policy.directory")
+        cid = self.signed_id()
+        signature = self.policy.identity.sign(hello_statement(self.node_id, cid, nonce))
+        out = RecordDict()
+        put_record(out, f"{PREFIX}.hello", {"client_id": cid, "signature": signature})
+        return out
+
     def assign(self, content: RecordDict, max_weight: float) -> RecordDict:
+        """Vet the assignment (a new plan starts a new round) and advertise keys. Raises
+        :class:`InconsistentRequest` for an unsigned assignment when the policy requires
+        signed mode, and the refusals of :class:`ClientRound`."""
         assignment = records.from_record(
             get_record(content, f"{PREFIX}.assignment"), ClusterAssignment
         )
+        if self.policy.require_signed and not assignment.signed:
+            raise InconsistentRequest(
+                "this client requires signed mode (untrusted server); the round is unsigned: "
+                "the server must use ShareflWorkflow(signed=True, directory=...)"
+            )
         encoding = records.from_record(get_record(content, f"{PREFIX}.encoding"), RingEncoding)
         if f"{PREFIX}.plan" in content.config_records:  # a new round
             plan = records.from_record(get_record(content, f"{PREFIX}.plan"), RoundPlan)
-            guard = ClientRound(self.nid, plan, self.policy)
+            cid = self.signed_id() if assignment.signed else self.node_id
+            guard = ClientRound(cid, plan, self.policy)
             _drop_record(self.ctxt.state, f"{_STATE}.input")
             self._save("encoding", {**records.to_record(encoding), "max_weight": max_weight})
         else:
