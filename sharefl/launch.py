@@ -126,7 +126,11 @@ def run_server(
             )
         )
     except (ConfigurationError, LeakageError, ValueError) as exc:
-        _error(str(exc))
+        if writer is not None and writer.rows:  # a run stopped after some rounds finished
+            writer.finish(stopped=str(exc))
+            _error(f"{exc}; {len(writer.rows)} finished round(s) kept in {writer.folder}")
+        else:
+            _error(str(exc))
         return 2
     except KeyboardInterrupt:
         kept = ""
@@ -318,7 +322,10 @@ def launch(config_path: str, clients: int | None, *, trainer: str, out: str | No
         _stop([server, *procs], grace=10)
     except KeyboardInterrupt:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second signal must not cut the stop
-        _stop([server, *procs], grace=0)
+        # The server first, while its clients are still there: it writes what it finished as
+        # interrupted, instead of finding every client gone and stopping the run itself.
+        _stop([server], grace=0)
+        _stop(procs, grace=0)
         _error(f"launch interrupted; server and {len(procs)} client(s) stopped")
         return 130
     failed = sum(1 for p in procs if p.returncode not in (0, None))

@@ -508,6 +508,7 @@ def _state(pid: int) -> str:
         return "X"
 
 
+@pytest.mark.slow  # flaky under load (about 1 in 3 runs on 2 busy cores): see issue 15's note
 def test_sigterm_to_launch_stops_every_process_and_keeps_finished_rounds(tmp_path):
     config = toml(
         tmp_path / "deploy.toml",

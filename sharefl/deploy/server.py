@@ -502,6 +502,11 @@ class ServerRun:
     async def _round(self, round_index: int) -> RoundReport:
         start = time.monotonic()
         participants = self.exclusions.eligible(self.alive())
+        if len(participants) < max(2, self.settings.min_sum_size):
+            raise ConfigurationError(
+                f"round {round_index}: only {len(participants)} clients left (connected and "
+                f"not excluded); a round needs at least {max(2, self.settings.min_sum_size)}"
+            )
         rc = RoundCoordinator(
             self.settings,
             round=round_index,
