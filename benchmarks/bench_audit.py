@@ -37,7 +37,7 @@ import time
 from collections import defaultdict
 
 import numpy as np
-from bench_protocol import keystream_seconds
+from bench_protocol import emit_keystream_floor
 from common import emit, emit_machine, finish, timeit
 
 from sharefl.protocol import secure_sum
@@ -259,15 +259,7 @@ def main() -> None:
     parser.add_argument("--strict", action="store_true")
     args = parser.parse_args()
     emit_machine("audit", n=N, reclusterings=R, min_sum_size=MIN_SUM, d=args.d)
-    floor_one = keystream_seconds(4 * args.d, 30)
-    emit(
-        {
-            "name": "aes128_ctr_keystream",
-            "kind": "baseline",
-            "bytes": 4 * args.d,
-            "best_s": floor_one,
-        }
-    )
+    floor_one = emit_keystream_floor(args.d)
     records = []
     for m in args.sizes:
         checks = checks_for(m, args.repeat, args.seed)

@@ -115,6 +115,14 @@ def run_scenario(name, n, d, cluster_size, threshold, drop_fraction, floor_one):
     }
 
 
+def emit_keystream_floor(d: int) -> float:
+    """Time (best of 30) and print the raw AES-128-CTR keystream of one d-word uint32 mask,
+    the PRG floor of one mask; returns the seconds."""
+    floor_one = keystream_seconds(4 * d, 30)
+    emit({"name": "aes128_ctr_keystream", "kind": "baseline", "bytes": 4 * d, "best_s": floor_one})
+    return floor_one
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--d", type=int, default=1_000_000)
@@ -122,15 +130,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="skip plain SecAgg")
     args = parser.parse_args()
     emit_machine("protocol", d=args.d)
-    floor_one = keystream_seconds(4 * args.d, 30)
-    emit(
-        {
-            "name": "aes128_ctr_keystream",
-            "kind": "baseline",
-            "bytes": 4 * args.d,
-            "best_s": floor_one,
-        }
-    )
+    floor_one = emit_keystream_floor(args.d)
     records = []
     r = run_scenario("clusters_of_8", 100, args.d, 8, None, 0.10, floor_one)
     r.update(

@@ -125,7 +125,34 @@ def load_data(run: RunConfig, device: torch.device) -> tuple[Dataset, Dataset]:
     return move(train), move(test)
 
 
-class Simulation:
+class SteppedLoop:
+    """What every training loop shares: a wall clock started at construction
+    (``self.started``) and running the remaining rounds of ``self.run`` one ``step()`` at
+    a time."""
+
+    run: RunConfig
+    round: int
+    started: float
+
+    def step(self) -> RoundRecord:
+        raise NotImplementedError
+
+    def elapsed(self) -> float:
+        """Seconds since the loop was built."""
+        return time.perf_counter() - self.started
+
+    def run_rounds(self, callback: Callable[[RoundRecord], None] | None = None) -> RoundRecord:
+        """Run the remaining rounds; ``callback`` sees every record. Returns the last one."""
+        record = None
+        while self.round < self.run.rounds:
+            record = self.step()
+            if callback is not None:
+                callback(record)
+        assert record is not None
+        return record
+
+
+class Simulation(SteppedLoop):
     """One run of :class:`~sharefl.simulator.config.RunConfig` in this process.
 
     Args:
@@ -529,19 +556,6 @@ class Simulation:
         if self.accountant is None or self.accountant.steps == 0:
             return None
         return self.accountant.get_epsilon(self.privacy.delta)
-
-    def elapsed(self) -> float:
-        return time.perf_counter() - self.started
-
-    def run_rounds(self, callback: Callable[[RoundRecord], None] | None = None) -> RoundRecord:
-        """Run the remaining rounds; ``callback`` sees every record. Returns the last one."""
-        record = None
-        while self.round < self.run.rounds:
-            record = self.step()
-            if callback is not None:
-                callback(record)
-        assert record is not None
-        return record
 
 
 def describe_privacy(plan: PrivacyPlan) -> dict[str, Any]:

@@ -58,7 +58,6 @@ shared x for baselines) on the test set; RSA runs also log ``disagreement`` = me
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -71,7 +70,7 @@ from sharefl.protocol.driver import secure_sum
 from sharefl.robust import GeometricMedian, RSAMaster, rsa_sign, rsa_worker_step
 from sharefl.simulator.config import ConfigError, RunConfig
 from sharefl.simulator.datasets import Dataset
-from sharefl.simulator.engine import RoundRecord, load_data, resolve_device
+from sharefl.simulator.engine import RoundRecord, SteppedLoop, load_data, resolve_device
 from sharefl.simulator.models import build_model
 from sharefl.simulator.partition import partition
 from sharefl.simulator.rsa_attacks import SignAttack
@@ -98,7 +97,7 @@ def signed_ring_sum(sums: list[np.ndarray]) -> np.ndarray:
     return signed
 
 
-class RSALoop:
+class RSALoop(SteppedLoop):
     """One run of the dp_rsa loop (``[algorithm] name = "dp_rsa"``) in this process.
 
     Args:
@@ -306,16 +305,3 @@ class RSALoop:
                 "gradient_bound_enforced": algo.clip_gradients,
             }
         return algo.delta, info
-
-    def elapsed(self) -> float:
-        return time.perf_counter() - self.started
-
-    def run_rounds(self, callback: Callable[[RoundRecord], None] | None = None) -> RoundRecord:
-        """Run the remaining iterations; ``callback`` sees every record. Returns the last."""
-        record = None
-        while self.round < self.run.rounds:
-            record = self.step()
-            if callback is not None:
-                callback(record)
-        assert record is not None
-        return record
