@@ -42,7 +42,7 @@ aggregator = "sum"
 [secure_aggregation]
 cluster_size = 5
 clip = 1.0
-seed = 1
+reproducible_seed = 1  # loopback benchmark: the same clusters every run
 """
 
 
