@@ -231,7 +231,9 @@ def run_client(client_id: int, address: str, **kwargs: Any) -> int:
         _error(f"client {client_id} interrupted")
         return 130
     print(
-        f"client {client_id}: {report.rounds} rounds, {report.bytes_sent} bytes sent"
+        f"client {client_id}: {report.rounds} rounds"
+        + (f" ({report.sampled_out} not sampled)" if report.sampled_out else "")
+        + f", {report.bytes_sent} bytes sent"
         + (f", refused {len(report.refusals)} requests" if report.refusals else ""),
         file=sys.stderr,
     )
