@@ -333,7 +333,9 @@ class ServerRun:
     authenticated links, closes stages on the configured deadline, and applies the
     strategy to what the round released. A client named a culprit is excluded from later
     rounds by the configured policy (``secure_aggregation.exclude_after``) and its stream
-    ended with ``PERMISSION_DENIED``.
+    ended with ``PERMISSION_DENIED``. With ``server.clients_per_round = k`` each round's
+    participants are k of the connected, eligible clients (:func:`sample_participants`);
+    the others only get the round's RoundEnd.
 
     ``resume`` (a :class:`~sharefl.deploy.results.Checkpoint`) continues a stopped run: its
     model, the exclusions its rounds recorded, and rounds from its ``next_round`` on.
@@ -678,8 +680,10 @@ class AggregationService(pb_grpc.AggregationServicer):
     Unauthenticated streams are bounded (``server.max_unauthenticated`` at once, each
     closed with ``DEADLINE_EXCEEDED`` unless a valid Hello arrives within
     ``server.hello_timeout_s``): a stream beyond the cap is ended at once with
-    ``RESOURCE_EXHAUSTED`` and :data:`BUSY`, before the challenge, so idle connections
-    cannot lock honest clients out for longer than one Hello deadline.
+    ``RESOURCE_EXHAUSTED`` and :data:`BUSY`, before the challenge (clients retry it). An
+    idle stream holds its slot for at most one Hello deadline; a party that keeps opening
+    new ones can still crowd honest clients out (there is no per-address limit: put the
+    server behind a firewall or proxy that has one).
     """
 
     def __init__(
