@@ -54,18 +54,35 @@ def sigterm_interrupts() -> None:
     signal.signal(signal.SIGTERM, interrupt)
 
 
+CANCEL_RETRY_S = 0.2
+"""How often a signalled run is cancelled again until it stops (see :func:`_run_cancellable`)."""
+
+
 def _run_cancellable(coroutine: Coroutine[Any, Any, Any]) -> Any:
-    """Run ``coroutine``; SIGINT/SIGTERM cancel it (KeyboardInterrupt is raised then)."""
+    """Run ``coroutine`` and return its result; SIGINT/SIGTERM cancel it, and
+    ``KeyboardInterrupt`` is raised once it stopped (its own exception if it raised one).
+
+    The cancellation is repeated every :data:`CANCEL_RETRY_S` until the coroutine ends:
+    Python 3.11's ``asyncio.wait_for`` loses a cancellation that arrives as its inner
+    future completes (python/cpython#86296), and a server whose stage waits complete every
+    few milliseconds would otherwise miss SIGTERM and be killed without writing its results.
+    """
 
     async def main() -> Any:
         task = asyncio.ensure_future(coroutine)
         loop = asyncio.get_running_loop()
+        signalled = asyncio.Event()
         for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(signum, task.cancel)
-        try:
-            return await task
-        except asyncio.CancelledError as exc:
-            raise KeyboardInterrupt from exc
+            loop.add_signal_handler(signum, signalled.set)
+        watcher = asyncio.ensure_future(signalled.wait())
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        watcher.cancel()
+        while not task.done():
+            task.cancel()
+            await asyncio.wait({task}, timeout=CANCEL_RETRY_S)
+        if task.cancelled():
+            raise KeyboardInterrupt
+        return task.result()
 
     return asyncio.run(main())
 
@@ -126,11 +143,9 @@ def run_server(
             )
         )
     except (ConfigurationError, LeakageError, ValueError) as exc:
-        if writer is not None and writer.rows:  # a run stopped after some rounds finished
-            writer.finish(stopped=str(exc))
-            _error(f"{exc}; {len(writer.rows)} finished round(s) kept in {writer.folder}")
-        else:
-            _error(str(exc))
+        if writer is not None and writer.rows:  # a run stopped after some rounds: keep them
+            writer.finish(error=str(exc))
+        _error(str(exc))
         return 2
     except KeyboardInterrupt:
         kept = ""
@@ -235,7 +250,9 @@ def run_client(client_id: int, address: str, **kwargs: Any) -> int:
         _error(f"client {client_id} interrupted")
         return 130
     print(
-        f"client {client_id}: {report.rounds} rounds, {report.bytes_sent} bytes sent"
+        f"client {client_id}: {report.rounds} rounds"
+        + (f" ({report.sampled_out} not sampled)" if report.sampled_out else "")
+        + f", {report.bytes_sent} bytes sent"
         + (f", refused {len(report.refusals)} requests" if report.refusals else ""),
         file=sys.stderr,
     )
@@ -322,8 +339,8 @@ def launch(config_path: str, clients: int | None, *, trainer: str, out: str | No
         _stop([server, *procs], grace=10)
     except KeyboardInterrupt:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second signal must not cut the stop
-        # The server first, while its clients are still there: it writes what it finished as
-        # interrupted, instead of finding every client gone and stopping the run itself.
+        # The server first, while its clients are still there: stopped with fewer clients
+        # it would fail its round (too few to aggregate) instead of writing its results.
         _stop([server], grace=0)
         _stop(procs, grace=0)
         _error(f"launch interrupted; server and {len(procs)} client(s) stopped")

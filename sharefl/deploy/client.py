@@ -46,6 +46,7 @@ from sharefl.crypto.signatures import IdentityKey
 from sharefl.deploy import wire
 from sharefl.deploy.config import is_loopback
 from sharefl.deploy.server import (
+    BUSY,
     MAX_MESSAGE_BYTES,
     MIN_PING_INTERVAL_S,
     TRANSPORT_OPTIONS,
@@ -78,6 +79,16 @@ READ_TIMEOUT_S = 900.0
 """Default longest gap between two server messages during a run (training, stage
 deadlines and other clients' work happen in these gaps)."""
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+def retryable(error: grpc.aio.AioRpcError) -> bool:
+    """Whether a failed session is worth another attempt: the server was unreachable or
+    silent, or it was busy with streams that have not authenticated yet (``RESOURCE_EXHAUSTED``
+    saying :data:`~sharefl.deploy.server.BUSY`); any other status is the server's answer."""
+    if error.code() in RETRYABLE:
+        return True
+    busy = error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    return busy and (error.details() or "").startswith(BUSY)
 
 
 class ConnectionLost(ProtocolError):
@@ -160,10 +171,13 @@ class ClientTLS:
 
 @dataclass
 class ClientReport:
-    """What a client did: rounds completed, bytes sent, refusals, the final model."""
+    """What a client did: rounds completed (``rounds``, every RoundEnd it got), of which
+    ``sampled_out`` it was not sampled into (a RoundEnd without a RoundStart), bytes sent,
+    refusals, the final model."""
 
     client_id: int
     rounds: int = 0
+    sampled_out: int = 0
     bytes_sent: int = 0
     refusals: list[str] = field(default_factory=list)
     model: np.ndarray | None = None
@@ -275,7 +289,7 @@ class ClientRuntime:
                     await self._session(pb_grpc.AggregationStub(channel))
                 return self.report
             except grpc.aio.AioRpcError as exc:
-                if exc.code() not in RETRYABLE:
+                if not retryable(exc):
                     raise
                 cause: Exception = exc
                 why = f"{exc.code().name}: {exc.details()}"
@@ -333,6 +347,7 @@ class ClientRuntime:
         session: ClientSession | None = None
         round_guard = RoundGuard()
         finished = False
+        started = False
         while (envelope := await self._read(call)) is not grpc.aio.EOF:
             kind = envelope.WhichOneof("body")
             if kind in ("round_start", "finished"):
@@ -344,7 +359,7 @@ class ClientRuntime:
                     self.report.model = model
                     finished = True
                     break
-                session = None
+                session, started = None, True
                 round_guard = RoundGuard.start(self.client_id, envelope.round_start, self.policy)
                 update = await asyncio.to_thread(
                     self.trainer, model, round=envelope.round_start.round, client_id=self.client_id
@@ -354,7 +369,8 @@ class ClientRuntime:
                 session = await self._start_cluster(call, envelope.assignment, update, round_guard)
             elif kind == "round_end":
                 self.report.rounds += 1
-                session, round_guard = None, RoundGuard()
+                self.report.sampled_out += not started
+                session, round_guard, started = None, RoundGuard(), False
             elif session is not None and kind in ("keys", "masking", "consistency", "unmask"):
                 session = await self._step(call, session, envelope, round_guard.guard)
         try:

@@ -10,6 +10,10 @@ A TOML file with five tables; every key is optional except where noted::
     stage_timeout_s = 30.0    # a client that misses a stage deadline counts as dropped
     keepalive_s = 20.0        # HTTP/2 pings to each client; a silent one is dropped
     insecure = false          # true: allow plaintext / unsigned / no directory off loopback
+    clients_per_round = 0     # k > 0: each round samples k of the connected clients (0: all)
+    hello_timeout_s = 10.0    # a stream without a valid Hello by then is closed
+    max_unauthenticated = 64  # streams without a Hello yet, at once; more: RESOURCE_EXHAUSTED
+    peer_log_lines = 5        # log lines of peers' text per client and round, then a summary
 
     [model]
     dim = 1000                # length of the model / update vector
@@ -70,6 +74,10 @@ class ServerSection:
     stage_timeout_s: float = 30.0
     keepalive_s: float = 20.0
     insecure: bool = False
+    clients_per_round: int = 0
+    hello_timeout_s: float = 10.0
+    max_unauthenticated: int = 64
+    peer_log_lines: int = 5
 
     def __post_init__(self) -> None:
         _require(self.clients >= 2, "server.clients must be >= 2")
@@ -77,6 +85,18 @@ class ServerSection:
         _require(self.connect_timeout_s > 0, "server.connect_timeout_s must be > 0")
         _require(self.stage_timeout_s > 0, "server.stage_timeout_s must be > 0")
         _require(self.keepalive_s >= 1, "server.keepalive_s must be >= 1 (seconds)")
+        _require(
+            self.clients_per_round == 0 or 2 <= self.clients_per_round <= self.clients,
+            "server.clients_per_round must be 0 (every client) or in [2, server.clients]",
+        )
+        _require(self.hello_timeout_s > 0, "server.hello_timeout_s must be > 0")
+        _require(self.max_unauthenticated >= 1, "server.max_unauthenticated must be >= 1")
+        _require(self.peer_log_lines >= 1, "server.peer_log_lines must be >= 1")
+
+    @property
+    def sampled(self) -> int:
+        """How many clients a round samples (``clients`` when ``clients_per_round`` is 0)."""
+        return self.clients_per_round or self.clients
 
     @property
     def loopback(self) -> bool:
@@ -177,6 +197,14 @@ class DeploymentConfig:
         _require(
             not self.secure_aggregation.signed or bool(self.tls.directory),
             "secure_aggregation.signed needs tls.directory (the clients' identity keys)",
+        )
+        sa = self.secure_aggregation
+        _require(
+            self.server.clients_per_round == 0
+            or self.server.clients_per_round >= max(sa.cluster_size, sa.min_sum_size),
+            f"server.clients_per_round ({self.server.clients_per_round}) must be >= "
+            f"secure_aggregation.cluster_size ({sa.cluster_size}) and min_sum_size "
+            f"({sa.min_sum_size}): a round needs at least one full cluster",
         )
 
 

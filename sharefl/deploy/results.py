@@ -140,19 +140,15 @@ class ResultsWriter:
         os.fsync(self._log.fileno())
 
     def finish(
-        self,
-        traffic: dict | None = None,
-        *,
-        interrupted: bool = False,
-        stopped: str | None = None,
+        self, traffic: dict | None = None, *, interrupted: bool = False, error: str = ""
     ) -> Path:
-        """Write ``result.json`` (every round so far, the traffic; ``interrupted`` by a
-        signal, or ``stopped`` by the server with that reason); returns the folder."""
+        """Write ``result.json`` (every round so far, the traffic; ``"interrupted": true``
+        after a signal, ``"error"`` for a run the server stopped); returns the folder."""
         summary: dict[str, Any] = {"rounds": self.rows, "traffic": traffic or {}}
         if interrupted:
             summary["interrupted"] = True
-        if stopped is not None:
-            summary["stopped"] = stopped
+        if error:
+            summary["error"] = error
         atomic_write_bytes(self.folder / RESULT_FILE, json.dumps(summary, indent=1).encode())
         self._log.close()
         return self.folder

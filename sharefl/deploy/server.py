@@ -147,6 +147,8 @@ class RoundReport:
         excluded: clients left out of later rounds by the exclusion policy (cumulative).
         contributors: the largest number of clients one reclustering aggregated.
         seconds: the round's wall time.
+        sampled_out: connected, eligible clients that ``server.clients_per_round`` left out
+            of this round (they only got its RoundEnd).
         total: the aggregate over the reclusterings (see :class:`AveragingStrategy`;
             ``None`` when nothing was released). Not written to JSON.
     """
@@ -162,6 +164,7 @@ class RoundReport:
     contributors: int
     seconds: float
     total: np.ndarray | None = None
+    sampled_out: list[int] = field(default_factory=list)
 
     @classmethod
     def of(
@@ -282,6 +285,46 @@ def round_settings(config: DeploymentConfig) -> SecureAggregationSettings:
     )
 
 
+@dataclass
+class PeerLog:
+    """Log lines that carry a peer's text (refusal reasons, late messages), rate-limited:
+    at most ``limit`` lines per client per round; :meth:`end_round` then writes one
+    ``client <id>: ... <k> more suppressed`` line per client that sent more, and starts
+    counting afresh. The text itself is already escaped and truncated by the caller."""
+
+    log: Log
+    limit: int
+    counts: dict[int, int] = field(default_factory=dict)
+
+    def line(self, client_id: int, text: str) -> None:
+        """Log ``text`` unless ``client_id`` used up its lines of this round."""
+        self.counts[client_id] = self.counts.get(client_id, 0) + 1
+        if self.counts[client_id] <= self.limit:
+            self.log(text)
+
+    def end_round(self) -> None:
+        """Say how many lines each client had suppressed, then reset the counts."""
+        for client_id, count in sorted(self.counts.items()):
+            if count > self.limit:
+                self.log(f"client {client_id}: ... {count - self.limit} more suppressed")
+        self.counts.clear()
+
+
+def sample_participants(
+    eligible: Sequence[int], per_round: int, rng: np.random.Generator
+) -> list[int]:
+    """The sorted participants of a round: ``per_round`` of the ``eligible`` clients drawn
+    uniformly without replacement from ``rng`` (:func:`deployment_rng`: the operating
+    system's randomness), or all of them when ``per_round`` is 0 or not below their number.
+    Raises ``ValueError`` for a negative ``per_round``."""
+    if per_round < 0:
+        raise ValueError(f"per_round must be >= 0; got {per_round}")
+    pool = sorted(eligible)
+    if per_round == 0 or len(pool) <= per_round:
+        return pool
+    return sorted(int(c) for c in rng.choice(pool, size=per_round, replace=False))
+
+
 class ServerRun:
     """The server's side of a training run over gRPC: client links and rounds.
 
@@ -290,7 +333,9 @@ class ServerRun:
     authenticated links, closes stages on the configured deadline, and applies the
     strategy to what the round released. A client named a culprit is excluded from later
     rounds by the configured policy (``secure_aggregation.exclude_after``) and its stream
-    ended with ``PERMISSION_DENIED``.
+    ended with ``PERMISSION_DENIED``. With ``server.clients_per_round = k`` each round's
+    participants are k of the connected, eligible clients (:func:`sample_participants`);
+    the others only get the round's RoundEnd.
 
     ``resume`` (a :class:`~sharefl.deploy.results.Checkpoint`) continues a stopped run: its
     model, the exclusions its rounds recorded, and rounds from its ``next_round`` on.
@@ -313,6 +358,7 @@ class ServerRun:
         self.settings = round_settings(config)
         self.strategy = strategy or AveragingStrategy(config)
         self.log = log
+        self.peer_log = PeerLog(log, config.server.peer_log_lines)
         self.directory = dict(directory or {})
         self.links: dict[int, ClientLink] = {}
         self.accepting = True
@@ -402,7 +448,9 @@ class ServerRun:
             elif kind == "masked":
                 self._on_masked_header(link, envelope.masked)
             elif kind == "refusal":
-                self.log(f"client {link.client_id} refused: {envelope.refusal.reason}")
+                self.peer_log.line(
+                    link.client_id, f"client {link.client_id} refused: {envelope.refusal.reason}"
+                )
             else:
                 converters = {
                     "advertise": wire.advert_from_proto,
@@ -429,7 +477,10 @@ class ServerRun:
         except RejectedMessage as exc:
             if exc.misbehaviour:
                 raise
-            self.log(f"client {link.client_id}: late message ignored: {exc}")
+            text = wire.printable(str(exc), OWN_TEXT_CHARS)
+            self.peer_log.line(
+                link.client_id, f"client {link.client_id}: late message ignored: {text}"
+            )
         self.changed.set()
 
     def _on_masked_header(self, link: ClientLink, header: pb.MaskedInput) -> None:
@@ -501,7 +552,8 @@ class ServerRun:
 
     async def _round(self, round_index: int) -> RoundReport:
         start = time.monotonic()
-        participants = self.exclusions.eligible(self.alive())
+        eligible = self.exclusions.eligible(self.alive())
+        participants = sample_participants(eligible, self.config.server.clients_per_round, self.rng)
         if len(participants) < max(2, self.settings.min_sum_size):
             raise ConfigurationError(
                 f"round {round_index}: only {len(participants)} clients left (connected and "
@@ -551,6 +603,7 @@ class ServerRun:
         report = RoundReport.of(
             result, sorted(self.exclusions.excluded), time.monotonic() - start, total
         )
+        report.sampled_out = sorted(set(eligible) - set(participants))
         for cid in self.alive():
             self.links[cid].send(
                 pb.ServerMessage(
@@ -567,8 +620,10 @@ class ServerRun:
             f"{len(report.withheld)} withheld, {len(report.corrupted)} corrupted, "
             f"{report.contributors} contributions, {report.seconds:.2f} s"
             + (f", culprits {sorted(report.culprits)}" if report.culprits else "")
+            + (f", {len(report.sampled_out)} not sampled" if report.sampled_out else "")
             + note
         )
+        self.peer_log.end_round()
         return report
 
     def _send(self, cid: int, message: pb.ServerMessage) -> None:
@@ -626,6 +681,14 @@ class AggregationService(pb_grpc.AggregationServicer):
             (``tls.client_ca``): the certificate's common name must be ``client-<id>`` for
             the id of the Hello (:func:`check_certificate`), which binds certificate, client
             id and (through the directory) Ed25519 identity together.
+
+    Unauthenticated streams are bounded (``server.max_unauthenticated`` at once, each
+    closed with ``DEADLINE_EXCEEDED`` unless a valid Hello arrives within
+    ``server.hello_timeout_s``): a stream beyond the cap is ended at once with
+    ``RESOURCE_EXHAUSTED`` and :data:`BUSY`, before the challenge (clients retry it). An
+    idle stream holds its slot for at most one Hello deadline; a party that keeps opening
+    new ones can still crowd honest clients out (there is no per-address limit: put the
+    server behind a firewall or proxy that has one).
     """
 
     def __init__(
@@ -638,21 +701,42 @@ class AggregationService(pb_grpc.AggregationServicer):
         self.run = run
         self.directory = directory
         self.require_certificate = require_certificate
+        self.unauthenticated = 0
 
     async def Session(self, request_iterator, context):
+        server = self.run.config.server
+        if self.unauthenticated >= server.max_unauthenticated:
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"{BUSY} ({server.max_unauthenticated} at once); retry shortly",
+            )
+            return
         incoming = request_iterator.__aiter__()
+        self.unauthenticated += 1
+        try:
+            link = await self._open(incoming, context)
+        except StreamError as exc:
+            await context.abort(exc.code, str(exc))
+            return
+        finally:
+            self.unauthenticated -= 1
+        await self._serve(link, incoming, context)
+
+    async def _open(self, incoming, context) -> ClientLink:
+        """Challenge, authenticate and register the stream's client. Raises
+        :class:`StreamError` (see :meth:`_authenticate`, :func:`check_certificate`,
+        :meth:`ServerRun.register`)."""
         nonce = os.urandom(32)
         await context.write(
             pb.ServerMessage(challenge=pb.Challenge(nonce=nonce, server_version=__version__))
         )
-        try:
-            client_id, identity = await self._authenticate(incoming, nonce)
-            if self.require_certificate:
-                check_certificate(context.auth_context(), client_id)
-            link = self.run.register(client_id, identity)
-        except StreamError as exc:
-            await context.abort(exc.code, str(exc))
-            return
+        client_id, identity = await self._authenticate(incoming, nonce)
+        if self.require_certificate:
+            check_certificate(context.auth_context(), client_id)
+        return self.run.register(client_id, identity)
+
+    async def _serve(self, link: ClientLink, incoming, context) -> None:
+        """Move the link's outbox to the stream and its messages to the run until it ends."""
         reader = asyncio.create_task(self._read(link, incoming))
         try:
             while (message := await link.outbox.get()) is not None and link.error is None:
@@ -667,13 +751,19 @@ class AggregationService(pb_grpc.AggregationServicer):
         """The client id and Ed25519 identity of a stream whose first message is a valid
         signed Hello.
 
-        Raises :class:`StreamError`: ``INVALID_ARGUMENT`` for no Hello, bytes that do not
+        Raises :class:`StreamError`: ``DEADLINE_EXCEEDED`` when no message came within
+        ``server.hello_timeout_s``; ``INVALID_ARGUMENT`` for no Hello, bytes that do not
         decode, or fields of the wrong size; ``PERMISSION_DENIED`` for an identity the
         directory does not know; ``UNAUTHENTICATED`` for a signature that does not verify.
         """
+        timeout = self.run.config.server.hello_timeout_s
         try:
-            first = await asyncio.wait_for(incoming.__anext__(), 30)
-        except (StopAsyncIteration, TimeoutError) as exc:
+            first = await asyncio.wait_for(incoming.__anext__(), timeout)
+        except TimeoutError as exc:
+            raise StreamError(
+                grpc.StatusCode.DEADLINE_EXCEEDED, f"no Hello within {timeout:g} s"
+            ) from exc
+        except StopAsyncIteration as exc:
             raise StreamError(grpc.StatusCode.INVALID_ARGUMENT, "expected a Hello") from exc
         except DecodeError as exc:
             raise StreamError(grpc.StatusCode.INVALID_ARGUMENT, UNDECODABLE) from exc
@@ -715,9 +805,10 @@ class AggregationService(pb_grpc.AggregationServicer):
         except DecodeError:
             self._end(link, StreamError(grpc.StatusCode.INVALID_ARGUMENT, UNDECODABLE))
         except Exception as exc:  # one client must never take the server down
-            self.run.log(
+            self.run.peer_log.line(
+                link.client_id,
                 f"client {link.client_id}: unexpected {type(exc).__name__} while handling its "
-                f"message: {wire.printable(str(exc), OWN_TEXT_CHARS)}"
+                f"message: {wire.printable(str(exc), OWN_TEXT_CHARS)}",
             )
             message = (
                 f"the server could not handle this message ({type(exc).__name__}); "
@@ -731,10 +822,15 @@ class AggregationService(pb_grpc.AggregationServicer):
 
     def _end(self, link: ClientLink, error: StreamError) -> None:
         text = wire.printable(str(error), OWN_TEXT_CHARS)
-        self.run.log(f"client {link.client_id}: {error.code.name}: {text}")
+        self.run.peer_log.line(
+            link.client_id, f"client {link.client_id}: {error.code.name}: {text}"
+        )
         self.run.misbehaved(link, error)
 
 
+BUSY = "the server is busy: too many streams without a Hello"
+"""The start of the ``RESOURCE_EXHAUSTED`` message of a stream beyond the cap on
+unauthenticated streams (clients retry it)."""
 UNDECODABLE = "undecodable message: the bytes are not a sharefl.v1.ClientMessage"
 CLIENT_TEXT_CHARS = 200
 """Most characters of a client's own text (a refusal reason) that reach the log."""
@@ -782,10 +878,10 @@ def validate_deployment(
     strategy: ServerStrategy | None = None,
 ) -> None:
     """Check, before listening, what round 1 would check: the protocol settings, the plan of
-    ``server.clients`` clients, the encoding (clip and bits) and every cluster's assignment
-    (threshold, SecAgg+ degree), the directory's size, and the strategy's ``check`` for the
-    planned number of clusters. Raises :class:`ConfigurationError` /
-    :class:`LeakageError` saying what to change."""
+    ``server.clients`` clients (``server.clients_per_round`` when rounds sample), the
+    encoding (clip and bits) and every cluster's assignment (threshold, SecAgg+ degree), the
+    directory's size, and the strategy's ``check`` for the planned number of clusters.
+    Raises :class:`ConfigurationError` / :class:`LeakageError` saying what to change."""
     check_secure_deployment(config)
     wanted = config.server.clients
     ids = sorted(directory)[:wanted] if directory else list(range(wanted))
@@ -796,7 +892,7 @@ def validate_deployment(
     rc = RoundCoordinator(
         round_settings(config),
         round=0,
-        participants=ids,
+        participants=ids[: config.server.sampled],
         length=config.model.dim,
         rng=deployment_rng(config),
         directory=directory,
@@ -810,7 +906,7 @@ def validate_deployment(
         except ValueError as exc:
             raise ConfigurationError(
                 f"the aggregator cannot run over {clusters} cluster sums per reclustering "
-                f"({config.server.clients} clients, clusters of "
+                f"({config.server.sampled} clients a round, clusters of "
                 f"{config.secure_aggregation.cluster_size}): {exc}"
             ) from exc
 
@@ -895,6 +991,8 @@ async def serve(
             ("grpc.so_reuseport", 0),
             *TRANSPORT_OPTIONS,
             *server_keepalive_options(config.server.keepalive_s),
+            # A connection that never opens a stream is closed after one Hello deadline.
+            ("grpc.max_connection_idle_ms", int(config.server.hello_timeout_s * 1000)),
         ]
     )
     service = AggregationService(run, directory, require_certificate=bool(config.tls.client_ca))

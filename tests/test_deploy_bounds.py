@@ -1,0 +1,260 @@
+"""Bounds on what peers can cost the server, and per-round client sampling.
+
+Misbehaving parties play against the real server on 127.0.0.1: many connections that never
+authenticate (a cap and a Hello deadline; the excess get ``RESOURCE_EXHAUSTED``), a client
+flooding refusals (at most ``server.peer_log_lines`` lines per client per round, then one
+summary line); the honest clients' rounds complete either way. Sampling: each round draws
+``server.clients_per_round`` of the connected clients, checked over real processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import subprocess
+import sys
+
+import grpc
+import numpy as np
+import pytest
+
+from sharefl.deploy.client import ClientRuntime, demo_trainer, retryable
+from sharefl.deploy.config import (
+    DeploymentConfig,
+    ModelSection,
+    SecureAggregationSection,
+    ServerSection,
+    load_config,
+)
+from sharefl.deploy.server import BUSY, PeerLog, sample_participants, serve, validate_deployment
+from sharefl.launch import free_port
+from sharefl.proto import sharefl_pb2 as pb
+from sharefl.proto import sharefl_pb2_grpc as pb_grpc
+from sharefl.protocol.errors import ConfigurationError
+
+DIM = 32
+PYTHON = [sys.executable, "-m", "sharefl.cli"]
+
+
+def config(port: int, *, clients: int = 4, rounds: int = 1, **server) -> DeploymentConfig:
+    return DeploymentConfig(
+        server=ServerSection(
+            address=f"127.0.0.1:{port}",
+            clients=clients,
+            rounds=rounds,
+            connect_timeout_s=30,
+            stage_timeout_s=10,
+            **server,
+        ),
+        model=ModelSection(dim=DIM, aggregator="sum"),
+        secure_aggregation=SecureAggregationSection(cluster_size=4, threshold=3),
+    )
+
+
+def expected_total(round_index: int, clients) -> np.ndarray:
+    return sum(demo_trainer(np.zeros(DIM), round=round_index, client_id=c) for c in clients)
+
+
+# --- unauthenticated streams -----------------------------------------------------------------
+
+
+async def _idle_stream(address: str) -> tuple[grpc.aio.Channel, object, grpc.StatusCode | None]:
+    """Open a stream and read the challenge, never sending a Hello: the channel, the call,
+    and the status if the server refused the stream at once (None: it got the challenge)."""
+    channel = grpc.aio.insecure_channel(address)
+    call = pb_grpc.AggregationStub(channel).Session()
+    try:
+        first = await call.read()
+    except grpc.aio.AioRpcError as exc:
+        assert BUSY in exc.details()
+        return channel, call, exc.code()
+    assert first.WhichOneof("body") == "challenge"
+    return channel, call, None
+
+
+async def _end_of(call) -> grpc.aio.AioRpcError:
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await call.read()
+    return err.value
+
+
+def test_idle_unauthenticated_streams_are_capped_and_timed_out_and_honest_clients_finish():
+    async def main():
+        port = free_port()
+        cfg = config(port, max_unauthenticated=3, hello_timeout_s=1.0)
+        lines: list[str] = []
+        ready = asyncio.Event()
+        server = asyncio.create_task(serve(cfg, ready=ready, log=lines.append))
+        await ready.wait()
+        address = f"127.0.0.1:{port}"
+        idle = [await _idle_stream(address) for _ in range(8)]
+        holders = [call for _, call, code in idle if code is None]
+        refused = [code for _, _, code in idle if code is not None]
+        honest = [ClientRuntime(cid, address, retries=10) for cid in range(4)]
+        ends, outcomes = await asyncio.gather(
+            asyncio.gather(*(_end_of(call) for call in holders)),
+            asyncio.gather(*(c.run() for c in honest)),
+        )
+        result = await server
+        for channel, _, _ in idle:
+            await channel.close()
+        return holders, refused, ends, outcomes, result
+
+    holders, refused, ends, outcomes, result = asyncio.run(main())
+    assert len(holders) == 3 and refused == [grpc.StatusCode.RESOURCE_EXHAUSTED] * 5
+    assert all(e.code() == grpc.StatusCode.DEADLINE_EXCEEDED for e in ends), ends
+    assert all("no Hello within 1 s" in e.details() for e in ends)
+    assert [o.rounds for o in outcomes] == [1, 1, 1, 1]
+    (report,) = result.reports
+    assert report.participants == [0, 1, 2, 3] and report.failed == []
+    np.testing.assert_array_equal(report.total, expected_total(0, range(4)))
+
+
+def test_the_busy_answer_is_retried_and_other_resource_exhausted_answers_are_not():
+    class Error(grpc.aio.AioRpcError):
+        def __init__(self, code, details):
+            super().__init__(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
+
+    exhausted = grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert retryable(Error(exhausted, f"{BUSY} (3 at once); retry shortly"))
+    assert not retryable(Error(exhausted, "Received message larger than max"))
+    assert retryable(Error(grpc.StatusCode.UNAVAILABLE, "connection refused"))
+    assert not retryable(Error(grpc.StatusCode.PERMISSION_DENIED, BUSY))
+
+
+# --- log lines taken from peers ------------------------------------------------------------
+
+
+class _Flooder(ClientRuntime):
+    """Sends ``count`` refusals before each of its advertisements, then behaves."""
+
+    count = 40
+
+    async def _send(self, call, message):
+        if message.WhichOneof("body") == "advertise":
+            for i in range(self.count):
+                refusal = pb.Refusal(reason=f"flood {i}\nround 9/9: forged")
+                await super()._send(call, pb.ClientMessage(refusal=refusal))
+        return await super()._send(call, message)
+
+
+def test_a_client_flooding_refusals_gets_a_few_lines_a_round_and_one_summary():
+    async def main():
+        port = free_port()
+        lines: list[str] = []
+        ready = asyncio.Event()
+        cfg = config(port, rounds=2, peer_log_lines=3)
+        server = asyncio.create_task(serve(cfg, ready=ready, log=lines.append))
+        await ready.wait()
+        address = f"127.0.0.1:{port}"
+        clients = [ClientRuntime(cid, address) for cid in range(3)]
+        clients.append(_Flooder(3, address, retries=1))
+        outcomes = await asyncio.gather(*(c.run() for c in clients))
+        return await server, outcomes, lines
+
+    result, outcomes, lines = asyncio.run(main())
+    refusals = [line for line in lines if line.startswith("client 3 refused")]
+    assert len(refusals) == 2 * 3, refusals  # three lines in each of the two rounds
+    assert refusals[0] == "client 3 refused: flood 0\\nround 9/9: forged"
+    summaries = [line for line in lines if "more suppressed" in line]
+    assert summaries == ["client 3: ... 37 more suppressed"] * 2
+    assert not any(line.startswith("round 9/9") for line in lines)
+    assert [o.rounds for o in outcomes] == [2, 2, 2, 2]
+    for report in result.reports:
+        assert report.participants == [0, 1, 2, 3] and report.failed == []
+
+
+def test_peer_log_counts_per_client_and_resets_every_round():
+    lines: list[str] = []
+    log = PeerLog(lines.append, limit=2)
+    for i in range(5):
+        log.line(7, f"a{i}")
+    log.line(8, "b0")
+    log.end_round()
+    log.line(7, "c0")
+    log.end_round()
+    assert lines == ["a0", "a1", "b0", "client 7: ... 3 more suppressed", "c0"]
+
+
+# --- per-round client sampling ---------------------------------------------------------------
+
+
+def test_sampling_draws_k_distinct_eligible_clients_or_all():
+    rng = np.random.default_rng(1)
+    eligible = [9, 2, 5, 7, 11, 3]
+    draws = [sample_participants(eligible, 4, rng) for _ in range(200)]
+    assert all(len(d) == 4 and d == sorted(d) and set(d) <= set(eligible) for d in draws)
+    assert len({tuple(d) for d in draws}) > 10  # the subsets vary (15 are possible)
+    counts = {c: sum(c in d for d in draws) for c in eligible}
+    assert all(100 < n < 170 for n in counts.values()), counts  # about 2/3 of 200 each
+    assert sample_participants(eligible, 0, rng) == sorted(eligible)
+    assert sample_participants(eligible[:3], 4, rng) == [2, 5, 9]
+    with pytest.raises(ValueError, match="per_round"):
+        sample_participants(eligible, -1, rng)
+
+
+@pytest.mark.parametrize(
+    ("server", "sa", "match"),
+    [
+        ({"clients": 6, "clients_per_round": 7}, {}, r"clients_per_round must be 0"),
+        ({"clients": 6, "clients_per_round": 1}, {}, r"clients_per_round must be 0"),
+        ({"clients": 8, "clients_per_round": 3}, {"cluster_size": 4}, r"cluster_size \(4\)"),
+        ({"clients": 8, "clients_per_round": 4}, {"cluster_size": 4, "threshold": 5}, "thresh"),
+    ],
+    ids=["more-than-clients", "one", "below-cluster-size", "threshold-of-the-sample"],
+)
+def test_sampling_configurations_that_cannot_run_fail_before_listening(tmp_path, server, sa, match):
+    path = tmp_path / "deploy.toml"
+    server_lines = "\n".join(f"{k} = {v}" for k, v in server.items())
+    sa_lines = "\n".join(f"{k} = {v}" for k, v in sa.items())
+    path.write_text(f"[server]\n{server_lines}\n[secure_aggregation]\n{sa_lines}\n")
+    with pytest.raises(ConfigurationError, match=match):
+        validate_deployment(load_config(path))
+
+
+def test_validation_plans_the_sampled_round_not_every_client():
+    """A robust rule's ``f`` that fits the clusters of all clients but not of a sample."""
+    cfg = dataclasses.replace(
+        config(0, clients=12, clients_per_round=4), secure_aggregation=SecureAggregationSection()
+    )
+
+    class Strategy:
+        def check(self, clusters: int) -> None:
+            if clusters < 2:
+                raise ValueError(f"needs 2 cluster sums, got {clusters}")
+
+    with pytest.raises(ConfigurationError, match=r"over 1 cluster sums .*4 clients a round"):
+        validate_deployment(cfg, strategy=Strategy())
+    every_client = dataclasses.replace(cfg, server=config(0, clients=12).server)
+    validate_deployment(every_client, strategy=Strategy())  # 3 clusters of all 12: fine
+
+
+def test_launch_samples_k_clients_a_round_and_the_others_sit_out(tmp_path):
+    path = tmp_path / "deploy.toml"
+    path.write_text(
+        "[server]\nclients = 6\nrounds = 3\nclients_per_round = 4\nconnect_timeout_s = 60\n"
+        f'[model]\ndim = {DIM}\naggregator = "sum"\n'
+        "[secure_aggregation]\ncluster_size = 4\n"
+    )
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [*PYTHON, "launch", "--config", str(path), "--clients", "6", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr
+    rows = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
+    assert [row["round"] for row in rows] == [0, 1, 2]
+    for row in rows:
+        assert len(row["participants"]) == 4, row
+        assert sorted(row["participants"] + row["sampled_out"]) == list(range(6))
+        assert row["failed"] == [] and row["contributors"] == 4
+        total = np.load(out / f"round-{row['round']}-aggregate.npy")
+        np.testing.assert_array_equal(total, expected_total(row["round"], row["participants"]))
+    sat_out = {c: sum(c in row["sampled_out"] for row in rows) for c in range(6)}
+    for c in range(6):
+        line = f"client {c}: 3 rounds" + (f" ({sat_out[c]} not sampled)" if sat_out[c] else "")
+        assert line + "," in done.stderr, (line, done.stderr)
+    assert "2 not sampled" in done.stderr  # the server's round line
