@@ -549,9 +549,10 @@ def test_sigterm_to_launch_stops_every_process_and_keeps_finished_rounds(tmp_pat
     assert not list(out.glob("*.tmp"))
 
 
-def test_a_killed_server_leaves_every_finished_round_intact(tmp_path):
-    port = free_port()
-    address = f"127.0.0.1:{port}"
+def _endless_run_of_three(tmp_path: Path) -> tuple[subprocess.Popen, list, Path]:
+    """A server (results under ``tmp_path/out``) running clusters of three clients for as
+    long as they last, and its three client processes (server timeout 5 s)."""
+    address = f"127.0.0.1:{free_port()}"
     config = toml(
         tmp_path / "deploy.toml",
         {
@@ -570,6 +571,11 @@ def test_a_killed_server_leaves_every_finished_round_intact(tmp_path):
         )
         for c in range(3)
     ]
+    return server, clients, out
+
+
+def test_a_killed_server_leaves_every_finished_round_intact(tmp_path):
+    server, clients, out = _endless_run_of_three(tmp_path)
     try:
         wait_for_rounds(out / "rounds.jsonl", 3)
         server.kill()
@@ -817,25 +823,7 @@ def test_a_checkpoint_ahead_of_its_line_is_repaired_and_a_torn_folder_refused(tm
 def test_a_run_the_server_stops_after_some_rounds_keeps_them_in_result_json(tmp_path):
     """Three clients, clusters of three: once one is killed the next round cannot run; the
     server exits 2 with the reason, and result.json holds the finished rounds and the error."""
-    address = f"127.0.0.1:{free_port()}"
-    config = toml(
-        tmp_path / "deploy.toml",
-        {
-            "server": {"clients": 3, "rounds": 100000, "connect_timeout_s": 60},
-            "model": {"dim": 16, "aggregator": "sum"},
-            "secure_aggregation": {"cluster_size": 3},
-        },
-    )
-    out = tmp_path / "out"
-    server = serve_process(config, address, tmp_path, "--out", str(out))
-    wait_for_line(tmp_path / "server.log", "listening")
-    clients = [
-        subprocess.Popen(
-            [*PYTHON, "client", "--server", address, "--id", str(c), "--server-timeout", "5"],
-            stderr=subprocess.DEVNULL,
-        )
-        for c in range(3)
-    ]
+    server, clients, out = _endless_run_of_three(tmp_path)
     try:
         wait_for_rounds(out / "rounds.jsonl", 2)
         clients[0].kill()

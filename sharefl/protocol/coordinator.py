@@ -259,6 +259,9 @@ class ReleaseAuditor:
     runs each member's own check (:meth:`~sharefl.protocol.client_round.ClientRound.
     check_release`: the plan, with the clusters that member saw released as they were) and
     withholds a sum its members would refuse, instead of asking them in vain.
+
+    With ``enforce`` off (``allow_leakage``, or no secure aggregation by design) every sum is
+    approved and only recorded, for the realised audit.
     """
 
     def __init__(
@@ -267,6 +270,7 @@ class ReleaseAuditor:
         min_sum_size: int,
         *,
         plan_is_safe: bool,
+        enforce: bool = True,
         client_views: bool = False,
         search_budget: int = DEFAULT_SEARCH_BUDGET,
     ) -> None:
@@ -274,6 +278,7 @@ class ReleaseAuditor:
         self._planned = {frozenset(row) for row in plan.rows()}
         self._min = min_sum_size
         self._plan_is_safe = plan_is_safe
+        self._enforce = enforce
         self._client_views = client_views
         self._budget = search_budget
         self._seen: dict[int, dict[tuple[int, int], frozenset[int]]] = {}
@@ -283,6 +288,9 @@ class ReleaseAuditor:
         """``None`` (and the sum counts as released from now on) or why it is withheld.
         ``position`` is the sum's (reclustering, cluster), needed for the members' views."""
         row = frozenset(members)
+        if not self._enforce:
+            self.approved.append(row)
+            return None
         rows = [*self.approved, row]
         if not (self._plan_is_safe and all(r in self._planned for r in rows)):
             report = audit_rows(linked_rows(row, rows), self._min, self._budget)
@@ -373,14 +381,13 @@ class RoundCoordinator:
                 f"does not fit {settings.bits}-bit clusters of up to {largest} clients"
             )
         self.encoding = encoding
-        enforce = settings.secure and not settings.allow_leakage
         self._release = ReleaseAuditor(
             self.plan,
             settings.min_sum_size,
             plan_is_safe=not self.planned_audit.leaks,
+            enforce=settings.secure and not settings.allow_leakage,
             client_views=settings.signed,
         )
-        self._enforce = enforce
         self.culprits: dict[int, str] = {}
         self._results: list[ReclusteringResult] = []
         self._sessions: dict[int, ServerSession] = {}
@@ -427,24 +434,16 @@ class RoundCoordinator:
                 rng=self._rng,
                 raise_to_floor=self.settings.raise_threshold_to_floor,
             )
-            approve = self._approve if self._enforce else self._record
             self._sessions[index] = ServerSession(
-                assignment, self._directory, functools.partial(approve, position=(r, index))
+                assignment,
+                self._directory,
+                functools.partial(self._release.check, position=(r, index)),
             )
             for cid in members:
                 self._cluster_of[cid] = index
                 assignments[cid] = assignment
         self._open = True
         return assignments
-
-    def _approve(
-        self, members: tuple[int, ...], position: tuple[int, int] | None = None
-    ) -> str | None:
-        return self._release.check(members, position)
-
-    def _record(self, members: tuple[int, ...], position: tuple[int, int] | None = None) -> None:
-        self._release.approved.append(frozenset(members))
-        return None
 
     def assignment_of(self, client: int) -> ClusterAssignment | None:
         """The open reclustering's assignment of ``client`` (None if it has none)."""
@@ -534,7 +533,7 @@ class RoundCoordinator:
             if ring is None:
                 self._clear[index] = FailedCluster(index, members, "advertise", "client dropped")
                 continue
-            withheld = self._approve(members) if self._enforce else self._record(members)
+            withheld = self._release.check(members)
             self._clear[index] = (
                 FailedCluster(index, members, "release", withheld)
                 if withheld is not None
