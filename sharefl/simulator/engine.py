@@ -54,8 +54,9 @@ from sharefl.privacy.calibration import calibrate_noise
 from sharefl.privacy.client_level import ClientDPConfig, privatize_update_
 from sharefl.protocol.driver import secure_sum
 from sharefl.robust import ClusterScale, HierarchicalAggregator, NoiseAwareFilter
-from sharefl.simulator import components
+from sharefl.simulator import components, share
 from sharefl.simulator.attacks import AttackView, LabelFlipping
+from sharefl.simulator.cluster_zeno import ClusterZeno, ValidationGradient
 from sharefl.simulator.config import ConfigError, RunConfig, default_delta
 from sharefl.simulator.datasets import Dataset, load_dataset
 from sharefl.simulator.models import build_model
@@ -209,6 +210,7 @@ class Simulation(SteppedLoop):
         byzantine_parts = parts[clients.honest :] if not run.data.honest_only else []
         if run.data.honest_only:  # Byzantine workers draw from the whole training set
             byzantine_parts = [pool] * clients.byzantine
+        self.client_sizes = [len(p) for p in honest_parts + byzantine_parts]
 
         module = build_model(
             run.model.name,
@@ -340,6 +342,7 @@ class Simulation(SteppedLoop):
             clipping=self.clipping,
             noise=0.0 if self.client_level else self.privacy.noise_multiplier,
             denominator=denominator,
+            momentum=t.momentum,
         )
 
     def _needs_own(self) -> bool:
@@ -367,9 +370,40 @@ class Simulation(SteppedLoop):
                 total=run.clients.total,
             )
             return
-        rule = components.build_rule(agg.name, agg.options, agg.pre, self.generator)
-        self.rule = (
-            HierarchicalAggregator(rule=rule, scale=ClusterScale.MEAN) if (self.clustered) else rule
+        # -- SHARE (seed001) hook: Zeno++, clusterings, audit, cluster DP (simulator/share.py)
+        self.share: share.ShareAggregation | None = None
+        self.cluster_noise = share.cluster_noise_split(run, self.privacy.noise_multiplier)
+        zeno = self._build_zeno() if agg.name == "zeno" else None
+        if zeno is None:
+            rule = components.build_rule(agg.name, agg.options, agg.pre, self.generator)
+            self.rule = (
+                HierarchicalAggregator(rule=rule, scale=ClusterScale.MEAN)
+                if (self.clustered)
+                else rule
+            )
+        if self.clustered or zeno is not None or run.training.weighted:
+            self.share = share.ShareAggregation.build(
+                run,
+                rule=self.rule,
+                zeno=zeno,
+                client_sizes=self.client_sizes,
+                noise_split=self.cluster_noise,
+            )
+
+    def _build_zeno(self) -> ClusterZeno:
+        """Zeno++ with its validation set: the server's clean data (data.auxiliary_*)."""
+        if self.auxiliary is None:
+            raise ConfigError(
+                "aggregator zeno needs the server's validation set: set "
+                "data.auxiliary_per_class (SHARE: a class-balanced 5 %, e.g. 300 on MNIST)"
+            )
+        aux = self.auxiliary
+        return ClusterZeno.from_options(
+            self.run.aggregator.options,
+            lr=self.run.server.learning_rate,
+            validation_factory=lambda n_s: ValidationGradient(
+                self.model, aux.inputs, aux.targets, n_s, self.generator
+            ),
         )
 
     # -- one round ---------------------------------------------------------------------
@@ -418,12 +452,16 @@ class Simulation(SteppedLoop):
         privatize_update_`). Their sum carries N(0, σ_t²C² I), so with K = h participants
         the mean has std σ_t·C/K per coordinate: the same aggregate as server-side Fed-SDP
         (clip at the server, add N(0, σ_t²C²) to the sum). Returns ``uploads``."""
+        scratch = torch.empty_like(uploads[0])
+        if self.cluster_noise is not None:  # SHARE: each cluster sum carries the noise
+            for row in uploads:
+                self.cluster_noise.privatize_(row, self.generator, scratch=scratch)
+            return uploads
         config = ClientDPConfig(
             clip_norm=self.run.privacy.clip,
             noise_multiplier=self.sigma(),
             cluster_size=len(uploads),
         )
-        scratch = torch.empty_like(uploads[0])
         for row in uploads:
             privatize_update_(row, config, self.generator, scratch=scratch)
         return uploads
@@ -509,6 +547,17 @@ class Simulation(SteppedLoop):
     def _aggregate(self, uploads: Tensor, ids: list[int]) -> Tensor:
         if self.noise_filter is not None:
             return self.noise_filter(uploads, self._auxiliary_gradient)
+        if self.share is not None and (self.clustered or self.share.zeno is not None):
+            return self.share.aggregate(  # SHARE hook (simulator/share.py)
+                uploads,
+                ids,
+                byzantine=set(self.byzantine_ids),
+                w=self.w,
+                rng=self.rng,
+                round=self.round,
+            )
+        if self.share is not None:
+            uploads = self.share.weigh(uploads, ids)
         if not self.clustered:
             assert self.rule is not None
             return self.rule(uploads)
@@ -555,7 +604,17 @@ class Simulation(SteppedLoop):
         """ε spent so far by each honest client (``None`` without privacy)."""
         if self.accountant is None or self.accountant.steps == 0:
             return None
+        if self.share is not None and self.share.ledger is not None:  # SHARE: per client
+            return self.share.epsilon(self.privacy.delta)
         return self.accountant.get_epsilon(self.privacy.delta)
+
+    def extra_summary(self) -> dict[str, Any]:
+        """Results beyond accuracy and ε for ``summary.json`` (SHARE: the audit verdict,
+        Zeno++ acceptance, per-client ε of the cluster noise split)."""
+        if self.share is None:
+            return {}
+        delta = self.privacy.delta if self.run.privacy.enabled else None
+        return {"share": self.share.summary(delta)}
 
 
 def describe_privacy(plan: PrivacyPlan) -> dict[str, Any]:

@@ -95,6 +95,7 @@ def run_summary(
         "paper": run.paper,
         "privacy": privacy,
         "config": run.to_dict(),
+        **(sim.extra_summary() if hasattr(sim, "extra_summary") else {}),  # SHARE's audit
     }
 
 
