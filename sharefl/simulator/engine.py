@@ -354,6 +354,8 @@ class Simulation(SteppedLoop):
         self.clustered = run.secure_aggregation.cluster_size >= 2
         self.noise_filter: NoiseAwareFilter | None = None
         self.rule = None
+        self.share: share.ShareAggregation | None = None  # SHARE hook (simulator/share.py)
+        self.cluster_noise = share.cluster_noise_split(run, self.privacy.noise_multiplier)
         if agg.name == "noise_filter":
             if self.clustered:
                 raise ConfigError(
@@ -370,9 +372,7 @@ class Simulation(SteppedLoop):
                 total=run.clients.total,
             )
             return
-        # -- SHARE (seed001) hook: Zeno++, clusterings, audit, cluster DP (simulator/share.py)
-        self.share: share.ShareAggregation | None = None
-        self.cluster_noise = share.cluster_noise_split(run, self.privacy.noise_multiplier)
+        # -- SHARE (seed001) hook: Zeno++, clusterings, audit, cluster DP
         zeno = self._build_zeno() if agg.name == "zeno" else None
         if zeno is None:
             rule = components.build_rule(agg.name, agg.options, agg.pre, self.generator)

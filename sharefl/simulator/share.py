@@ -47,14 +47,27 @@ def delta_weights(sizes: Sequence[int]) -> Tensor:
     return (len(counts) * counts / counts.sum()).to(torch.float32)
 
 
+MIN_SUM_SIZE = 3
+"""The protocol's ``min_sum_size`` as the simulator runs it (:func:`secure_sum`'s default):
+no sum of fewer clients is ever released."""
+
+
+def min_releasing_survivors(cluster_size: int) -> int:
+    """The fewest members whose inputs a released cluster sum can contain: the Shamir
+    threshold (:func:`threshold_floor`, t > m/2) and the release check's ``min_sum_size``
+    (3) both must be met, so s = min(m, max(threshold_floor(m), 3)): 3 for m = 3, 4 and 5,
+    6 for m = 10."""
+    return min(cluster_size, max(threshold_floor(cluster_size), MIN_SUM_SIZE))
+
+
 def cluster_noise_split(run: RunConfig, noise_multiplier: float) -> ClusterNoiseSplit | None:
     """The noise split of ``privacy.noise_split = "cluster"`` (``None`` otherwise); the
-    default s is the Shamir threshold of a full cluster (:func:`threshold_floor`), the
-    fewest survivors with which the protocol still releases its sum."""
+    default s is :func:`min_releasing_survivors`: a cluster that loses members still
+    carries the whole noise in any sum the protocol releases."""
     p, m = run.privacy, run.secure_aggregation.cluster_size
     if not (p.enabled and p.level == "client" and p.noise_split == "cluster"):
         return None
-    survivors = p.min_survivors or min(m, threshold_floor(m))
+    survivors = p.min_survivors or min_releasing_survivors(m)
     if survivors > m:
         raise ConfigError(f"privacy.min_survivors = {survivors} exceeds the cluster size {m}")
     return ClusterNoiseSplit(p.clip, noise_multiplier, survivors)
