@@ -280,3 +280,35 @@ def test_share_experiment_files_expand():
         assert runs, path
         for run in runs:
             assert run.clients.total in (50, 60, 100), path
+
+
+def test_the_cifar10_configuration_runs_on_cifar_shaped_synthetic_data():
+    """The CIFAR-10 files are not available offline: the same run (McMahan CNN, SHARE's
+    clusters, Zeno++) on synthetic 3×32×32 images, shrunk to a few clients and one round."""
+    import dataclasses
+
+    (run,) = [
+        r
+        for r in load_runs("experiments/share_cifar10_figure2.toml")
+        if r.seed == 1 and r.label == "zeno m=3"
+    ]
+    assert run.data.dataset == "cifar10" and run.model.name == "mcmahan_cnn"
+    data = dataclasses.replace(
+        run.data,
+        dataset="synthetic",
+        options={"num_examples": 480, "shape": [3, 32, 32], "noise": 0.4},
+        auxiliary_per_class=4,
+    )
+    small = dataclasses.replace(
+        run,
+        rounds=1,
+        eval_every=1,
+        data=data,
+        clients=dataclasses.replace(run.clients, honest=7, byzantine=2),
+        training=dataclasses.replace(run.training, batch_size=4, local_steps=1),
+    )
+    sim = Simulation(small)
+    assert tuple(sim.train_set.inputs.shape[1:]) == (3, 32, 32)
+    record = sim.run_rounds()
+    assert record.accuracy is not None and math.isfinite(record.loss)
+    assert sim.extra_summary()["share"]["audit"]["rounds"] == 1
