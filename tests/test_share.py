@@ -280,6 +280,9 @@ def test_share_experiment_files_expand():
         assert runs, path
         for run in runs:
             assert run.clients.total in (50, 60, 100), path
+            # variants merge tables: a rule must not inherit another rule's options
+            if run.aggregator.name != "zeno":
+                assert "n_s" not in run.aggregator.options, (path, run.label)
 
 
 def test_the_cifar10_configuration_runs_on_cifar_shaped_synthetic_data():
