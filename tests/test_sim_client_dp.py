@@ -4,6 +4,7 @@ experiment files."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 
@@ -76,7 +77,8 @@ def test_client_level_trains_in_the_clear_and_clips_every_honest_update_to_c():
     sim = simulation()
     assert sim.clipping is None and sim.honest.training.clipping is None
     assert sim.honest.training.noise == 0.0
-    sim.schedule = 0.0  # σ = 0: clipping alone (the configuration refuses σ = 0)
+    # σ = 0: clipping alone (the configuration refuses σ = 0)
+    sim.replace_privacy_plan(dataclasses.replace(sim.privacy, noise_multiplier=0.0))
     ids = sim.honest_ids
     raw, private = raw_and_private(sim, ids)
     raw_norms = torch.linalg.vector_norm(raw, dim=1)
