@@ -200,7 +200,7 @@ def test_the_sample_rate_override_drives_the_calibration():
 
 
 def test_seed003_experiment_files_parse_with_paper_values():
-    table6 = {r.label: r for r in load_runs("experiments/seed003_table6.toml")}
+    table6 = {r.label: r for r in load_runs("experiments/fed_cdp_mnist_table6.toml")}
     assert {k: r.paper for k, r in table6.items()} == {
         "non-private": 0.980,
         "Fed-SDP": 0.928,
@@ -210,7 +210,7 @@ def test_seed003_experiment_files_parse_with_paper_values():
         "Fed-αCDP, σ=0.5 (authors' code)": 0.979,
         "Fed-CDP, σ=0.5 (authors' code)": 0.956,
     }
-    small = {r.label: r for r in load_runs("experiments/seed003_table4_small.toml")}
+    small = {r.label: r for r in load_runs("experiments/fed_cdp_mnist_table4_small.toml")}
     assert {k: r.paper for k, r in small.items()} == {
         "non-private": 0.959,
         "Fed-SDP": 0.834,
@@ -242,14 +242,14 @@ def test_seed003_experiment_files_parse_with_paper_values():
             assert (run.training.batch_size, run.training.local_steps) == (5, 100)
             assert (run.rounds, run.model.name, run.data.partition) == (
                 100,
-                "seed003_cnn",
+                "fed_cdp_cnn",
                 "seed003",
             )
 
 
 @pytest.mark.parametrize(("clients", "replicas"), [(1000, 10), (100, 1)])
 def test_the_seed003_split_of_the_files_gives_500_examples_per_client(clients, replicas):
-    (run, *_) = load_runs("experiments/seed003_table6.toml")
+    (run, *_) = load_runs("experiments/fed_cdp_mnist_table6.toml")
     labels = np.repeat(np.arange(10), run.data.train_examples // 10)
     parts = partition(labels, clients, "seed003", seed=1, **run.data.partition_options)
     assert {len(p) for p in parts} == {500}
