@@ -243,7 +243,7 @@ def test_seed003_experiment_files_parse_with_paper_values():
             assert (run.rounds, run.model.name, run.data.partition) == (
                 100,
                 "fed_cdp_cnn",
-                "seed003",
+                "fed_cdp_replicated_shards",
             )
 
 
@@ -251,7 +251,7 @@ def test_seed003_experiment_files_parse_with_paper_values():
 def test_the_seed003_split_of_the_files_gives_500_examples_per_client(clients, replicas):
     (run, *_) = load_runs("experiments/fed_cdp_mnist_table6.toml")
     labels = np.repeat(np.arange(10), run.data.train_examples // 10)
-    parts = partition(labels, clients, "seed003", seed=1, **run.data.partition_options)
+    parts = partition(labels, clients, run.data.partition, seed=1, **run.data.partition_options)
     assert {len(p) for p in parts} == {500}
     counts = np.bincount(np.concatenate(parts), minlength=len(labels))
     assert set(counts.tolist()) == {replicas}  # every image, N/100 times
