@@ -204,6 +204,18 @@ def test_extra_keys_may_not_shadow_the_fixed_ones_and_bad_lines_name_their_file(
         load_runs(tmp_path)
 
 
+def test_the_reader_skips_a_deployment_servers_protocol_log(tmp_path):
+    run = one_run()
+    writer = RunWriter(tmp_path / run.run_id)  # where launch --out puts the run's folder
+    writer.start(run.to_dict())
+    writer.record(RoundRecord(2, 0.4, 1.0, None, 1.0))
+    # sharefl serve's own log in the same --out folder (cluster reports, no accuracy)
+    (tmp_path / ROUNDS_FILE).write_text(json.dumps({"round": 1, "clusters": []}) + "\n")
+    (tmp_path / "checkpoint.npz").write_bytes(b"")
+    (back,) = load_runs(tmp_path)
+    assert back.path == tmp_path / run.run_id
+
+
 def test_simulate_writes_the_format_the_reader_reads(tmp_path):
     from sharefl.simulator.runner import run_one
 

@@ -36,6 +36,11 @@ from typing import Any, Protocol
 SUMMARY_FILE = "summary.json"
 ROUNDS_FILE = "rounds.jsonl"
 CONFIG_FILE = "config.json"
+SERVER_LOG_MARKERS = ("checkpoint.npz", "result.json")
+"""Files of a deployment server's protocol log (:mod:`sharefl.deploy.results`, whose
+``rounds.jsonl`` holds cluster reports, not accuracies): a folder holding one of them and
+no ``summary.json`` is not a run. ``sharefl launch --out DIR`` writes that log in ``DIR``
+and the run's folder in ``DIR/<run_id>``, so ``sharefl report DIR`` reads the run only."""
 ROUND_KEYS = ("round", "accuracy", "loss", "epsilon", "seconds")
 """The fixed keys of a ``rounds.jsonl`` line; any other key is a loop's ``extra`` value."""
 
@@ -409,7 +414,8 @@ def load_runs(directory: str | os.PathLike[str]) -> list[RunRecord]:
     """Every run folder at any depth under ``directory`` (``directory`` itself included).
 
     A run folder holds ``summary.json`` (finished) or ``rounds.jsonl`` (unfinished, when it
-    has no summary). Runs are returned in natural order of their paths (``run2`` before
+    has no summary; a deployment server's protocol log, :data:`SERVER_LOG_MARKERS`, is
+    skipped). Runs are returned in natural order of their paths (``run2`` before
     ``run10``), so the result is deterministic. Returns ``[]`` for a directory without runs.
 
     Raises :class:`ResultsError` if ``directory`` is not a directory, or naming the file (and
@@ -421,6 +427,10 @@ def load_runs(directory: str | os.PathLike[str]) -> list[RunRecord]:
     if not root.is_dir():
         raise ResultsError(f"{root}: not a directory")
     folders = {p.parent for p in root.rglob(SUMMARY_FILE) if p.is_file()}
-    folders |= {p.parent for p in root.rglob(ROUNDS_FILE) if p.is_file()}
+    folders |= {
+        p.parent
+        for p in root.rglob(ROUNDS_FILE)
+        if p.is_file() and not any((p.parent / m).exists() for m in SERVER_LOG_MARKERS)
+    }
     ordered = sorted(folders, key=lambda f: _natural_key(f.relative_to(root)))
     return [_load_run(folder, root) for folder in ordered]
