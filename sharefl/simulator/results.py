@@ -97,8 +97,11 @@ class RoundRecord:
 class FinishedLoop(Protocol):
     """What :func:`run_summary` needs from a loop."""
 
-    run: Any  # RunConfig (kept abstract: this module imports nothing of the simulator)
-    device: Any
+    @property
+    def run(self) -> Any: ...  # RunConfig (this module imports nothing of the simulator)
+
+    @property
+    def device(self) -> Any: ...  # torch.device
 
     def privacy_summary(self) -> tuple[float | None, dict[str, Any]]: ...
 
