@@ -64,21 +64,22 @@ PAPERS: dict[str, Paper] = {
             short="share",
             title="Secure Byzantine-Robust Distributed Learning via Clustering",
             authors=("Raj Kiriti Velicheti", "Derek Xia", "Oluwasanmi Koyejo"),
-            year=None,
-            venue=None,
-            arxiv=None,
-            source="the paper text states no year or venue",
+            year=2021,
+            venue="arXiv preprint",
+            arxiv="2110.02940",
+            source="arXiv listing (the paper text states no year or venue)",
         ),
         Paper(
             codename="seed002",
             short="dp_rsa",
             title="Bridging Differential Privacy and Byzantine-Robustness via Model Aggregation",
             authors=("Heng Zhu", "Qing Ling"),
-            year=None,
-            venue=None,
-            arxiv=None,
-            source="the paper text states no year or venue (it cites its extended version "
-            "as Zhu and Ling, 2022)",
+            year=2022,
+            venue="IJCAI 2022 (Proc. 31st International Joint Conference on Artificial "
+            "Intelligence, pp. 2427–2433, doi:10.24963/ijcai.2022/337)",
+            arxiv="2205.00107",
+            source="IJCAI 2022 proceedings and arXiv listing (the paper text states no year "
+            "or venue)",
         ),
         Paper(
             codename="seed003",
