@@ -37,6 +37,7 @@ from sharefl.crypto.kdf import KEY_BYTES
 from sharefl.crypto.signatures import SIGNATURE_BYTES, verify
 from sharefl.deploy import wire
 from sharefl.deploy.config import DeploymentConfig, check_secure_deployment
+from sharefl.deploy.errors import DeployError
 from sharefl.deploy.results import Checkpoint
 from sharefl.proto import sharefl_pb2 as pb
 from sharefl.proto import sharefl_pb2_grpc as pb_grpc
@@ -91,7 +92,7 @@ def hello_statement(nonce: bytes, client_id: int) -> bytes:
     return HELLO_TAG + nonce + client_id.to_bytes(8, "big")
 
 
-class StreamError(Exception):
+class StreamError(DeployError):
     """Ends one client's stream with a gRPC status code and a message."""
 
     def __init__(self, code: grpc.StatusCode, message: str) -> None:
@@ -316,9 +317,9 @@ def sample_participants(
     """The sorted participants of a round: ``per_round`` of the ``eligible`` clients drawn
     uniformly without replacement from ``rng`` (:func:`deployment_rng`: the operating
     system's randomness), or all of them when ``per_round`` is 0 or not below their number.
-    Raises ``ValueError`` for a negative ``per_round``."""
+    Raises :class:`ConfigurationError` for a negative ``per_round``."""
     if per_round < 0:
-        raise ValueError(f"per_round must be >= 0; got {per_round}")
+        raise ConfigurationError(f"per_round must be >= 0; got {per_round}")
     pool = sorted(eligible)
     if per_round == 0 or len(pool) <= per_round:
         return pool

@@ -18,6 +18,7 @@ from sharefl.crypto.errors import EncodingError
 from sharefl.crypto.kdf import KEY_BYTES, KeyContext
 from sharefl.crypto.shamir import SHARE_BYTES
 from sharefl.crypto.signatures import SIGNATURE_BYTES
+from sharefl.deploy.errors import DeployError
 from sharefl.proto import sharefl_pb2 as pb
 from sharefl.protocol import messages as m
 from sharefl.protocol.bundles import SEALED_BYTES
@@ -50,7 +51,7 @@ MAX_REASON_BYTES = 1024
 """Refusal reasons are cut to this many UTF-8 bytes of printable characters."""
 
 
-class WireError(ValueError):
+class WireError(DeployError, ValueError):
     """A protobuf message is malformed: missing fields, values out of range, fields of the
     wrong size, repeated fields longer than their cap, vectors whose chunks arrive out of
     order or do not match their header's length or digest."""

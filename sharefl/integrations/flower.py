@@ -106,9 +106,10 @@ _STATE = f"{PREFIX}.state"
 _ARRAYS = ".arrays"
 
 
-class FlowerIntegrationError(ProtocolError):
+class FlowerIntegrationError(ProtocolError, ValueError):
     """A Flower message or context lacks what the sharefl protocol needs (e.g. a stage
-    message without the sharefl mod, or fit instructions without parameters)."""
+    message without the sharefl mod, or fit instructions without parameters), or got
+    bad arguments (ids out of range, two clients routed to one node)."""
 
 
 # ---- records <-> Flower records -----------------------------------------------------------
@@ -155,12 +156,14 @@ def hello_statement(node_id: int, client_id: int, nonce: bytes) -> bytes:
     """The bytes a client signs in the ``hello`` stage: it is ``client_id`` of the directory,
     reachable as Flower node ``node_id``, answering the server's fresh ``nonce``. The node
     id (which Flower authenticates as the reply's sender) stops another node replaying it;
-    the nonce stops a replay in a later round. Raises ``ValueError`` for an id outside
-    [0, 2^64) or a nonce of the wrong size."""
+    the nonce stops a replay in a later round. Raises :class:`FlowerIntegrationError` for an
+    id outside [0, 2^64) or a nonce of the wrong size."""
     if len(nonce) != NONCE_BYTES:
-        raise ValueError(f"a hello nonce is {NONCE_BYTES} bytes, got {len(nonce)}")
+        raise FlowerIntegrationError(f"a hello nonce is {NONCE_BYTES} bytes, got {len(nonce)}")
     if not (0 <= node_id < 2**64 and 0 <= client_id < 2**64):
-        raise ValueError(f"node and client ids are in [0, 2^64), got {node_id}, {client_id}")
+        raise FlowerIntegrationError(
+            f"node and client ids are in [0, 2^64), got {node_id}, {client_id}"
+        )
     return HELLO_TAG + struct.pack(">QQ", node_id, client_id) + bytes(nonce)
 
 
@@ -247,7 +250,7 @@ class Route:
 
     def __post_init__(self) -> None:
         if len(set(self.nodes.values())) != len(self.nodes):
-            raise ValueError("two client ids routed to one node")
+            raise FlowerIntegrationError("two client ids routed to one node")
 
     @classmethod
     def identity(cls, node_ids: Iterable[int]) -> Route:

@@ -98,11 +98,11 @@ def threshold_floor(holders: int, colluders: int = 0) -> int:
     different survivor lists needs t signatures (t − colluders honest ones) in each; with
     t > (holders + colluders)/2 two such groups cannot both exist among the
     holders − colluders honest ones. A threshold of 1 would hand every secret to any single
-    holder, and t <= colluders would hand it to the colluders. Raises ``ValueError`` for
-    negative counts.
+    holder, and t <= colluders would hand it to the colluders. Raises
+    :class:`ConfigurationError` for negative counts.
     """
     if holders < 0 or colluders < 0:
-        raise ValueError(f"holders and colluders must be >= 0; got {holders}, {colluders}")
+        raise ConfigurationError(f"holders and colluders must be >= 0; got {holders}, {colluders}")
     return max(2, colluders + 1, (holders + colluders) // 2 + 1)
 
 

@@ -35,7 +35,7 @@ from sharefl.crypto.signatures import SIGNATURE_BYTES
 from sharefl.protocol import messages as m
 from sharefl.protocol.bundles import COMMITMENT_BYTES, SEALED_BYTES
 from sharefl.protocol.clustering import Clustering, ClusteringError
-from sharefl.protocol.errors import ConfigurationError
+from sharefl.protocol.errors import ConfigurationError, ProtocolError
 from sharefl.protocol.plan import RoundPlan
 
 RecordValue: TypeAlias = int | float | bool | str | bytes | list[int] | list[bytes] | np.ndarray
@@ -53,7 +53,7 @@ MAX_PLAN_IDS = 1 << 20
 _CONTEXT_HEAD = struct.calcsize(">IQII")
 
 
-class RecordError(ValueError):
+class RecordError(ProtocolError, ValueError):
     """A record is malformed: a missing key, a value of the wrong type, range or size, a
     list longer than its cap, duplicate ids, or an unknown ``type``. The message names the
     key; a receiver treats the sender as having sent something no honest peer sends."""

@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_origin, get_type_hints
 
+from sharefl.simulator.errors import SimulatorError
 from sharefl.toml_tables import build_dataclass
 
 _GREEK = str.maketrans(
@@ -54,13 +55,18 @@ _GREEK = str.maketrans(
 )
 
 
-class ConfigError(ValueError):
+class SimulationConfigError(SimulatorError, ValueError):
     """An invalid simulation configuration; the message names the key and what to change."""
+
+
+ConfigError = SimulationConfigError
+"""Deprecated alias of :class:`SimulationConfigError` (the name clashed with the protocol's
+:class:`~sharefl.protocol.errors.ConfigurationError`); removed in 0.3."""
 
 
 def _require(condition: bool, message: str) -> None:
     if not condition:
-        raise ConfigError(message)
+        raise SimulationConfigError(message)
 
 
 @dataclass(frozen=True)
@@ -265,7 +271,16 @@ class ServerConfig:
 
 
 @dataclass(frozen=True)
-class DeploymentConfig:
+class LaunchConfig:
+    """The ``[deployment]`` table of a simulation file: how ``sharefl launch`` runs this one
+    simulation as local processes (the server section of the
+    :class:`~sharefl.deploy.config.DeploymentConfig` it builds).
+
+    Its defaults are for processes on one machine: the port is chosen by the operating
+    system, and the waits are longer than a deployment's because every client
+    process first loads the data set.
+    """
+
     address: str = "127.0.0.1:0"  # port 0: a free port (launch)
     connect_timeout_s: float = 120.0
     stage_timeout_s: float = 60.0
@@ -363,7 +378,7 @@ class RunConfig:
     secure_aggregation: SecureAggregationConfig = field(default_factory=SecureAggregationConfig)
     aggregator: AggregatorConfig = field(default_factory=AggregatorConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
-    deployment: DeploymentConfig = field(default_factory=DeploymentConfig)
+    deployment: LaunchConfig = field(default_factory=LaunchConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     paper: float | None = None  # the paper's accuracy for this run's label
 
@@ -482,7 +497,7 @@ def _lookup(table: dict[str, Any], dotted: str) -> Any:
     value: Any = table
     for part in dotted.split("."):
         if not isinstance(value, dict) or part not in value:
-            raise ConfigError(f"label refers to unknown key {{{dotted}}}")
+            raise SimulationConfigError(f"label refers to unknown key {{{dotted}}}")
         value = value[part]
     return value
 
@@ -524,19 +539,19 @@ def expand(data: dict[str, Any]) -> list[RunConfig]:
             resolved["label"] = _format_label(resolved.get("label", ""), resolved, names)
             if resolved.get("paper") is None and resolved["label"] in paper:
                 resolved["paper"] = paper[resolved["label"]]
-            runs.append(build_dataclass(RunConfig, resolved, "", ConfigError))
+            runs.append(build_dataclass(RunConfig, resolved, "", SimulationConfigError))
     ids = [r.run_id for r in runs]
     _require(len(set(ids)) == len(ids), "the grid has duplicate runs; remove repeated values")
     return runs
 
 
 def load_runs(path: str | Path, overrides: dict[str, Any] | None = None) -> list[RunConfig]:
-    """Read a simulation TOML file and expand its grid; raises :class:`ConfigError`."""
+    """Read a simulation TOML file and expand its grid; raises :class:`SimulationConfigError`."""
     path = Path(path)
     try:
         data = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"cannot read {path}: {exc}") from exc
+        raise SimulationConfigError(f"cannot read {path}: {exc}") from exc
     if overrides:
         data = _merge(data, overrides)
     return expand(data)

@@ -47,8 +47,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from sharefl.simulator.errors import SimulatorError
 
-class DatasetError(ValueError):
+
+class DatasetError(SimulatorError, ValueError):
     """A dataset cannot be loaded as asked; the message says what to change."""
 
 

@@ -25,8 +25,10 @@ from typing import Any
 
 import numpy as np
 
+from sharefl.simulator.errors import SimulatorError
 
-class PartitionError(ValueError):
+
+class PartitionError(SimulatorError, ValueError):
     """A partition cannot be made as asked; the message names the option to change."""
 
 

@@ -39,6 +39,7 @@ from torch.func import functional_call, grad, vmap
 
 from sharefl.privacy.clipping import ClippingMode, Normalization
 from sharefl.privacy.schedules import NoiseSchedule
+from sharefl.simulator.errors import SimulatorError
 
 Sampling = Literal["poisson", "shuffle", "replay"]
 SAMPLINGS: tuple[str, ...] = ("poisson", "shuffle", "replay")
@@ -50,7 +51,7 @@ CHUNK_BYTES = 256 * 2**20
 SPARSE_POISSON_KEYS = 2**20
 
 
-class TrainingError(ValueError):
+class TrainingError(SimulatorError, ValueError):
     """Inconsistent local-training parameters (what to change is in the message)."""
 
 
