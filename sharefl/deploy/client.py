@@ -164,7 +164,7 @@ def demo_trainer(model: np.ndarray, *, round: int, client_id: int) -> np.ndarray
     id and the round, in multiples of 1/256 within [-1, 1) so fixed-point sums are exact."""
     rng = np.random.default_rng([client_id, round])
     steps = rng.integers(-256, 256, size=model.shape[0], dtype=np.int16)
-    return steps.astype(np.float32) * np.float32(1 / 256)
+    return np.asarray(steps.astype(np.float32) * np.float32(1 / 256))
 
 
 @dataclass

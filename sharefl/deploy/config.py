@@ -162,7 +162,7 @@ class AggregatorSection:
     def __post_init__(self) -> None:
         _require(self.scale in ("mean", "total"), 'aggregator.scale must be "mean" or "total"')
         _require(
-            self.name or (not self.options and not self.pre),
+            bool(self.name) or (not self.options and not self.pre),
             "aggregator.options/pre need aggregator.name",
         )
 

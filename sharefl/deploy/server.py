@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import grpc
 import numpy as np
@@ -171,7 +171,10 @@ class RoundReport:
     def of(
         cls, result: RoundResult, excluded: list[int], seconds: float, total: np.ndarray | None
     ) -> RoundReport:
-        clusters, failed, withheld, corrupted = [], [], [], []
+        clusters: list[dict[str, Any]] = []
+        failed: list[dict[str, Any]] = []
+        withheld: list[dict[str, Any]] = []
+        corrupted: list[dict[str, Any]] = []
         contributors = 0
         for rec in result.reclusterings:
             for s in rec.clusters:

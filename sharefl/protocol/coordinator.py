@@ -44,6 +44,7 @@ import enum
 import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -173,7 +174,7 @@ class ReclusteringResult:
     clusters: list[ClusterSum]
     failed: list[FailedCluster]
     corrupted: list[CorruptedCluster] = field(default_factory=list)
-    events: dict = field(default_factory=dict)
+    events: dict[int, Any] = field(default_factory=dict)
 
     @property
     def withheld(self) -> list[FailedCluster]:

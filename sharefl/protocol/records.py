@@ -105,7 +105,7 @@ def get_bytes(record: Mapping[str, Any], key: str, sizes: tuple[int, ...] | None
     return bytes(value)
 
 
-def _list(record: Mapping[str, Any], key: str, cap: int = MAX_IDS) -> list:
+def _list(record: Mapping[str, Any], key: str, cap: int = MAX_IDS) -> list[Any]:
     value = _get(record, key)
     if isinstance(value, np.ndarray) and value.ndim == 1 and value.dtype.kind in "iu":
         value = value.tolist()
@@ -157,7 +157,7 @@ def nest(prefix: str, record: Mapping[str, RecordValue]) -> Record:
     return {f"{prefix}/{k}": v for k, v in record.items()}
 
 
-def unnest(prefix: str, record: Mapping[str, RecordValue]) -> Record:
+def unnest(prefix: str, record: Mapping[str, Any]) -> Record:
     """The keys of ``record`` under ``prefix + "/"``, without the prefix (empty if none)."""
     head = f"{prefix}/"
     return {k[len(head) :]: v for k, v in record.items() if k.startswith(head)}

@@ -31,8 +31,10 @@ final, before any unmask request is sent: a refusal ends the cluster as failed a
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping
+import functools
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -188,7 +190,7 @@ class ServerSession:
         Raises :class:`RejectedMessage` (naming the sender) for a message of the wrong
         stage, context, sender or shape; nothing is stored then.
         """
-        expected = {
+        expected: dict[ServerState, tuple[type, Collection[int], Callable[[Any], None]]] = {
             ServerState.ADVERTISE: (AdvertiseKeys, self.assignment.members, self._on_advert),
             ServerState.SHARE: (EncryptedShares, self._u1, self._on_shares),
             ServerState.MASK: (MaskedInput, self._u2, self._on_masked),
@@ -222,7 +224,7 @@ class ServerSession:
             )
         handler(message)
 
-    def _first(self, store: dict, sender: int) -> None:
+    def _first(self, store: Mapping[int, object], sender: int) -> None:
         if sender in store:
             raise RejectedMessage(f"duplicate message from client {sender}", sender)
 
@@ -369,13 +371,14 @@ class ServerSession:
 
     def waiting_for(self) -> frozenset[int]:
         """Expected senders of the current stage whose message has not arrived yet."""
-        received = {
+        stores: dict[ServerState, Mapping[int, object]] = {
             ServerState.ADVERTISE: self._got.adverts,
             ServerState.SHARE: self._got.bundles,
             ServerState.MASK: self._got.masked,
             ServerState.CONSISTENCY: self._got.signatures,
             ServerState.UNMASK: self._got.unmasked,
-        }.get(self.state, {})
+        }
+        received = stores.get(self.state, {})
         return frozenset(self.expected_senders()) - received.keys()
 
     def advance(self) -> dict[int, ServerMessage]:
@@ -596,7 +599,7 @@ class ServerSession:
                     continue
                 try:
                     verified = shamir.reconstruct_verified(
-                        shares[owner], t, lambda s, o=owner: check(o, s)
+                        shares[owner], t, functools.partial(check, owner)
                     )
                 except ShareVerificationError as exc:
                     lost[owner] = (f"cannot rebuild client {owner}'s {what}: {exc}", True)

@@ -5,6 +5,7 @@ fit."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,7 +60,7 @@ ATTACKS = (
 )
 
 
-def _construct(kind: str, name: str, cls: type, options: dict[str, Any]) -> Any:
+def _construct(kind: str, name: str, cls: Callable[..., Any], options: dict[str, Any]) -> Any:
     try:
         return cls(**options)
     except (TypeError, ValueError) as exc:
@@ -163,7 +164,7 @@ def build_rule(name: str, options: dict[str, Any], pre: list[str], generator: to
     rule = _construct("aggregator", name, AGGREGATORS[name], options)
     if not pre:
         return rule
-    steps = []
+    steps: list[robust.PreAggregator] = []
     f = int(options.get("f", 0))
     for step in pre:
         if step == "nnm":

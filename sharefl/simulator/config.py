@@ -45,7 +45,7 @@ import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, get_origin, get_type_hints
+from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from sharefl.simulator.errors import SimulatorError
 from sharefl.toml_tables import build_dataclass
@@ -67,6 +67,22 @@ ConfigError = SimulationConfigError
 def _require(condition: bool, message: str) -> None:
     if not condition:
         raise SimulationConfigError(message)
+
+
+# The words a configuration may use where the library takes a Literal: the field is typed
+# with it, and _require_one_of is the one check (type checkers then accept the field
+# wherever the library's own Literal is expected, and flag a word it does not know).
+Upload = Literal["gradient", "delta"]
+Sampling = Literal["poisson", "shuffle", "replay"]
+AccountantName = Literal["rdp", "pld"]
+Conversion = Literal["improved", "classic"]
+
+
+def _require_one_of(value: object, words: Any, key: str) -> None:
+    """``value`` is one of the ``Literal`` type ``words``; else say which are allowed."""
+    allowed = [f'"{w}"' for w in get_args(words)]
+    choices = ", ".join(allowed[:-1]) + f" or {allowed[-1]}"
+    _require(value in get_args(words), f"{key} must be {choices}")
 
 
 @dataclass(frozen=True)
@@ -123,18 +139,15 @@ class TrainingConfig:
     batch_size: int = 16
     local_steps: int = 1
     learning_rate: float = 0.1  # the clients' step size (local steps)
-    upload: str = "gradient"  # "gradient" (one step) or "delta" (after local_steps)
-    sampling: str = "poisson"  # "poisson", "shuffle" or "replay" (seed000's code)
+    upload: Upload = "gradient"  # one step, or the change after local_steps
+    sampling: Sampling = "poisson"  # "replay": seed000's code
 
     def __post_init__(self) -> None:
         _require(self.batch_size >= 1, "training.batch_size must be >= 1")
         _require(self.local_steps >= 1, "training.local_steps must be >= 1")
         _require(self.learning_rate > 0, "training.learning_rate must be > 0")
-        _require(self.upload in ("gradient", "delta"), 'training.upload: "gradient" or "delta"')
-        _require(
-            self.sampling in ("poisson", "shuffle", "replay"),
-            'training.sampling must be "poisson", "shuffle" or "replay"',
-        )
+        _require_one_of(self.upload, Upload, "training.upload")
+        _require_one_of(self.sampling, Sampling, "training.sampling")
         _require(
             self.upload == "delta" or self.local_steps == 1,
             'training.upload = "gradient" needs local_steps = 1; use upload = "delta"',
@@ -175,8 +188,8 @@ class PrivacyConfig:
     momentum: float = 0.0  # seed000's per-example momentum β ("normalize")
     schedule: str = "constant"  # "constant", "linear", "staircase", "exponential", "cyclic"
     schedule_options: dict[str, Any] = field(default_factory=dict)
-    accountant: str = "rdp"  # "rdp" or "pld"
-    conversion: str = "improved"  # "improved" or "classic" (RDP only)
+    accountant: AccountantName = "rdp"
+    conversion: Conversion = "improved"  # "classic": RDP only
     level: str = "example"  # "example" (DP-SGD) or "client" (Fed-SDP)
     sample_rate: float = 0.0  # > 0: q of the accounting (the paper's); 0: computed
 
@@ -193,11 +206,8 @@ class PrivacyConfig:
             not self.enabled or self.epsilon > 0 or self.noise_multiplier > 0,
             "privacy.enabled needs privacy.epsilon (target) or privacy.noise_multiplier",
         )
-        _require(self.accountant in ("rdp", "pld"), 'privacy.accountant must be "rdp" or "pld"')
-        _require(
-            self.conversion in ("improved", "classic"),
-            'privacy.conversion must be "improved" or "classic"',
-        )
+        _require_one_of(self.accountant, AccountantName, "privacy.accountant")
+        _require_one_of(self.conversion, Conversion, "privacy.conversion")
         _require(
             self.accountant == "rdp" or self.conversion == "improved",
             'privacy.conversion = "classic" is an RDP bound: set privacy.accountant = "rdp"',
@@ -522,7 +532,9 @@ def expand(data: dict[str, Any]) -> list[RunConfig]:
     data = copy.deepcopy(data)
     variants = data.pop("variant", [{}])
     paper = data.pop("paper", {})
-    _require(isinstance(variants, list) and variants, "[[variant]] must be an array of tables")
+    _require(
+        isinstance(variants, list) and bool(variants), "[[variant]] must be an array of tables"
+    )
     _require(isinstance(paper, dict), "[paper] must be a table of label = accuracy")
     runs: list[RunConfig] = []
     for v_index, variant in enumerate(variants):

@@ -33,6 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
@@ -83,7 +84,7 @@ class FlatModel:
     def unflatten(self, flat: Tensor) -> dict[str, Tensor]:
         """Views of ``flat`` (shape ``[..., d]``) as a parameter dict (shapes ``[..., *p]``)."""
         lead = flat.shape[:-1]
-        parts = torch.split(flat, self.numels, dim=-1)
+        parts = torch.split(flat, list(self.numels), dim=-1)
         return {
             n: part.reshape(*lead, *shape)
             for n, part, shape in zip(self.names, parts, self.shapes, strict=True)
@@ -177,7 +178,7 @@ class VectorizedClients:
         model: FlatModel,
         inputs: Tensor,
         targets: Tensor,
-        partitions: Sequence[Sequence[int]],
+        partitions: Sequence[Sequence[int] | np.ndarray],
         training: LocalTraining,
         *,
         label_map: LabelMap | None = None,
@@ -381,7 +382,7 @@ class VectorizedClients:
         layers = [per_example[n].reshape(len(owner), -1) for n in self.model.names]
         if isinstance(mode, Normalization) and mode.momentum > 0 and momentum is not None:
             beta = mode.momentum
-            state = torch.split(momentum.index_select(0, owner), self.model.numels, dim=1)
+            state = torch.split(momentum.index_select(0, owner), list(self.model.numels), dim=1)
             for g, m in zip(layers, state, strict=True):
                 g.mul_(1 - beta).add_(m, alpha=beta)
         norms = torch.stack([torch.linalg.vector_norm(g, dim=1) for g in layers])  # [L, M]

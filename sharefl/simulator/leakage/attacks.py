@@ -278,7 +278,7 @@ class _Optimiser:
     def __init__(
         self,
         net: nn.Module,
-        params: list[torch.Tensor],
+        params: Sequence[torch.Tensor],
         target: list[torch.Tensor],
         dummy: torch.Tensor,
         labels: torch.Tensor | None,
@@ -294,12 +294,16 @@ class _Optimiser:
     def distance(self, create_graph: bool) -> torch.Tensor:
         logits = self.net(self.dummy)
         if self.soft is None:
+            assert self.labels is not None  # hard labels whenever there are no soft ones
             loss = F.cross_entropy(logits, self.labels)
         else:
             probs = F.softmax(self.soft, dim=-1)
             loss = -(probs * F.log_softmax(logits, dim=-1)).sum(dim=-1).mean()
         grads = torch.autograd.grad(loss, self.params, create_graph=create_graph)
-        return sum(((g - t) ** 2).sum() for g, t in zip(grads, self.target, strict=True))
+        distance: torch.Tensor = sum(  # type: ignore[assignment]  # a sum of tensors
+            ((g - t) ** 2).sum() for g, t in zip(grads, self.target, strict=True)
+        )
+        return distance
 
     def closure(self) -> torch.Tensor:
         value = self.distance(create_graph=True)
@@ -427,7 +431,7 @@ def _check_leaked(
     return grads, batch
 
 
-def _check_against_model(grads: list[torch.Tensor], params: list[torch.Tensor]) -> None:
+def _check_against_model(grads: list[torch.Tensor], params: Sequence[torch.Tensor]) -> None:
     if len(grads) != len(params):
         raise GradientLeakageError(
             f"got {len(grads)} gradients but the model has {len(params)} trainable parameter "

@@ -36,7 +36,7 @@ def check_input_shape(input_shape: Sequence[int]) -> tuple[int, int, int]:
         raise GradientLeakageError(
             f"input_shape must be (channels, height, width) of positive ints, got {input_shape!r}"
         )
-    return shape  # type: ignore[return-value]
+    return shape
 
 
 class CPLAttackNetwork(nn.Module):
