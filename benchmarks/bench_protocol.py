@@ -75,7 +75,7 @@ def run_scenario(name, n, d, cluster_size, threshold, drop_fraction, floor_one):
     round_s = time.perf_counter() - start
     assert not result.failed, result.failed
     total = sum(inputs[c] for c in range(n) if c not in dropped)
-    assert np.array_equal(sum(c.sum for c in result.clusters), total), "wrong sum"
+    assert np.array_equal(sum(c.ring_sum for c in result.clusters), total), "wrong sum"
 
     sizes = [len(c) for c in result.reclusterings[0].clustering.clusters]
     peers = statistics.median(s - 1 for s in sizes)

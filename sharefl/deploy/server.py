@@ -598,7 +598,9 @@ class ServerRun:
             rc.close_reclustering()
         result = rc.result()
         self.round = None
-        released = [[(s.sum, len(s.members)) for s in rec.clusters] for rec in result.reclusterings]
+        released = [
+            [(s.float_sum, len(s.members)) for s in rec.clusters] for rec in result.reclusterings
+        ]
         released = [sums for sums in released if sums]
         total, note = None, ""
         if released:

@@ -570,7 +570,9 @@ class ShareflWorkflow:
         for reclustering in result.reclusterings:
             if not reclustering.clusters:
                 continue
-            means, weights = codec.cluster_means(np.stack([c.sum for c in reclustering.clusters]))
+            means, weights = codec.cluster_means(
+                np.stack([c.float_sum for c in reclustering.clusters])
+            )
             keep = weights > 0
             if not keep.any():
                 continue

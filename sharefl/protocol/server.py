@@ -87,11 +87,13 @@ class ServerState(enum.Enum):
 class ClusterSum:
     """A successful cluster: the exact sum mod 2^b of the inputs of ``members``.
 
+    Two fields, never one that changes meaning: ``ring_sum`` is always the exact sum in
+    Z_2^b; ``decoded`` is the float64 sum only when the round encoded float inputs (the
+    round coordinator fills it), else ``None``.
+
     Attributes:
         cluster: the cluster id (``context.cluster``).
-        members: clients whose inputs are in ``sum`` (sorted).
-        sum: the sum in the inputs' domain: the ring sum for integer inputs, the decoded
-            float64 sum when the driver encoded float inputs.
+        members: clients whose inputs are in the sum (sorted).
         ring_sum: the exact sum in Z_2^b (1-D uint32/uint64 array).
         dropped: assigned clients whose inputs are not in the sum (any stage).
         excluded: clients left out because every neighbour complained about their share
@@ -99,16 +101,33 @@ class ClusterSum:
         complaints: (complainer, accused) pairs: the accused's share bundle did not decrypt
             for the complainer (both stay in the sum unless the accused is excluded).
         bad_shares: (holder, owner) pairs: shares that did not match the owner's secret.
+        decoded: the decoded float64 sum of float inputs; ``None`` for ring inputs.
     """
 
     cluster: int
     members: tuple[int, ...]
-    sum: np.ndarray
     ring_sum: np.ndarray
     dropped: tuple[int, ...] = ()
     excluded: tuple[int, ...] = ()
     complaints: tuple[tuple[int, int], ...] = ()
     bad_shares: tuple[tuple[int, int], ...] = ()
+    decoded: np.ndarray | None = None
+
+    @property
+    def sum(self) -> np.ndarray:
+        """The sum in the inputs' domain: :attr:`decoded` when the inputs were floats,
+        :attr:`ring_sum` when they were ring elements. Prefer the explicit fields."""
+        return self.ring_sum if self.decoded is None else self.decoded
+
+    @property
+    def float_sum(self) -> np.ndarray:
+        """:attr:`decoded`; raises :class:`~sharefl.protocol.errors.StageError` for a
+        cluster of ring inputs (there is no float sum to use)."""
+        if self.decoded is None:
+            raise StageError(
+                f"cluster {self.cluster} summed ring elements: use ring_sum (no encoding)"
+            )
+        return self.decoded
 
 
 @dataclass(frozen=True)
@@ -527,7 +546,6 @@ class ServerSession:
         self.outcome = ClusterSum(
             cluster=self.context.cluster,
             members=self._u3,
-            sum=total,
             ring_sum=total,
             dropped=tuple(sorted(set(self.assignment.members) - survivors)),
             excluded=self._excluded,
