@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from common import emit, emit_machine, finish
+from common import add_smoke_flag, emit, emit_machine, finish, use_smoke
 
 from sharefl.deploy.client import demo_trainer
 from sharefl.launch import free_port
@@ -79,7 +79,10 @@ def main() -> None:
     parser.add_argument("--d", type=int, default=1_000_000)
     parser.add_argument("--rounds", type=int, default=3, help="best round of these counts")
     parser.add_argument("--strict", action="store_true")
+    add_smoke_flag(parser)
     args = parser.parse_args()
+    if use_smoke(args):
+        args.clients, args.d, args.rounds = 5, 1000, 1
     emit_machine("grpc", clients=args.clients, d=args.d, cores_used=os.cpu_count())
     with tempfile.TemporaryDirectory() as tmp:
         result = grpc_rounds(args.clients, args.d, args.rounds, Path(tmp))

@@ -25,7 +25,7 @@ import time
 from collections import defaultdict
 
 import numpy as np
-from common import emit, emit_machine, finish, timeit
+from common import add_smoke_flag, emit, emit_machine, finish, timeit, use_smoke
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from sharefl.crypto.aead import OVERHEAD_BYTES
@@ -128,7 +128,10 @@ def main() -> None:
     parser.add_argument("--d", type=int, default=1_000_000)
     parser.add_argument("--strict", action="store_true")
     parser.add_argument("--quick", action="store_true", help="skip plain SecAgg")
+    add_smoke_flag(parser)
     args = parser.parse_args()
+    if use_smoke(args):
+        args.d, args.quick = 4096, True
     emit_machine("protocol", d=args.d)
     floor_one = emit_keystream_floor(args.d)
     records = []
