@@ -39,7 +39,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from sharefl.launch import run_server
 
     return run_server(
-        args.config, address=args.address, clients=args.clients, out=args.out, resume=args.resume
+        args.config,
+        address=args.address,
+        clients=args.clients,
+        out=args.out,
+        resume=args.resume,
+        port_file=args.port_file,
     )
 
 
@@ -147,6 +152,12 @@ def _add_deployment_commands(sub) -> None:
         "--resume",
         metavar="DIR",
         help="continue the stopped run whose --out was DIR from its last finished round",
+    )
+    serve.add_argument(
+        "--port-file",
+        metavar="FILE",
+        help="write the address actually bound to FILE once listening (with --address "
+        "HOST:0 the OS picks a free port)",
     )
     serve.set_defaults(func=_cmd_serve)
 

@@ -14,6 +14,7 @@ import re
 import numpy as np
 import pytest
 import torch
+from conftest import serving
 
 from sharefl.cli import main as cli_main
 from sharefl.deploy.client import ClientRuntime
@@ -456,19 +457,9 @@ def test_the_same_run_trains_over_grpc(tmp_path):
     deployment = deployment_for(run, strategy.dim)
 
     async def main():
-        ready = asyncio.Event()
-        port = _free_port()
-        cfg = deployment.__class__(
-            server=deployment.server.__class__(
-                **{**vars(deployment.server), "address": f"127.0.0.1:{port}"}
-            ),
-            model=deployment.model,
-            secure_aggregation=deployment.secure_aggregation,
-        )
-        server = asyncio.create_task(serve(cfg, ready=ready, strategy=strategy, log=lambda _: None))
-        await ready.wait()
+        server, address = await serving(serve, deployment, strategy=strategy, log=lambda _: None)
         clients = [
-            ClientRuntime(cid, f"127.0.0.1:{port}", trainer=SimulationTrainer(run, cid)).run()
+            ClientRuntime(cid, address, trainer=SimulationTrainer(run, cid)).run()
             for cid in range(run.clients.total)
         ]
         await asyncio.gather(*clients)
@@ -503,12 +494,6 @@ def test_a_client_process_refuses_an_id_outside_the_run():
     (run,) = expand(base_config())
     with pytest.raises(ConfigError, match=re.escape("not in 0..7")):
         SimulationTrainer(run, 8)
-
-
-def _free_port() -> int:
-    from sharefl.launch import free_port
-
-    return free_port()
 
 
 @pytest.mark.slow

@@ -266,6 +266,13 @@ class AveragingStrategy:
         return updated, total, ""
 
 
+def bound_address(address: str, port: int) -> str:
+    """``address`` (``host:port``, ``[v6]:port``) with its port replaced by ``port``, the
+    one the operating system bound (they differ for port 0)."""
+    host = address.rsplit(":", 1)[0] if ":" in address else address
+    return f"{host}:{port}"
+
+
 def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
@@ -962,14 +969,17 @@ async def serve(
     config: DeploymentConfig,
     *,
     log: Log = _stderr,
-    ready: asyncio.Event | None = None,
+    listening: Callable[[str], None] | None = None,
     strategy: ServerStrategy | None = None,
     on_round: Callable[[RoundReport, np.ndarray], None] | None = None,
     resume: Checkpoint | None = None,
 ) -> RunResult:
     """Run the server until the configured rounds are done.
 
-    ``ready`` is set once the port is bound (for in-process tests). ``strategy`` decides
+    The port is bound once: an address with port 0 gets a free port from the operating
+    system, and ``listening(address)`` is called with the address actually bound (host as
+    configured, the real port) once the server accepts connections; the log line says it
+    too. ``strategy`` decides
     the initial model and what the released sums do (default :class:`AveragingStrategy`;
     the simulator's robust training is :class:`sharefl.simulation_bridge.
     SimulationStrategy`). ``on_round(report, model)`` runs after each finished round (see
@@ -1017,11 +1027,12 @@ async def serve(
         raise ConfigurationError(f"cannot bind {address}: is another server using that port?")
     await server.start()
     mode = "TLS" if credentials else "plaintext"
-    log(f"sharefl server {__version__} listening on {address} ({mode})")
+    bound = bound_address(address, port)
+    log(f"sharefl server {__version__} listening on {bound} ({mode})")
     if run.insecure:
         log("WARNING: INSECURE DEPLOYMENT: " + "; ".join(run.insecure))
-    if ready is not None:
-        ready.set()
+    if listening is not None:
+        listening(bound)
     try:
         reports = await run.run()
         traffic = {
