@@ -74,7 +74,7 @@ def _cmd_launch(args: argparse.Namespace) -> int:
 def _cmd_simulate(args: argparse.Namespace) -> int:
     from sharefl.launch import sigterm_interrupts
     from sharefl.machine import keep_freed_memory
-    from sharefl.simulator.config import ConfigError, load_runs
+    from sharefl.simulator.config import SimulationConfigError, load_runs
     from sharefl.simulator.runner import Progress, run_grid
 
     keep_freed_memory()  # per-example gradients: ~2× faster without a page fault per page
@@ -87,9 +87,9 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         if args.match:
             runs = [r for r in runs if args.match in r.label]
         if not runs:
-            raise ConfigError("no run of the file matches --seeds/--match")
+            raise SimulationConfigError("no run of the file matches --seeds/--match")
         outcomes = run_grid(runs, args.out, device=args.device, progress=Progress())
-    except ConfigError as exc:
+    except SimulationConfigError as exc:
         print(f"sharefl simulate: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

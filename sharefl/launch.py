@@ -316,7 +316,7 @@ def launch(config_path: str, clients: int | None, *, trainer: str, out: str | No
     as it happens; returns the server's exit status (clients still running when it ends
     are terminated).
     """
-    from sharefl.simulator.config import ConfigError, is_simulation_config
+    from sharefl.simulator.config import SimulationConfigError, is_simulation_config
 
     simulation = is_simulation_config(config_path)
     try:
@@ -335,7 +335,7 @@ def launch(config_path: str, clients: int | None, *, trainer: str, out: str | No
             config = load_config(config_path)
             if not clients:
                 raise ConfigurationError("--clients is required with a deployment file")
-    except (ConfigurationError, ConfigError) as exc:
+    except (ConfigurationError, SimulationConfigError) as exc:
         _error(str(exc))
         return 2
     keys = str(Path(config.tls.cert).parent) if config.tls.enabled else None

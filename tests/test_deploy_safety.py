@@ -773,8 +773,9 @@ def test_a_server_killed_in_round_k_resumes_from_k_with_earlier_rounds_intact(tm
     assert [json.loads(x)["round"] for x in after] == list(range(rounds))
     result = json.loads((out / "result.json").read_text())
     assert len(result["rounds"]) == rounds and "interrupted" not in result
-    # The demo updates depend only on (round, client): the resumed model is the whole sum.
-    expected = sum(
+    # The demo updates depend only on (round, client): the resumed model is minus the whole
+    # sum (learning_rate 1, model ← model − aggregate).
+    expected = -sum(
         demo_trainer(np.zeros(dim), round=r, client_id=c) for r in range(rounds) for c in range(3)
     )
     np.testing.assert_array_equal(np.load(out / "model.npy"), expected.astype(np.float32))

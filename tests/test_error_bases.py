@@ -55,11 +55,6 @@ def _defined_classes() -> list[tuple[str, type]]:
     return found
 
 
-# simulator/report.py is being split into parts on another branch; its ReportError and its
-# RoundRecord (a name the engine uses too) are fixed once that lands.
-_PENDING = {"sharefl.simulator.report"}
-
-
 def _package(module: str) -> str:
     return ".".join(module.split(".")[:2])
 
@@ -68,8 +63,6 @@ def test_every_public_exception_derives_from_its_package_base():
     wrong = []
     exceptions = [(m, c) for m, c in _defined_classes() if issubclass(c, BaseException)]
     for module, cls in exceptions:
-        if module in _PENDING:
-            continue
         base = BASES.get(_package(module))
         if base is None:
             wrong.append(f"{module}.{cls.__name__}: no base exception for {_package(module)}")
@@ -110,8 +103,6 @@ def test_named_errors_keep_their_builtin_base_too(module, name, base):
 def test_no_public_class_name_is_defined_twice():
     where: dict[str, list[str]] = defaultdict(list)
     for module, cls in _defined_classes():
-        if module in _PENDING:
-            continue
         where[cls.__name__].append(module)
     twice = {name: modules for name, modules in where.items() if len(modules) > 1}
     assert not twice, twice

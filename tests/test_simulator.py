@@ -23,7 +23,7 @@ from sharefl.privacy import DPSGD, DPSGDConfig, FlatClipping, L2MaxClipping, Nor
 from sharefl.protocol.driver import secure_sum
 from sharefl.simulation_bridge import SimulationStrategy, SimulationTrainer, deployment_for
 from sharefl.simulator import training as training_module
-from sharefl.simulator.config import ConfigError, expand, load_runs
+from sharefl.simulator.config import SimulationConfigError, expand, load_runs
 from sharefl.simulator.engine import Simulation, load_data
 from sharefl.simulator.models import build_model
 from sharefl.simulator.runner import run_grid
@@ -106,7 +106,7 @@ def test_run_ids_spell_out_greek_letters():
     ],
 )
 def test_invalid_configurations_name_the_key(patch, message):
-    with pytest.raises(ConfigError, match=re.escape(message)):
+    with pytest.raises(SimulationConfigError, match=re.escape(message)):
         expand(base_config(**patch))
 
 
@@ -130,16 +130,16 @@ def test_the_noise_filter_refuses_cluster_sums():
         data={**base_config()["data"], "auxiliary_per_class": 2},
     )
     (run,) = expand(config)
-    with pytest.raises(ConfigError, match="individual uploads"):
+    with pytest.raises(SimulationConfigError, match="individual uploads"):
         Simulation(run)
 
 
 def test_shipped_experiment_files_parse():
     for name, count in [
         ("quickstart", 1),
-        ("seed000_table15", 18),
-        ("seed000_figure1", 24),
-        ("seed000_table3", 6),
+        ("dp_filter_mnist_table15", 18),
+        ("dp_filter_mnist_figure1", 24),
+        ("dp_filter_mnist_table3", 6),
     ]:
         runs = load_runs(f"experiments/{name}.toml")
         assert len(runs) == count, name
@@ -486,13 +486,13 @@ def test_the_same_run_trains_over_grpc(tmp_path):
 )
 def test_a_deployment_refuses_runs_it_cannot_carry(patch, message):
     (run,) = expand(base_config(**patch))
-    with pytest.raises(ConfigError, match=re.escape(message)):
+    with pytest.raises(SimulationConfigError, match=re.escape(message)):
         deployment_for(run, 100)
 
 
 def test_a_client_process_refuses_an_id_outside_the_run():
     (run,) = expand(base_config())
-    with pytest.raises(ConfigError, match=re.escape("not in 0..7")):
+    with pytest.raises(SimulationConfigError, match=re.escape("not in 0..7")):
         SimulationTrainer(run, 8)
 
 

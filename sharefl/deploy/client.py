@@ -73,6 +73,9 @@ from sharefl.protocol.messages import (
 )
 
 Trainer = Callable[..., np.ndarray]
+"""``f(model, round=r, client_id=i)`` → the update the server steps against:
+``model ← model − learning_rate · aggregate`` (:func:`~sharefl.deploy.server.descend`), so
+a trainer returns ``model − trained_model`` (or a gradient), never the trained model."""
 STAGES = ("advertise", "share", "mask", "consistency", "unmask")
 
 
@@ -160,8 +163,9 @@ def load_trainer(spec: str) -> Trainer:
 
 
 def demo_trainer(model: np.ndarray, *, round: int, client_id: int) -> np.ndarray:
-    """A deterministic stand-in for local training: an update that depends only on the client
-    id and the round, in multiples of 1/256 within [-1, 1) so fixed-point sums are exact."""
+    """A deterministic stand-in for local training: an update (the vector the server steps
+    against, :func:`~sharefl.deploy.server.descend`) that depends only on the client id and
+    the round, in multiples of 1/256 within [-1, 1) so fixed-point sums are exact."""
     rng = np.random.default_rng([client_id, round])
     steps = rng.integers(-256, 256, size=model.shape[0], dtype=np.int16)
     return np.asarray(steps.astype(np.float32) * np.float32(1 / 256))

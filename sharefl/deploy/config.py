@@ -17,7 +17,7 @@ A TOML file with five tables; every key is optional except where noted::
 
     [model]
     dim = 1000                # length of the model / update vector
-    learning_rate = 1.0       # model += learning_rate * aggregate
+    learning_rate = 1.0       # model -= learning_rate * aggregate (updates are descent vectors)
     aggregator = "mean"       # "sum" or "mean" (per client) of the released cluster sums
 
     [secure_aggregation]

@@ -242,8 +242,19 @@ class ServerStrategy(Protocol):
     ) -> tuple[np.ndarray, np.ndarray, str]: ...
 
 
+def descend(model: np.ndarray, learning_rate: float, aggregate: np.ndarray) -> np.ndarray:
+    """``model − learning_rate · aggregate`` as float32: the one sign convention of sharefl.
+
+    Every loop steps against what the clients upload, w ← w − η·v: in simulation the
+    uploads are (pseudo-)gradients, and a deployment's trainer returns the same kind of
+    vector (``old model − trained model`` for local training; a gradient for one step).
+    """
+    return (model - learning_rate * aggregate).astype(np.float32)
+
+
 class AveragingStrategy:
-    """The default: ``model += learning_rate × aggregate``, where the aggregate is each
+    """The default: ``model ← model − learning_rate × aggregate`` (:func:`descend`), where
+    the aggregate is each
     reclustering's total (``aggregator = "sum"``) or per-client mean (``"mean"``), averaged
     over the reclusterings; the model starts at zero."""
 
@@ -262,7 +273,7 @@ class AveragingStrategy:
             members = sum(size for _, size in sums)
             aggregates.append(total / members if self.config.model.aggregator == "mean" else total)
         total = np.mean(aggregates, axis=0)
-        updated = (model + self.config.model.learning_rate * total).astype(np.float32)
+        updated = descend(model, self.config.model.learning_rate, total)
         return updated, total, ""
 
 
