@@ -18,7 +18,7 @@ from sharefl.privacy.cluster_noise import (
     effective_noise_multipliers,
 )
 from sharefl.protocol import LeakageError, secure_sum
-from sharefl.simulator.config import ConfigError, expand, load_runs
+from sharefl.simulator.config import SimulationConfigError, expand, load_runs
 from sharefl.simulator.engine import Simulation
 from sharefl.simulator.share import delta_weights, min_releasing_survivors
 from sharefl.simulator.training import LocalTraining, TrainingError
@@ -81,7 +81,7 @@ def test_zeno_with_every_cluster_accepted_is_the_fedavg_step():
 
 
 def test_zeno_needs_the_servers_validation_set():
-    with pytest.raises(ConfigError, match="auxiliary_per_class"):
+    with pytest.raises(SimulationConfigError, match="auxiliary_per_class"):
         simulation(data={"auxiliary_per_class": 0})
 
 
@@ -119,7 +119,7 @@ def test_fixed_clustering_refuses_client_sampling():
         clients={"honest": 12, "byzantine": 3, "per_round": 12},
         secure_aggregation={"clustering": "fixed"},
     )
-    with pytest.raises(ConfigError, match="per_round = 0"):
+    with pytest.raises(SimulationConfigError, match="per_round = 0"):
         for _ in range(4):
             sim.step()
 
@@ -233,7 +233,7 @@ def test_simulation_with_cluster_split_dp_reports_per_client_epsilon():
 
 
 def test_cluster_split_needs_client_level_and_clusters():
-    with pytest.raises(ConfigError, match="cluster_size >= 2"):
+    with pytest.raises(SimulationConfigError, match="cluster_size >= 2"):
         simulation(
             secure_aggregation={"cluster_size": 1},
             aggregator={"name": "mean", "options": {}},
@@ -241,7 +241,7 @@ def test_cluster_split_needs_client_level_and_clusters():
             clients={"honest": 12, "byzantine": 0},
             privacy={"enabled": True, "level": "client", "noise_split": "cluster", "epsilon": 1},
         )
-    with pytest.raises(ConfigError, match='level = "client"'):
+    with pytest.raises(SimulationConfigError, match='level = "client"'):
         simulation(privacy={"enabled": True, "noise_split": "cluster", "epsilon": 1})
 
 
@@ -263,7 +263,7 @@ def test_local_momentum_and_weighted_deltas():
     # two steps: plain moves η(g1 + g2), momentum η(g1 + (0.9 g1 + g2)); same batches, and
     # g1 is taken at the same point, so the difference is about 0.9 η g1
     assert not torch.allclose(a, b) and b.norm() > a.norm()
-    with pytest.raises(ConfigError, match="upload"):
+    with pytest.raises(SimulationConfigError, match="upload"):
         expand(config(training={"momentum": 0.9, "upload": "gradient", "local_steps": 1}))
 
 

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from sharefl.robust import ZenoPlusPlus
-from sharefl.simulator.config import ConfigError
+from sharefl.simulator.config import SimulationConfigError
 from sharefl.simulator.training import FlatModel
 
 ZENO_OPTIONS = ("n_s", "rho", "epsilon", "lr")
@@ -88,10 +88,12 @@ class ClusterZeno:
         Appendix D; ``lr`` defaults to the server's η)."""
         unknown = sorted(set(options) - set(ZENO_OPTIONS))
         if unknown:
-            raise ConfigError(f"aggregator zeno: unknown options {unknown}; known {ZENO_OPTIONS}")
+            raise SimulationConfigError(
+                f"aggregator zeno: unknown options {unknown}; known {ZENO_OPTIONS}"
+            )
         n_s = int(options.get("n_s", 128))
         if n_s < 1:
-            raise ConfigError("aggregator zeno: n_s must be >= 1")
+            raise SimulationConfigError("aggregator zeno: n_s must be >= 1")
         try:
             rule = ZenoPlusPlus(
                 lr=float(options.get("lr", lr)),
@@ -99,7 +101,7 @@ class ClusterZeno:
                 epsilon=float(options.get("epsilon", 0.2)),
             )
         except ValueError as exc:
-            raise ConfigError(f"aggregator zeno with options {options}: {exc}") from exc
+            raise SimulationConfigError(f"aggregator zeno with options {options}: {exc}") from exc
         return cls(rule=rule, validation=validation_factory(n_s))
 
     @torch.no_grad()

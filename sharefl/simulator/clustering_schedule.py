@@ -28,7 +28,7 @@ import numpy as np
 
 from sharefl.protocol import Clustering, LeakageReport, Planner, random_clustering
 from sharefl.protocol import sample_safe_reclusterings as _safe
-from sharefl.simulator.config import ConfigError, SecureAggregationConfig
+from sharefl.simulator.config import SecureAggregationConfig, SimulationConfigError
 
 
 @dataclass
@@ -60,7 +60,7 @@ class ClusterSchedule:
         if self.fixed is None:
             self.fixed = self._draw(ids, rng)
         elif sorted(self.fixed[0].members) != ids:
-            raise ConfigError(
+            raise SimulationConfigError(
                 'secure_aggregation.clustering = "fixed" needs the same participants every '
                 "round: set clients.per_round = 0"
             )

@@ -22,7 +22,7 @@ from sharefl.protocol.driver import secure_sum
 from sharefl.robust import ClusterScale, HierarchicalAggregator, NoiseAwareFilter
 from sharefl.simulator import components, share
 from sharefl.simulator.cluster_zeno import ClusterZeno, ValidationGradient
-from sharefl.simulator.config import ConfigError
+from sharefl.simulator.config import SimulationConfigError
 from sharefl.simulator.setup import RunSetup, describe_privacy, server_learning_rate
 
 
@@ -66,7 +66,7 @@ class Server:
         generator: randomness of the rule (bucketing's shuffles).
 
     Raises:
-        ConfigError: the noise filter with clusters, or without auxiliary data or privacy;
+        SimulationConfigError: the noise filter with clusters, or without auxiliary data or privacy;
             an unknown rule or option.
     """
 
@@ -90,12 +90,14 @@ class Server:
         self.noise_filter, self.rule, self.share = None, None, None
         if agg.name == "noise_filter":
             if self.clustered:
-                raise ConfigError(
+                raise SimulationConfigError(
                     "the noise filter needs individual uploads: set secure_aggregation."
                     "cluster_size = 1 (its auxiliary-data scores cannot run on cluster sums)"
                 )
             if self.setup.auxiliary is None or not run.privacy.enabled:
-                raise ConfigError("the noise filter needs data.auxiliary_per_class and privacy")
+                raise SimulationConfigError(
+                    "the noise filter needs data.auxiliary_per_class and privacy"
+                )
             self.noise_filter = components.build_noise_filter(
                 agg.options,
                 noise_multiplier=self.setup.privacy.noise_multiplier,
@@ -126,7 +128,7 @@ class Server:
         """Zeno++ with its validation set: the server's clean data (data.auxiliary_*)."""
         aux = self.setup.auxiliary
         if aux is None:
-            raise ConfigError(
+            raise SimulationConfigError(
                 "aggregator zeno needs the server's validation set: set "
                 "data.auxiliary_per_class (SHARE: a class-balanced 5 %, e.g. 300 on MNIST)"
             )
@@ -175,7 +177,7 @@ class Server:
             protocol=sa.enabled,
         )
         released = [
-            [(s.sum, len(s.members)) for s in r.clusters]
+            [(s.float_sum, len(s.members)) for s in r.clusters]
             for r in result.reclusterings
             if r.clusters
         ]
@@ -188,7 +190,7 @@ class Server:
         (decoded sum, cluster size); the rule runs over cluster means, reclusterings are
         averaged."""
         if not isinstance(self.rule, HierarchicalAggregator):
-            raise ConfigError("cluster sums need secure_aggregation.cluster_size >= 2")
+            raise SimulationConfigError("cluster sums need secure_aggregation.cluster_size >= 2")
         rounds = [torch.as_tensor(np.stack([s for s, _ in sums])) for sums in released]
         sizes = [[size for _, size in sums] for sums in released]
         return self.rule.average(rounds, sizes).to(self.w.dtype).to(self.device)
@@ -218,6 +220,7 @@ class Server:
         if momentum:
             self.velocity.mul_(momentum).add_(aggregate)
             aggregate = self.velocity
+        # sharefl's one sign convention, as sharefl.deploy.server.descend: w ← w − η·v
         self.w = self.w - self.learning_rate * aggregate.to(self.w)
 
     def evaluate(self) -> tuple[float, float]:

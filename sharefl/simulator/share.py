@@ -36,14 +36,14 @@ from sharefl.protocol.driver import secure_sum
 from sharefl.robust import HierarchicalAggregator
 from sharefl.simulator.cluster_zeno import ClusterZeno
 from sharefl.simulator.clustering_schedule import AuditLog, ClusterSchedule
-from sharefl.simulator.config import ConfigError, RunConfig
+from sharefl.simulator.config import RunConfig, SimulationConfigError
 
 
 def delta_weights(sizes: Sequence[int]) -> Tensor:
     """N·n_i/n for every client (N clients, n = Σ n_i): 1 for equal shares."""
     counts = torch.as_tensor(list(sizes), dtype=torch.float64)
     if len(counts) == 0 or bool((counts <= 0).any()):
-        raise ConfigError("every client needs at least one example to weight its update")
+        raise SimulationConfigError("every client needs at least one example to weight its update")
     return (len(counts) * counts / counts.sum()).to(torch.float32)
 
 
@@ -69,7 +69,9 @@ def cluster_noise_split(run: RunConfig, noise_multiplier: float) -> ClusterNoise
         return None
     survivors = p.min_survivors or min_releasing_survivors(m)
     if survivors > m:
-        raise ConfigError(f"privacy.min_survivors = {survivors} exceeds the cluster size {m}")
+        raise SimulationConfigError(
+            f"privacy.min_survivors = {survivors} exceeds the cluster size {m}"
+        )
     return ClusterNoiseSplit(p.clip, noise_multiplier, survivors)
 
 
@@ -106,9 +108,9 @@ class ShareAggregation:
         noise_split: ClusterNoiseSplit | None,
     ) -> ShareAggregation:
         if (rule is None) == (zeno is None):
-            raise ConfigError("SHARE needs exactly one of a hierarchical rule and Zeno++")
+            raise SimulationConfigError("SHARE needs exactly one of a hierarchical rule and Zeno++")
         if run.training.weighted and run.privacy.enabled and run.privacy.level == "client":
-            raise ConfigError(
+            raise SimulationConfigError(
                 "training.weighted scales updates after the client-level clip, which would "
                 "change their sensitivity: set training.weighted = false with privacy.level "
                 '= "client"'
