@@ -258,9 +258,7 @@ def batched_self_centered_clipping(
     return own + torch.einsum("rn,rnd->rd", pull, diff)
 
 
-def batched_ios(
-    own: Tensor, received: Tensor, weights: Tensor, mask: Tensor, q: Tensor
-) -> Tensor:
+def batched_ios(own: Tensor, received: Tensor, weights: Tensor, mask: Tensor, q: Tensor) -> Tensor:
     """:class:`IOS` of every row: ``q_r`` times, drop the neighbour farthest from the
     weighted mean of what is left (ties to the lower slot); return that weighted mean.
 

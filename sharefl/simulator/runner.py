@@ -95,6 +95,7 @@ def run_summary(
         "paper": run.paper,
         "privacy": privacy,
         "config": run.to_dict(),
+        "plot_metrics": list(getattr(sim, "plot_metrics", ())),  # extra curves to plot
     }
 
 

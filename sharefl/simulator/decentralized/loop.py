@@ -276,7 +276,12 @@ class DecentralizedLoop(SteppedLoop):
         k = self.round if iterations is None else iterations
         return [
             AgentPrivacy(
-                cfg.noise, cfg.clip, self.run.training.batch_size, len(p), k, cfg.delta,
+                cfg.noise,
+                cfg.clip,
+                self.run.training.batch_size,
+                len(p),
+                k,
+                cfg.delta,
                 cfg.adjacency,
             )
             for p in self.parts
@@ -292,7 +297,9 @@ class DecentralizedLoop(SteppedLoop):
         """(δ or ``None``, ε per honest agent from RDP and Theorem 3 with C, M, B, S, K)."""
         if self.cfg.noise == 0:
             return None, {"mechanism": None}
-        agents = {str(n): a.to_json() for n, a in zip(self.honest, self.agent_privacy(), strict=True)}
+        agents = {
+            str(n): a.to_json() for n, a in zip(self.honest, self.agent_privacy(), strict=True)
+        }
         info = {
             "mechanism": "gaussian model noise, std C·α_k, per-example clipping to M",
             "scope": "one honest agent's local dataset, all its broadcasts (every neighbour "
