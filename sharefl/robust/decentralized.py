@@ -213,15 +213,29 @@ def _check_batch(own: Tensor, received: Tensor, mask: Tensor) -> None:
         )
     if mask.shape != received.shape[:2]:
         raise AggregationError(f"mask must be [R, N] = {tuple(received.shape[:2])}")
-    if not bool(torch.isfinite(received).all()) or not bool(torch.isfinite(own).all()):
+
+
+def _finite(out: Tensor) -> Tensor:
+    """``out``, or :class:`AggregationError` when a message was not finite (checked on the
+    ``[R, d]`` result: a non-finite message always reaches it here)."""
+    if not bool(torch.isfinite(out).all()):
         raise AggregationError("the batched rules need finite messages")
+    return out
+
+
+def _sq_distances(models: Tensor, sq_norms: Tensor, point: Tensor) -> Tensor:
+    """``[R, K]`` squared distances from each ``models[r, k]`` to ``point[r]``, from the
+    precomputed ``sq_norms`` = ‖models[r, k]‖² (no ``[R, K, d]`` temporary)."""
+    cross = torch.einsum("rkd,rd->rk", models, point)
+    return (sq_norms - 2 * cross + (point * point).sum(dim=1, keepdim=True)).clamp_min(0.0)
 
 
 def batched_weighted_mean(own: Tensor, received: Tensor, weights: Tensor) -> Tensor:
     """DSGD's mixing: ``(1 − Σ_m w_rm) own_r + Σ_m w_rm received_rm`` for every row r."""
     _check_batch(own, received, weights != 0)
     w = weights.to(own.dtype)
-    return own * (1.0 - w.sum(dim=1, keepdim=True)) + torch.einsum("rn,rnd->rd", w, received)
+    mixed = own * (1.0 - w.sum(dim=1, keepdim=True)) + torch.einsum("rn,rnd->rd", w, received)
+    return _finite(mixed)
 
 
 def batched_trimmed_mean(own: Tensor, received: Tensor, mask: Tensor, q: Tensor) -> Tensor:
@@ -241,7 +255,7 @@ def batched_trimmed_mean(own: Tensor, received: Tensor, mask: Tensor, q: Tensor)
     keep = (slot >= q[:, None]) & (slot < (k - q)[:, None])  # [R, N]
     kept_sum = torch.where(keep[:, :, None], ordered, 0.0).sum(dim=1)
     count = (k - 2 * q + 1).to(own.dtype)[:, None]
-    return (kept_sum + own) / count
+    return _finite((kept_sum + own) / count)
 
 
 def batched_self_centered_clipping(
@@ -251,11 +265,12 @@ def batched_self_centered_clipping(
     own_r, τ)``."""
     check_positive(tau, "tau")
     _check_batch(own, received, weights != 0)
-    diff = received - own[:, None, :]
-    norms = torch.linalg.vector_norm(diff, dim=2)
+    sq_norms = torch.einsum("rnd,rnd->rn", received, received)
+    norms = _sq_distances(received, sq_norms, own).sqrt()
     factor = (tau / norms.clamp_min(1e-300)).clamp_max(1.0)
     pull = weights.to(own.dtype) * factor
-    return own + torch.einsum("rn,rnd->rd", pull, diff)
+    out = own * (1.0 - pull.sum(dim=1, keepdim=True)) + torch.einsum("rn,rnd->rd", pull, received)
+    return _finite(out)
 
 
 def batched_ios(own: Tensor, received: Tensor, weights: Tensor, mask: Tensor, q: Tensor) -> Tensor:
@@ -279,11 +294,12 @@ def batched_ios(own: Tensor, received: Tensor, weights: Tensor, mask: Tensor, q:
         mw = torch.where(members, weight, 0.0)
         return torch.einsum("rn,rnd->rd", mw, models) / mw.sum(dim=1, keepdim=True)
 
+    sq_norms = torch.einsum("rnd,rnd->rn", models, models)
     for t in range(int(q.max()) if q.numel() else 0):
-        dist = torch.linalg.vector_norm(models - mean()[:, None, :], dim=2)
+        dist = _sq_distances(models, sq_norms, mean())
         candidates = members.clone()
         candidates[:, 0] = False
         drop = torch.argmax(torch.where(candidates, dist, -1.0), dim=1)
         active = t < q
         members[rows[active], drop[active]] = False
-    return mean()
+    return _finite(mean())
