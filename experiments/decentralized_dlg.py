@@ -7,8 +7,8 @@ the MNIST training set) at its model x. It broadcasts x̃ = x − α·clip_M(∇
 eavesdropper seeing every message) forms g̃ = (x − x̃)/α = clip_M(∇f) + N(0, C² I) and runs
 DLG (Zhu et al.: L-BFGS gradient matching over the input and a soft label,
 :func:`sharefl.simulator.leakage.reconstruct`) on the softmax regression. (iDLG, with the
-label inferred, was measured to stall at MSE 0.435 even without noise on this model.) Success: reconstruction MSE ≤ 0.01
-on [0, 1] pixels (the leakage module's threshold).
+label inferred, was measured to stall at MSE 0.435 even without noise on this model.)
+Success: reconstruction MSE ≤ 0.01 on [0, 1] pixels (the leakage module's threshold).
 
 Settings (the paper gives none): x is the model's PyTorch initialisation (float64), pixels
 in [0, 1] (no normalisation, so the MSE is on the image scale), M = 10, α = 0.9 (k = 0),
