@@ -17,7 +17,8 @@ Iterations (``DecentralizedLoop.step``, no evaluation) are timed three ways, int
 
 Target (issue 19): vectorised ≥ 5× the per-agent loop's iterations per second on CPU
 (checked against ``per_agent_plain``; the ratio to ``per_agent_vmap`` is reported too).
-Run: ``python benchmarks/bench_decentralized.py [--quick] [--threads N] [--strict]``.
+Run: ``python benchmarks/bench_decentralized.py [--quick] [--threads N] [--strict]
+[--smoke]``.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import argparse
 
 import torch
 import torch.nn.functional as F
-from common import compare, emit, emit_machine, finish
+from common import add_smoke_flag, compare, emit, emit_machine, finish, use_smoke
 from torch import Tensor
 
 from sharefl.machine import keep_freed_memory, torch_threads
@@ -78,11 +79,13 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
+    add_smoke_flag(parser)
     args = parser.parse_args()
+    smoke = use_smoke(args)  # a 6,000-example training set, one repetition
     keep_freed_memory()  # as `sharefl simulate` does: no page fault per freed buffer
     with torch_threads(args.threads):
         emit_machine("decentralized", threads=torch.get_num_threads())
-        train = synthetic_dataset(60_000, shape=(1, 28, 28), seed=0)
+        train = synthetic_dataset(6_000 if smoke else 60_000, shape=(1, 28, 28), seed=0)
         test = synthetic_dataset(1_000, shape=(1, 28, 28), seed=0, split="test")
         (run,) = expand(setting())
         loops = {

@@ -1,6 +1,6 @@
 """Benchmark of the simulator's vectorised client training against per-client loops.
 
-The setting is seed000's MNIST run at 60% Byzantine (``experiments/seed000_figure1.toml``):
+The setting is seed000's MNIST run at 60% Byzantine (``experiments/dp_filter_mnist_figure1.toml``):
 20 honest workers doing DP-SGD (per-example normalisation with momentum, b_c = 16, Poisson
 sampling, Gaussian noise) and 30 label-flipping workers (one example each), seed000's CNN
 (d = 21,802). One round's client computation is timed three ways, interleaved
@@ -33,7 +33,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from common import compare, emit, emit_machine, finish
+from common import add_smoke_flag, compare, emit, emit_machine, finish, use_smoke
 
 from sharefl.machine import keep_freed_memory, torch_threads
 from sharefl.privacy import DPSGD, DPSGDConfig, Normalization
@@ -85,7 +85,9 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     parser.add_argument("--strict", action="store_true", help="exit 1 if the target is missed")
+    add_smoke_flag(parser)
     args = parser.parse_args()
+    smoke = use_smoke(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     keep_freed_memory()  # as `sharefl simulate` does, for both paths
@@ -94,9 +96,9 @@ def main() -> None:
 
     # The seed000 setting on synthetic MNIST-shaped data (the timing does not depend on
     # the pixels; the real files need not be present).
-    train = synthetic_dataset(60_000, shape=(1, 28, 28), seed=0)
-    test = synthetic_dataset(1_000, shape=(1, 28, 28), seed=0, split="test")
-    runs = load_runs("experiments/seed000_figure1.toml")
+    train = synthetic_dataset(2_000 if smoke else 60_000, shape=(1, 28, 28), seed=0)
+    test = synthetic_dataset(100 if smoke else 1_000, shape=(1, 28, 28), seed=0, split="test")
+    runs = load_runs("experiments/dp_filter_mnist_figure1.toml")
     run = next(
         r
         for r in runs
@@ -182,7 +184,7 @@ def main() -> None:
     emit(floor)
 
     start = time.perf_counter()
-    rounds = 3 if args.quick else 10
+    rounds = 1 if smoke else (3 if args.quick else 10)
     for _ in range(rounds):
         sim.step()
     seconds = (time.perf_counter() - start) / rounds

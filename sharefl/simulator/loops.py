@@ -12,13 +12,18 @@ from typing import Any, Protocol
 import torch
 
 from sharefl.simulator.config import RunConfig
-from sharefl.simulator.engine import RoundRecord, Simulation
+from sharefl.simulator.engine import Simulation
+from sharefl.simulator.results import RoundRecord
 
 
 class Loop(Protocol):
-    run: RunConfig
-    device: torch.device
     round: int
+
+    @property
+    def run(self) -> RunConfig: ...
+
+    @property
+    def device(self) -> torch.device: ...
 
     def run_rounds(self, callback: Callable[[RoundRecord], None] | None = None) -> RoundRecord: ...
 
