@@ -22,7 +22,7 @@ from sharefl.robust.decentralized import (
     batched_weighted_mean,
 )
 from sharefl.simulator import report
-from sharefl.simulator.config import ConfigError, expand
+from sharefl.simulator.config import SimulationConfigError, expand
 from sharefl.simulator.decentralized.accounting import AgentPrivacy
 from sharefl.simulator.decentralized.attacks import NeighbourAttack
 from sharefl.simulator.decentralized.graph import (
@@ -188,9 +188,9 @@ def test_isolating_makes_the_mean_return_the_own_model():
 
 
 def test_unknown_attack_and_options_are_refused():
-    with pytest.raises(ConfigError, match=r"attack\.name"):
+    with pytest.raises(SimulationConfigError, match=r"attack\.name"):
         NeighbourAttack.from_config("label_flipping", {})
-    with pytest.raises(ConfigError, match="do not apply"):
+    with pytest.raises(SimulationConfigError, match="do not apply"):
         NeighbourAttack.from_config("isolating", {"scale": 2})
 
 
@@ -239,9 +239,9 @@ def test_config_refuses_federated_dp_and_picks_the_loop():
     data = config("none")
     assert isinstance(build_loop(expand(data)[0]), DecentralizedLoop)
     data["privacy"] = {"enabled": True, "noise_multiplier": 1.0}
-    with pytest.raises(ConfigError, match=r"decentralized\.noise"):
+    with pytest.raises(SimulationConfigError, match=r"decentralized\.noise"):
         expand(data)
-    with pytest.raises(ConfigError, match=r"decentralized\.rule"):
+    with pytest.raises(SimulationConfigError, match=r"decentralized\.rule"):
         expand(config("none", rule="median"))
 
 

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from sharefl.simulator.config import ConfigError
+from sharefl.simulator.config import SimulationConfigError
 
 ATTACKS = ("none", "gaussian", "sign_flipping", "isolating")
 CENTERS = ("zero", "neighbours")
@@ -65,21 +65,23 @@ class NeighbourAttack:
         """From ``[attack] name`` and ``options``.
 
         Raises:
-            ConfigError: an unknown attack, option or center.
+            SimulationConfigError: an unknown attack, option or center.
         """
         if name not in ATTACKS:
-            raise ConfigError(f"attack.name must be one of {ATTACKS} for the decentralized loop")
+            raise SimulationConfigError(
+                f"attack.name must be one of {ATTACKS} for the decentralized loop"
+            )
         allowed = {"sign_flipping": {"scale"}, "gaussian": {"std", "center"}}.get(name, set())
         unknown = sorted(set(options) - allowed)
         if unknown:
-            raise ConfigError(
+            raise SimulationConfigError(
                 f"attack.options {unknown} do not apply to {name!r}; allowed: {sorted(allowed)}"
             )
         attack = cls(name, **options)
         if attack.center not in CENTERS:
-            raise ConfigError(f"attack.options.center must be one of {CENTERS}")
+            raise SimulationConfigError(f"attack.options.center must be one of {CENTERS}")
         if attack.std < 0:
-            raise ConfigError("attack.options.std must be >= 0")
+            raise SimulationConfigError("attack.options.std must be >= 0")
         return attack
 
     def messages(self, sent: Tensor, view: ReceiverView, generator: torch.Generator) -> Tensor:
@@ -103,4 +105,4 @@ class NeighbourAttack:
             mixed = view.honest_weights.to(sent.dtype) @ sent
             wb = view.byzantine_weight.to(sent.dtype).clamp_min(1e-300)[:, None]
             return ((sent - mixed) / wb)[:, None, :].expand(R, b, d)
-        raise ConfigError(f"attack {self.name!r} sends no messages")
+        raise SimulationConfigError(f"attack {self.name!r} sends no messages")

@@ -21,8 +21,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from sharefl.simulator.errors import SimulatorError
 
-class GraphError(ValueError):
+
+class GraphError(SimulatorError, ValueError):
     """A graph that cannot be used: the message says what to change."""
 
 

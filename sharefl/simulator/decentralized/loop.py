@@ -45,7 +45,7 @@ from sharefl.robust.decentralized import (
     batched_weighted_mean,
     metropolis_hastings_weights,
 )
-from sharefl.simulator.config import ConfigError, RunConfig
+from sharefl.simulator.config import RunConfig, SimulationConfigError
 from sharefl.simulator.datasets import Dataset
 from sharefl.simulator.decentralized.accounting import AgentPrivacy
 from sharefl.simulator.decentralized.attacks import NeighbourAttack, ReceiverView
@@ -61,7 +61,7 @@ def build_graph(run: RunConfig) -> AgentGraph:
     """The run's full graph (Byzantine agents included), as ``[decentralized]`` says.
 
     Raises:
-        ConfigError: an ``edges`` graph whose Byzantine agents do not number
+        SimulationConfigError: an ``edges`` graph whose Byzantine agents do not number
             ``clients.byzantine``.
     """
     cfg, clients = run.decentralized, run.clients
@@ -70,7 +70,7 @@ def build_graph(run: RunConfig) -> AgentGraph:
             clients.total, cfg.edge_probability, clients.byzantine, seed=cfg.graph_seed
         )
     if len(cfg.byzantine_agents) != clients.byzantine:
-        raise ConfigError(
+        raise SimulationConfigError(
             f"decentralized.byzantine_agents lists {len(cfg.byzantine_agents)} agents; "
             f"clients.byzantine is {clients.byzantine}: make them agree"
         )
@@ -87,7 +87,9 @@ def split_examples(targets: Tensor, agents: int, scheme: str, seed: int) -> list
         return [np.asarray(p) for p in np.array_split(np.arange(len(y)), agents)]
     parts = [np.flatnonzero(y % agents == i) for i in range(agents)]
     if any(len(p) == 0 for p in parts):
-        raise ConfigError(f"split by_label leaves an agent without examples ({agents} agents)")
+        raise SimulationConfigError(
+            f"split by_label leaves an agent without examples ({agents} agents)"
+        )
     return parts
 
 
@@ -100,8 +102,8 @@ class DecentralizedLoop(SteppedLoop):
         train, test: preloaded datasets (default: loaded from the configuration).
 
     Raises:
-        ConfigError: another algorithm, an attack the loop does not know, q_n too large for
-            a rule (trimmed mean needs |N_n| ≥ 2|B_n|).
+        SimulationConfigError: another algorithm, an attack the loop does not know, q_n
+            too large for a rule (trimmed mean needs |N_n| ≥ 2|B_n|).
     """
 
     plot_metrics: tuple[str, ...] = ("consensus_error",)
@@ -115,7 +117,7 @@ class DecentralizedLoop(SteppedLoop):
         test: Dataset | None = None,
     ) -> None:
         if run.algorithm.name != "decentralized":
-            raise ConfigError('DecentralizedLoop runs [algorithm] name = "decentralized"')
+            raise SimulationConfigError('DecentralizedLoop runs [algorithm] name = "decentralized"')
         self.run = run
         self.cfg = cfg = run.decentralized
         self.device = resolve_device(device or run.device)
@@ -171,7 +173,9 @@ class DecentralizedLoop(SteppedLoop):
             byzantine_neighbours=A[honest][:, byz],
         )
         if self.cfg.rule == "trimmed_mean" and bool((self.mask.sum(dim=1) < 2 * self.q).any()):
-            raise ConfigError("trimmed mean needs every agent to have >= 2|B_n| neighbours")
+            raise SimulationConfigError(
+                "trimmed mean needs every agent to have >= 2|B_n| neighbours"
+            )
 
     def _per_example_gradients(self, module: nn.Module) -> Any:
         buffers = self.model.buffers
