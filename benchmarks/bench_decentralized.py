@@ -65,7 +65,7 @@ def setting() -> dict:
         "seed": 1,
         "rounds": 10**6,
         "eval_every": 10**6,
-        "model": {"name": "seed004_softmax", "init_seed": 100},
+        "model": {"name": "decentralized_softmax", "init_seed": 100},
         "clients": {"honest": 10, "byzantine": 2},
         "training": {"batch_size": 32},
         "algorithm": {"name": "decentralized"},

@@ -63,7 +63,7 @@ def main() -> None:
     train = load_dataset("mnist", "train")
     index = int(torch.nonzero(train.targets == 0)[0])
     image, label = train.inputs[index].to(torch.float64), train.targets[index]
-    model = build_model("seed004_softmax", num_classes=10, input_shape=(1, 28, 28), seed=100)
+    model = build_model("decentralized_softmax", num_classes=10, input_shape=(1, 28, 28), seed=100)
     model = model.double()
     rows = []
     for method, noise, seed in ((m, c, s) for m in METHODS for c in NOISES for s in SEEDS):

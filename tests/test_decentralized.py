@@ -47,7 +47,7 @@ def config(attack: str = "none", **decentralized) -> dict:
             "dataset": "synthetic",
             "options": {"shape": [1, 4, 4], "num_examples": 1200, "num_classes": 4},
         },
-        "model": {"name": "seed004_softmax", "init_seed": 100},
+        "model": {"name": "decentralized_softmax", "init_seed": 100},
         "clients": {"honest": 10, "byzantine": 2},
         "training": {"batch_size": 8},
         "algorithm": {"name": "decentralized"},
