@@ -7,8 +7,10 @@ pixels; the real files need not be present).
 Iterations (``DecentralizedLoop.step``, no evaluation) are timed three ways, interleaved
 (benchmarks/common.py's ``compare``):
 
-* ``vectorised``: :class:`~sharefl.simulator.decentralized.loop.DecentralizedLoop` — one
-  ``vmap(vmap(grad))`` call over agents and examples, aggregation batched over receivers;
+* ``vectorised``: :class:`~sharefl.simulator.decentralized.loop.DecentralizedLoop` — the
+  clipped mean gradients of all agents in one batched pass (the closed form of softmax
+  regression, :mod:`sharefl.simulator.decentralized.gradients`), aggregation batched over
+  receivers;
 * ``per_agent_vmap`` (a strong baseline): :class:`~sharefl.simulator.decentralized.
   reference.PerAgentLoop` — a Python loop over agents, each with its own ``vmap(grad)``
   over its examples and the per-agent rule;

@@ -273,3 +273,31 @@ def test_results_carry_h_and_privacy_and_the_report_plots_h(tmp_path):
     path = report.write_report(tmp_path / "runs")
     assert (path.parent / "dec_test_consensus_error.png").is_file()
     assert "consensus_error" in path.read_text()
+
+
+@pytest.mark.parametrize("clip", [1e-3, 1e6])  # every example clipped / none clipped
+def test_softmax_regression_closed_form_equals_the_vmap_path(clip):
+    from sharefl.simulator.decentralized.gradients import (
+        SoftmaxRegressionClippedMean,
+        VmapClippedMean,
+        clipped_mean_gradients,
+    )
+    from sharefl.simulator.models import build_model
+    from sharefl.simulator.training import FlatModel
+
+    module = build_model("decentralized_softmax", num_classes=10, input_shape=(1, 6, 6), seed=3)
+    module = module.double()
+    model = FlatModel(module)
+    gen = torch.Generator().manual_seed(0)
+    R, B = 4, 5
+    x = torch.randn(R, model.dim, generator=gen, dtype=torch.float64)
+    inputs = torch.randn(R, B, 1, 6, 6, generator=gen, dtype=torch.float64)
+    targets = torch.randint(0, 10, (R, B), generator=gen)
+    fast = clipped_mean_gradients(model, module)
+    assert isinstance(fast, SoftmaxRegressionClippedMean)
+    reference = VmapClippedMean(model, module)
+    torch.testing.assert_close(
+        fast(x, inputs, targets, clip), reference(x, inputs, targets, clip), rtol=1e-10, atol=1e-12
+    )
+    mlp = build_model("mlp", num_classes=10, input_shape=(1, 6, 6), seed=3)
+    assert isinstance(clipped_mean_gradients(FlatModel(mlp), mlp), VmapClippedMean)

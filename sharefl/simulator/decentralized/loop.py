@@ -5,8 +5,9 @@ iteration k, with α_k = lr/√(k + 1):
 
 1. every honest agent n draws a batch of B of its examples (uniform, without replacement
    within an epoch: :class:`~sharefl.simulator.worker_models.EpochSampler`) and computes
-   its B per-example gradients — one ``vmap(vmap(grad))`` call over agents and examples —
-   each clipped to norm M, averaged: ḡ_n;
+   its B per-example gradients, each clipped to norm M, averaged: ḡ_n — for all agents at
+   once (:mod:`.gradients`: one ``vmap(vmap(grad))`` pass, or its closed form for softmax
+   regression);
 2. it broadcasts x̃_n = x_n − α_k (ḡ_n + λ x_n) + e_n, e_n ∼ N(0, (C α_k)² I): **one draw
    per sender**, the same x̃_n for every neighbour and for its own aggregation (the paper;
    the authors' code drew one per receiver);
@@ -36,7 +37,6 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor, nn
-from torch.func import functional_call, grad, vmap
 
 from sharefl.robust.decentralized import (
     batched_ios,
@@ -49,6 +49,7 @@ from sharefl.simulator.config import RunConfig, SimulationConfigError
 from sharefl.simulator.datasets import Dataset
 from sharefl.simulator.decentralized.accounting import AgentPrivacy
 from sharefl.simulator.decentralized.attacks import NeighbourAttack, ReceiverView
+from sharefl.simulator.decentralized.gradients import clipped_mean_gradients
 from sharefl.simulator.decentralized.graph import AgentGraph, erdos_renyi_graph, graph_from_edges
 from sharefl.simulator.engine import RoundRecord, SteppedLoop, load_data, resolve_device
 from sharefl.simulator.models import build_model
@@ -149,6 +150,7 @@ class DecentralizedLoop(SteppedLoop):
         self.model = FlatModel(module)
         self.sampler = EpochSampler(self.parts, run.training.batch_size, self.device)
         self._per_example = self._per_example_gradients(module)
+        self._clipped_mean = clipped_mean_gradients(self.model, module)
         self.x = self._initial_models()
         self.started = time.perf_counter()
         self.round = 0
@@ -177,16 +179,6 @@ class DecentralizedLoop(SteppedLoop):
                 "trimmed mean needs every agent to have >= 2|B_n| neighbours"
             )
 
-    def _per_example_gradients(self, module: nn.Module) -> Any:
-        buffers = self.model.buffers
-
-        def example_loss(params: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
-            out = functional_call(module, (params, buffers), (x[None],))
-            return nn.functional.cross_entropy(out, y[None])
-
-        per_example = vmap(grad(example_loss), in_dims=(None, 0, 0))
-        return vmap(per_example, in_dims=(0, 0, 0))
-
     def _initial_models(self) -> Tensor:
         """x_n^0 = init_scale · N(0, I), a generator per agent (seeded init_seed + n)."""
         rows = []
@@ -203,20 +195,17 @@ class DecentralizedLoop(SteppedLoop):
         """α_k = lr / √(k + 1), k = 0, 1, …"""
         return self.cfg.lr / math.sqrt(k + 1)
 
+    def _per_example_gradients(self, module: nn.Module) -> Any:
+        """Hook for per-agent subclasses (:mod:`.reference`); the loop itself uses
+        :func:`~.gradients.clipped_mean_gradients`."""
+        return None
+
     def clipped_gradients(self, x: Tensor) -> Tensor:
         """``[R, d]``: each agent's mean of B per-example gradients clipped to M, on its
-        next batch."""
+        next batch (:mod:`.gradients`)."""
         rows = self.sampler.next(self.generator)
         inputs = self.train_set.inputs[rows].to(self.dtype)
-        grads = self._per_example(self.model.unflatten(x), inputs, self.train_set.targets[rows])
-        R, B = rows.shape
-        pieces = [grads[n].reshape(R, B, -1) for n in self.model.names]
-        norms = torch.linalg.vector_norm(
-            torch.stack([torch.linalg.vector_norm(piece, dim=2) for piece in pieces]), dim=0
-        )
-        factor = (self.cfg.clip / norms.clamp_min(1e-300)).clamp_max(1.0)
-        weights = factor / B  # the clipped mean: Σ_i min(1, M/‖g_i‖) g_i / B
-        return torch.cat([torch.einsum("rb,rbd->rd", weights, piece) for piece in pieces], dim=1)
+        return self._clipped_mean(x, inputs, self.train_set.targets[rows], self.cfg.clip)
 
     def broadcast(self, x: Tensor, alpha: float) -> Tensor:
         """x̃ ``[R, d]``: one noisy model per sender."""
