@@ -19,65 +19,85 @@ from pathlib import Path
 from sharefl.simulator.report import RunRecord, load_runs, plot_accuracy
 
 IID, NONIID = "dp_rsa_mnist_iid", "dp_rsa_mnist_noniid"
+B_SWEEP, L_SWEEP = "dp_rsa_mnist_byzantine_sweep", "dp_rsa_mnist_penalty_sweep"
 COMPARED = ("rsa", "dp_rsa_f ε=0.4", "dp_rsa_g ε=0.4", "sgd", "signsgd", "sgd_gm")
 EPSILON = ("rsa", *(f"dp_rsa_{m} ε={e}" for m in "fg" for e in (0.2, 0.4, 1.38)))
+# The sweeps' default cell (b = 3, λ = 0.01) is the non-i.i.d. file's DP-RSA(G) ε = 0.4 cell:
+# the same configuration but for the experiment name, so it is used when the sweep lacks it.
+DEFAULT_CELL = ((NONIID, "sample_duplicating: dp_rsa_g ε=0.4"),)
 
-# stem -> (title, experiment name, labels in order)
-PANELS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+# A curve: its label in the panel and the (experiment name, label) sources, first found wins.
+Curve = tuple[str, tuple[tuple[str, str], ...]]
+
+
+def _curves(name: str, labels: tuple[str, ...], prefix: str = "") -> tuple[Curve, ...]:
+    return tuple((prefix + x, ((name, prefix + x),)) for x in labels)
+
+
+# stem -> (title, curves in order)
+PANELS: dict[str, tuple[str, tuple[Curve, ...]]] = {
     "fig1-gaussian-iid": (
         "Figure 1: Gaussian attack, i.i.d.",
-        IID,
-        tuple(f"gaussian: {m}" for m in COMPARED),
+        _curves(IID, COMPARED, "gaussian: "),
     ),
     "fig1-sign-flipping-iid": (
         "Figure 1: Sign-Flipping attack, i.i.d.",
-        IID,
-        tuple(f"sign_flipping: {m}" for m in COMPARED),
+        _curves(IID, COMPARED, "sign_flipping: "),
     ),
     "fig1-sample-duplicating-noniid": (
         "Figure 1: Sample-Duplicating attack, non-i.i.d.",
-        NONIID,
-        tuple(f"sample_duplicating: {m}" for m in COMPARED),
+        _curves(NONIID, COMPARED, "sample_duplicating: "),
     ),
     "fig3-4-epsilon-gaussian-iid": (
         "Figures 3-4: ε of DP-RSA(F)/(G), Gaussian attack, i.i.d.",
-        IID,
-        tuple(f"gaussian: {m}" for m in EPSILON),
+        _curves(IID, EPSILON, "gaussian: "),
     ),
     "fig6-byzantine-noniid": (
         "Figure 6: b, DP-RSA(G) ε=0.4, Sample-Duplicating, non-i.i.d.",
-        "dp_rsa_mnist_byzantine_sweep",
-        ("b=3", "b=6", "b=9"),
+        (("b=3", ((B_SWEEP, "b=3"), *DEFAULT_CELL)), *_curves(B_SWEEP, ("b=6", "b=9"))),
     ),
     "fig7-penalty-noniid": (
         "Figure 7: λ, DP-RSA(G) ε=0.4, Sample-Duplicating, non-i.i.d.",
-        "dp_rsa_mnist_penalty_sweep",
-        tuple(f"λ={x}" for x in (0.001, 0.005, 0.01, 0.02, 0.05)),
+        (
+            *_curves(L_SWEEP, ("λ=0.001", "λ=0.005")),
+            ("λ=0.01", ((L_SWEEP, "λ=0.01"), *DEFAULT_CELL)),
+            *_curves(L_SWEEP, ("λ=0.02", "λ=0.05")),
+        ),
     ),
     "secure-vs-clear": (
         "DP-RSA(G) ε=0.4, Gaussian attack: sign sums through secure_sum vs in the clear",
-        "dp_rsa_mnist_secure",
-        ("secure_sum protocol=True", "secure_sum protocol=False"),
+        _curves("dp_rsa_mnist_secure", ("protocol=True", "protocol=False"), "secure_sum "),
     ),
 }
+
+
+def select(runs: list[RunRecord], title: str, curve: Curve) -> list[RunRecord]:
+    """The runs of one curve (from its first source that has any), renamed to the panel's
+    title and the curve's label for plotting."""
+    shown, sources = curve
+    for name, label in sources:
+        found = [r for r in runs if r.name == name and r.label == label]
+        if found:
+            return [dataclasses.replace(r, name=title, label=shown) for r in found]
+    return []
 
 
 def _pct(x: float) -> str:
     return f"{100 * x:.2f}"
 
 
-def table(runs: list[RunRecord], labels: tuple[str, ...]) -> list[str]:
+def table(curves: dict[str, list[RunRecord]]) -> list[str]:
     """Markdown rows: label | seeds | final accuracy % | wall s per run | device."""
     rows = [
         "| run | seeds | final accuracy (%) | wall time per run (s) | device |",
         "|---|---|---|---|---|",
     ]
-    for label in labels:
-        done = sorted((r for r in runs if r.label == label and r.finished), key=lambda r: r.seed)
+    for label, runs in curves.items():
+        done = sorted((r for r in runs if r.finished), key=lambda r: r.seed or 0)
         if not done:
             rows.append(f"| {label} | not run | | | |")
             continue
-        accs = [r.final_accuracy for r in done]
+        accs = [r.final_accuracy or 0.0 for r in done]
         acc = _pct(statistics.fmean(accs))
         if len(accs) > 1:
             acc += f" ({_pct(min(accs))}–{_pct(max(accs))})"
@@ -94,18 +114,14 @@ def main() -> None:
     parser.add_argument("--png-dir", type=Path, default=Path("docs/results"))
     args = parser.parse_args()
     runs = load_runs(args.runs)
-    for stem, (title, name, labels) in PANELS.items():
-        chosen = [
-            dataclasses.replace(r, name=title)
-            for label in labels
-            for r in runs
-            if r.name == name and r.label == label
-        ]
+    for stem, (title, curves) in PANELS.items():
+        chosen = {curve[0]: select(runs, title, curve) for curve in curves}
         print(f"### {title}\n")
-        if chosen:
-            png = plot_accuracy(chosen, args.png_dir / f"dp-rsa-{stem}.png", name=title)
+        if any(chosen.values()):
+            shown = [r for rs in chosen.values() for r in rs]
+            png = plot_accuracy(shown, args.png_dir / f"dp-rsa-{stem}.png", name=title)
             print(f"![{title}]({png.name})\n")
-        print("\n".join(table([r for r in runs if r.name == name], labels)) + "\n")
+        print("\n".join(table(chosen)) + "\n")
 
 
 if __name__ == "__main__":
