@@ -6,7 +6,8 @@
 ``RUNS_DIR`` holds the run folders of ``sharefl simulate`` (any depth). Each panel selects
 runs by experiment name and label (:data:`PANELS`); a panel without runs is listed as not
 run. Each table row: the label, the seeds that finished, the mean final accuracy over them
-(with min–max when more than one), the wall time per run and the device.
+(with min–max when more than one) and at mid-run, the composed per-coordinate ε, the wall
+time per run and the device.
 """
 
 from __future__ import annotations
@@ -86,16 +87,23 @@ def _pct(x: float) -> str:
     return f"{100 * x:.2f}"
 
 
+def _mid_run(run: RunRecord) -> float:
+    """Accuracy at the evaluated round nearest half of the run (2,500 of 5,000)."""
+    half = (run.total_rounds or run.rounds[-1].round) / 2
+    return min(run.rounds, key=lambda rec: abs(rec.round - half)).accuracy
+
+
 def table(curves: dict[str, list[RunRecord]]) -> list[str]:
     """Markdown rows: label | seeds | final accuracy % | wall s per run | device."""
     rows = [
-        "| run | seeds | final accuracy (%) | wall time per run (s) | device |",
-        "|---|---|---|---|---|",
+        "| run | seeds | final accuracy (%) | at mid-run (%) | composed ε | wall time per run (s) "
+        "| device |",
+        "|---|---|---|---|---|---|---|",
     ]
     for label, runs in curves.items():
         done = sorted((r for r in runs if r.finished), key=lambda r: r.seed or 0)
         if not done:
-            rows.append(f"| {label} | not run | | | |")
+            rows.append(f"| {label} | not run | | | | | |")
             continue
         accs = [r.final_accuracy or 0.0 for r in done]
         acc = _pct(statistics.fmean(accs))
@@ -104,7 +112,9 @@ def table(curves: dict[str, list[RunRecord]]) -> list[str]:
         walls = ", ".join(f"{r.wall_seconds:.0f}" for r in done)
         devices = ", ".join(sorted({str(r.device) for r in done}))
         seeds = ", ".join(str(r.seed) for r in done)
-        rows.append(f"| {label} | {seeds} | {acc} | {walls} | {devices} |")
+        mid = _pct(statistics.fmean(_mid_run(r) for r in done))
+        eps = f"{done[0].epsilon:.1f}" if done[0].epsilon is not None else "–"
+        rows.append(f"| {label} | {seeds} | {acc} | {mid} | {eps} | {walls} | {devices} |")
     return rows
 
 
