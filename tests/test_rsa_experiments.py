@@ -17,7 +17,11 @@ EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
 EPSILONS = (0.2, 0.4, 1.38)
 METHODS = ("sgd", "signsgd", "sgd_gm", "rsa", "dp_rsa_f", "dp_rsa_g")
 # (partition, attack) of the three panels of Figures 1–5: two i.i.d. attacks, one non-i.i.d.
-PANELS = (("iid", "gaussian"), ("iid", "sign_flipping"), ("seed002", "sample_duplicating"))
+PANELS = (
+    ("iid", "gaussian"),
+    ("iid", "sign_flipping"),
+    ("dp_rsa_shared_half", "sample_duplicating"),
+)
 
 
 @dataclass(frozen=True)
@@ -35,9 +39,9 @@ class Cell:
 
 # The paper's settings per dataset (section 5, appendix D; note §5).
 SETTINGS = {
-    "mnist": dict(workers=30, byzantine=3, batch=1, rounds=5000, penalty=0.01, model="seed002_mlp"),
+    "mnist": dict(workers=30, byzantine=3, batch=1, rounds=5000, penalty=0.01, model="dp_rsa_mlp"),
     "cifar10": dict(
-        workers=20, byzantine=2, batch=8, rounds=25000, penalty=0.002, model="seed002_cnn"
+        workers=20, byzantine=2, batch=8, rounds=25000, penalty=0.002, model="dp_rsa_cnn"
     ),
 }
 
@@ -59,7 +63,7 @@ def _epsilon_ablation(dataset: str, method: str) -> list[Cell]:
 def _sweep(dataset: str, *, byzantine=(None,), penalty=(None,)) -> list[Cell]:
     """Figures 6 and 7: DP-RSA(G) at ε = 0.4, Sample-Duplicating, non-i.i.d."""
     return [
-        Cell(dataset, "seed002", "sample_duplicating", "dp_rsa_g", 0.4, b, lam)
+        Cell(dataset, "dp_rsa_shared_half", "sample_duplicating", "dp_rsa_g", 0.4, b, lam)
         for b in byzantine
         for lam in penalty
     ]
@@ -117,7 +121,7 @@ def test_every_run_has_the_papers_settings():
         assert (algo.lr, algo.regularization) == (0.01, 0.002), run.label
         if run.name != "dp_rsa_mnist_secure":  # 500 iterations: the protocol costs per round
             assert run.rounds == settings["rounds"], run.label
-        if run.data.partition == "seed002":
+        if run.data.partition == "dp_rsa_shared_half":
             assert run.data.partition_options == {"shared_fraction": 0.5}, run.label
         if run.attack.name == "gaussian":
             assert run.attack.options.get("std", 1e4) == 1e4, run.label
