@@ -39,7 +39,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from sharefl.launch import run_server
 
     return run_server(
-        args.config, address=args.address, clients=args.clients, out=args.out, resume=args.resume
+        args.config,
+        address=args.address,
+        clients=args.clients,
+        out=args.out,
+        resume=args.resume,
+        port_file=args.port_file,
     )
 
 
@@ -69,7 +74,7 @@ def _cmd_launch(args: argparse.Namespace) -> int:
 def _cmd_simulate(args: argparse.Namespace) -> int:
     from sharefl.launch import sigterm_interrupts
     from sharefl.machine import keep_freed_memory
-    from sharefl.simulator.config import ConfigError, load_runs
+    from sharefl.simulator.config import SimulationConfigError, load_runs
     from sharefl.simulator.runner import Progress, run_grid
 
     keep_freed_memory()  # per-example gradients: ~2× faster without a page fault per page
@@ -82,9 +87,9 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         if args.match:
             runs = [r for r in runs if args.match in r.label]
         if not runs:
-            raise ConfigError("no run of the file matches --seeds/--match")
+            raise SimulationConfigError("no run of the file matches --seeds/--match")
         outcomes = run_grid(runs, args.out, device=args.device, progress=Progress())
-    except ConfigError as exc:
+    except SimulationConfigError as exc:
         print(f"sharefl simulate: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -147,6 +152,12 @@ def _add_deployment_commands(sub) -> None:
         "--resume",
         metavar="DIR",
         help="continue the stopped run whose --out was DIR from its last finished round",
+    )
+    serve.add_argument(
+        "--port-file",
+        metavar="FILE",
+        help="write the address actually bound to FILE once listening (with --address "
+        "HOST:0 the OS picks a free port)",
     )
     serve.set_defaults(func=_cmd_serve)
 
