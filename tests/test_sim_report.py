@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from needs import needs
 
 from sharefl.simulator.report import (
     GroupSummary,
@@ -242,7 +243,7 @@ def assert_png(path: Path) -> None:
 
 
 def test_plot_accuracy_writes_png(runs_dir: Path, tmp_path: Path) -> None:
-    pytest.importorskip("matplotlib")
+    needs("matplotlib")
     runs = load_runs(runs_dir)
     out = plot_accuracy(runs, tmp_path / "plots" / "mnist.png", name="mnist")
     assert out == tmp_path / "plots" / "mnist.png"
@@ -265,7 +266,7 @@ def test_plot_without_matplotlib_says_pip_install(
 
 
 def test_write_report(runs_dir: Path) -> None:
-    pytest.importorskip("matplotlib")
+    needs("matplotlib")
     report = write_report(runs_dir)
     assert report == runs_dir / "report.md"
     text = report.read_text(encoding="utf-8")
@@ -290,7 +291,7 @@ def test_write_report(runs_dir: Path) -> None:
 
 
 def test_write_report_custom_out(runs_dir: Path, tmp_path: Path) -> None:
-    pytest.importorskip("matplotlib")
+    needs("matplotlib")
     out = tmp_path / "docs" / "results.md"
     assert write_report(runs_dir, out) == out
     assert (tmp_path / "docs" / "results.json").is_file()
