@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import re
@@ -35,6 +36,8 @@ EXAMPLES = [
     for i, (code, printed) in enumerate(_EXAMPLE.findall(TEXT[page]))
 ]
 _LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+_PLACEHOLDER = re.compile(r"[<\[|]|^[A-Z][A-Z_]+(:[A-Z]+)?$")
+"""A word of a command template: <file>, [--json], cpu|cuda, FILE, HOST:PORT."""
 _REPO_DIRS = ("experiments/", "benchmarks/", "examples/", "tests/", "docs/", "sharefl/")
 
 
@@ -95,42 +98,61 @@ def test_link_points_at_something_that_exists(page, target):
         assert anchor in _anchors(file), f"{_name(page)} links to {target}: no such heading"
 
 
-def _commands(text: str) -> list[str]:
-    """``sharefl ...`` and ``python ...`` commands: lines of ```bash blocks (split at
-    ``&&``) and inline code spans."""
+def _commands(text: str) -> list[tuple[str, bool]]:
+    """``sharefl ...`` and ``python ...`` commands as (command, complete): lines of ```bash
+    blocks (split at ``&&``) are complete command lines; inline code spans may be fragments
+    that mention a subcommand and some of its options."""
     found = []
     for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
         for line in block.splitlines():
             line = line.split("  #", 1)[0].strip()
-            found += [part.strip() for part in line.split("&&")]
+            found += [(part.strip(), True) for part in line.split("&&")]
     body = re.sub(r"```.*?```", "", text, flags=re.S)
-    found += [" ".join(span.split()) for span in re.findall(r"`([^`]+)`", body)]
-    return [c for c in found if c.startswith(("sharefl ", "python ", "python3.11 "))]
+    found += [(" ".join(span.split()), False) for span in re.findall(r"`([^`]+)`", body)]
+    return [(c, whole) for c, whole in found if c.startswith(("sharefl ", "python "))]
 
 
-COMMANDS = sorted({(page, command) for page in PAGES for command in _commands(TEXT[page])})
+COMMANDS = sorted({(page, *found) for page in PAGES for found in _commands(TEXT[page])})
 
 
 def test_pages_have_commands():
-    assert len(COMMANDS) >= 20
+    assert sum(whole for _, _, whole in COMMANDS) >= 15
+
+
+def _options(parser: argparse.ArgumentParser) -> set[str]:
+    return {option for action in parser._actions for option in action.option_strings}
 
 
 @pytest.mark.parametrize(
-    "page, command", COMMANDS, ids=[f"{_name(p)}:{c[:60]}" for p, c in COMMANDS]
+    "page, command, whole", COMMANDS, ids=[f"{_name(p)}:{c[:60]}" for p, c, _ in COMMANDS]
 )
-def test_command_is_valid(page, command):
+def test_command_is_valid(page, command, whole):
     words = shlex.split(command)
-    if "<" in command:  # a template such as experiments/<file>: check the words before it
-        words = words[: next(i for i, w in enumerate(words) if "<" in w)]
-    files = [w for w in words if w.startswith(_REPO_DIRS)]
-    for word in files:
+    template = [i for i, w in enumerate(words) if _PLACEHOLDER.search(w)]
+    if template:  # e.g. `sharefl simulate FILE`, experiments/<file>: check the words before
+        words = words[: template[0]]
+    for word in words:
         path = word.split(":", 1)[0]
-        assert (ROOT / path).exists(), f"{_name(page)}: `{command}` names {path}: missing"
-    if words[0] == "sharefl" and "<" not in command:
+        if path.startswith(_REPO_DIRS):
+            assert (ROOT / path).exists(), f"{_name(page)}: `{command}` names {path}: missing"
+    if words[0] != "sharefl":
+        return
+    parser = build_parser()
+    if whole and not template:
         try:
-            build_parser().parse_args(words[1:])
+            parser.parse_args(words[1:])
         except SystemExit as exc:  # --help / --version exit 0, a bad command line exits 2
             assert exc.code == 0, f"{_name(page)}: `{command}` does not parse"
+        return
+    # A fragment: its subcommand exists and has every option the fragment names.
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    if len(words) < 2 or words[1].startswith("-"):
+        assert set(words[1:]) <= _options(parser), f"{_name(page)}: `{command}`"
+        return
+    assert words[1] in subparsers.choices, f"{_name(page)}: `{command}`: no such subcommand"
+    named = {w.split("=", 1)[0] for w in words[2:] if w.startswith("--")}
+    missing = named - _options(subparsers.choices[words[1]])
+    assert not missing, f"{_name(page)}: `{command}`: sharefl {words[1]} has no {missing}"
 
 
 def _block(marker: str) -> str:
