@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import time
+import traceback
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from sharefl.deploy.client import (
     SERVER_TIMEOUT_S,
     ClientRuntime,
     ConnectionLost,
+    TrainerFailed,
     load_trainer,
     read_tls,
 )
@@ -88,7 +90,10 @@ def _run_cancellable(coroutine: Coroutine[Any, Any, Any]) -> Any:
 
 
 def _error(message: str) -> None:
-    print(f"sharefl: {message}", file=sys.stderr, flush=True)
+    """One line on stderr (and the traceback being handled, under ``sharefl --debug``)."""
+    if os.environ.get("SHAREFL_DEBUG") == "1":
+        traceback.print_exc()
+    print(f"sharefl: {' '.join(message.split())}", file=sys.stderr, flush=True)
 
 
 def write_results(out: str | Path, result: RunResult) -> Path:
@@ -240,6 +245,9 @@ def run_client(client_id: int, address: str, **kwargs: Any) -> int:
     except ConnectionLost as exc:
         _error(str(exc))
         return 3
+    except TrainerFailed as exc:
+        _error(f"{exc} (fix the trainer; --debug shows its traceback)")
+        return 7
     except ProtocolError as exc:  # ServerMisbehaved: nothing was revealed
         _error(f"client {client_id}: leaving the server: {exc}")
         return 5
@@ -291,9 +299,9 @@ def _stop(procs: list[subprocess.Popen], grace: float, term_wait: float = 10) ->
 def launch(config_path: str, clients: int | None, *, trainer: str, out: str | None = None) -> int:
     """``sharefl launch``: a server and ``clients`` client processes on loopback.
 
-    With a simulation file, ``clients`` defaults to the run's ``clients.total`` and every
-    client process trains its own client of the run. The server's progress goes to stderr
-    as it happens; returns the server's exit status (clients still running when it ends
+    ``clients`` defaults to the file's: a simulation's ``clients.total`` (every client
+    process trains its own client of the run) or a deployment's ``server.clients``. The
+    server's progress goes to stderr as it happens; returns the server's exit status (clients still running when it ends
     are terminated).
     """
     from sharefl.simulator.config import ConfigError, is_simulation_config
@@ -313,11 +321,16 @@ def launch(config_path: str, clients: int | None, *, trainer: str, out: str | No
             config = DeploymentConfig()
         else:
             config = load_config(config_path)
-            if not clients:
-                raise ConfigurationError("--clients is required with a deployment file")
+            clients = clients or config.server.clients
     except (ConfigurationError, ConfigError) as exc:
         _error(str(exc))
         return 2
+    if not out:
+        print(
+            "sharefl launch: no --out: the results are not kept (give --out DIR to keep "
+            "rounds.jsonl, result.json and the model)",
+            file=sys.stderr,
+        )
     address = f"127.0.0.1:{free_port()}"
     keys = str(Path(config.tls.cert).parent) if config.tls.enabled else None
     python = [sys.executable, "-m", "sharefl.cli"]

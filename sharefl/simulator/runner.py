@@ -69,6 +69,19 @@ def _bar(done: int, total: int, width: int = 24) -> str:
     return "[" + "#" * filled + "." * (width - filled) + "]"
 
 
+def _clock(seconds: float) -> str:
+    """``m:ss`` or ``h:mm:ss``."""
+    s = round(seconds)
+    if s >= 3600:
+        return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+    return f"{s // 60}:{s % 60:02d}"
+
+
+def _remaining(elapsed: float, done: int, total: int) -> float:
+    """Seconds left if the remaining rounds take as long as the finished ones on average."""
+    return elapsed / max(1, done) * max(0, total - done)
+
+
 def run_summary(
     sim: Loop,
     last: RoundRecord,
@@ -120,9 +133,9 @@ def run_one(
             summary["paper"] = run.paper
             summary_path.write_text(json.dumps(summary, indent=2, default=str))
         return RunOutcome(run, folder, summary, True)
+    sim = simulation_factory(run, device=device)  # data, model, rule: errors leave no folder
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(run.to_dict(), indent=2, default=str))
-    sim = simulation_factory(run, device=device)
     accuracies: list[float] = []
     last_line = ""
 
@@ -140,7 +153,8 @@ def run_one(
                 progress.update(
                     f"{position}{run.label or run.name} seed {run.seed} "
                     f"{_bar(record.round, run.rounds)} round {record.round}/{run.rounds}"
-                    f"{last_line} {record.seconds:.0f} s"
+                    f"{last_line} {_clock(record.seconds)} elapsed, "
+                    f"ETA {_clock(_remaining(record.seconds, record.round, run.rounds))}"
                 )
 
         last = sim.run_rounds(on_round)
@@ -150,7 +164,7 @@ def run_one(
         progress.update(
             f"{position}{run.label or run.name} seed {run.seed}: accuracy "
             f"{last.accuracy:.4f}{'' if last.epsilon is None else f', ε {last.epsilon:.3g}'}"
-            f", {last.seconds:.0f} s",
+            f", {_clock(last.seconds)}",
             final=True,
         )
     return RunOutcome(run, folder, summary, False)
