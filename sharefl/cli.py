@@ -27,7 +27,7 @@ def _torch_info() -> dict[str, str | bool]:
     try:
         import torch
     except ModuleNotFoundError:
-        return {"torch": "not installed (pip install \"sharefl[sim]\")"}
+        return {"torch": 'not installed (pip install "sharefl[sim]")'}
     cuda = torch.cuda.is_available()
     info: dict[str, str | bool] = {
         "torch": torch.__version__,
@@ -148,9 +148,7 @@ def _add_simulation_commands(sub) -> None:
     simulate.add_argument("config", help="simulation TOML (see README, experiments/)")
     simulate.add_argument("--out", default="runs", help="results folder (default: runs)")
     simulate.add_argument("--device", help="cpu, cuda or cuda:N (overrides the file's)")
-    simulate.add_argument(
-        "--rounds", type=_positive, help="override the number of rounds (>= 1)"
-    )
+    simulate.add_argument("--rounds", type=_positive, help="override the number of rounds (>= 1)")
     simulate.add_argument("--seeds", type=int, nargs="+", help="only the runs with these seeds")
     simulate.add_argument("--match", help="only the runs whose label contains this text")
     simulate.set_defaults(func=_cmd_simulate)
@@ -217,9 +215,7 @@ def _add_deployment_commands(sub) -> None:
     client.set_defaults(func=_cmd_client)
 
     launch = sub.add_parser("launch", help="start a server and N clients on loopback")
-    launch.add_argument(
-        "file", nargs="?", help="simulation TOML (one run) or deployment TOML"
-    )
+    launch.add_argument("file", nargs="?", help="simulation TOML (one run) or deployment TOML")
     launch.add_argument("--config", help="the same file (older spelling of FILE)")
     launch.add_argument(
         "--clients",
@@ -246,9 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"sharefl {__version__}")
-    parser.add_argument(
-        "--debug", action="store_true", help="print the traceback behind an error"
-    )
+    parser.add_argument("--debug", action="store_true", help="print the traceback behind an error")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     info = sub.add_parser(
         "info", help="print versions (torch, CUDA) and the machine (CPU, cores, AES-NI)"

@@ -32,8 +32,7 @@ MEANING: dict[ExitStatus, str] = {
     ExitStatus.UNREACHABLE: "the server is unreachable or went silent (client)",
     ExitStatus.REFUSED: "the server refused this client or stopped the run (client)",
     ExitStatus.SERVER_MISBEHAVED: "the client left a server whose stream it could not follow",
-    ExitStatus.DATA_MISSING: "data missing: a dataset's files are neither on disk nor "
-    "downloadable",
+    ExitStatus.DATA_MISSING: "data missing: a dataset's files are neither on disk nor downloadable",
     ExitStatus.USER_CODE_FAILED: "user code failed: a --trainer function raised",
     ExitStatus.INTERRUPTED: "interrupted (Ctrl-C or SIGTERM); finished rounds and runs are kept",
 }

@@ -301,8 +301,9 @@ def launch(config_path: str, clients: int | None, *, trainer: str, out: str | No
 
     ``clients`` defaults to the file's: a simulation's ``clients.total`` (every client
     process trains its own client of the run) or a deployment's ``server.clients``. The
-    server's progress goes to stderr as it happens; returns the server's exit status (clients still running when it ends
-    are terminated).
+    server's progress goes to stderr as it happens; returns the server's exit status
+    (clients still running when it ends are terminated). Without ``out`` a warning says
+    that the results are not kept.
     """
     from sharefl.simulator.config import ConfigError, is_simulation_config
 
