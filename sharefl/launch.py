@@ -42,6 +42,7 @@ from sharefl.deploy.config import DeploymentConfig, load_config
 from sharefl.deploy.keygen import load_identity
 from sharefl.deploy.results import ResultsWriter, load_checkpoint
 from sharefl.deploy.server import RunResult, load_directory, serve
+from sharefl.exit_status import ExitStatus
 from sharefl.machine import keep_freed_memory
 from sharefl.protocol.client import ClientPolicy
 from sharefl.protocol.errors import ConfigurationError, LeakageError, ProtocolError
@@ -247,7 +248,7 @@ def run_client(client_id: int, address: str, **kwargs: Any) -> int:
         return 3
     except TrainerFailed as exc:
         _error(f"{exc} (fix the trainer; --debug shows its traceback)")
-        return 7
+        return ExitStatus.USER_CODE_FAILED
     except ProtocolError as exc:  # ServerMisbehaved: nothing was revealed
         _error(f"client {client_id}: leaving the server: {exc}")
         return 5
@@ -364,4 +365,6 @@ def launch(config_path: str, clients: int | None, *, trainer: str, out: str | No
         f"launch: server exited {status}; {clients - failed} of {clients} clients exited cleanly",
         file=sys.stderr,
     )
+    if status != 0 and any(p.returncode == ExitStatus.USER_CODE_FAILED for p in procs):
+        return ExitStatus.USER_CODE_FAILED  # the root cause: a client's trainer raised
     return status

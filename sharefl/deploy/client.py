@@ -391,7 +391,9 @@ class ClientRuntime:
             )
             return np.asarray(update, dtype=np.float32)
         except Exception as exc:
-            name = getattr(self.trainer, "__qualname__", type(self.trainer).__name__)
+            trainer = self.trainer
+            name = getattr(trainer, "__qualname__", type(trainer).__name__)
+            name = f"{getattr(trainer, '__module__', '?')}:{name}"
             raise TrainerFailed(
                 f"client {self.client_id}: the trainer {name} raised in round {round_index + 1}: "
                 f"{type(exc).__name__}: {exc}"
