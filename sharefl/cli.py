@@ -326,9 +326,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return ExitStatus.CONFIG
     if args.debug:
         os.environ["SHAREFL_DEBUG"] = "1"  # processes started by launch inherit it
+    error: BaseException
     try:
         return int(args.func(args))
     except ModuleNotFoundError as exc:
+        error = exc
         extra = EXTRA_OF_MODULE.get((exc.name or "").split(".")[0])
         if extra is None:
             raise
@@ -338,12 +340,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         status = ExitStatus.CONFIG
     except Exception as exc:
+        error = exc
         user_status = _user_error_status(exc)
         if user_status is None:
             raise
         message, status = str(exc), user_status
     if args.debug:
-        traceback.print_exc()
+        traceback.print_exception(error)
     print(f"sharefl {args.command}: {' '.join(message.split())}", file=sys.stderr)
     return status
 

@@ -365,6 +365,6 @@ def launch(config_path: str, clients: int | None, *, trainer: str, out: str | No
         f"launch: server exited {status}; {clients - failed} of {clients} clients exited cleanly",
         file=sys.stderr,
     )
-    if status != 0 and any(p.returncode == ExitStatus.USER_CODE_FAILED for p in procs):
-        return ExitStatus.USER_CODE_FAILED  # the root cause: a client's trainer raised
+    if any(p.returncode == ExitStatus.USER_CODE_FAILED for p in procs):
+        return ExitStatus.USER_CODE_FAILED  # a client's trainer raised (its line above)
     return status
