@@ -24,7 +24,7 @@ from sharefl.simulation_bridge import SimulationStrategy, SimulationTrainer, dep
 from sharefl.simulator import training as training_module
 from sharefl.simulator.config import ConfigError, expand, load_runs
 from sharefl.simulator.engine import Simulation, load_data
-from sharefl.simulator.models import build_model
+from sharefl.simulator.models import ModelError, build_model
 from sharefl.simulator.runner import run_grid
 from sharefl.simulator.training import FlatModel, LocalTraining, TrainingError, VectorizedClients
 
@@ -404,6 +404,27 @@ def test_runner_writes_results_and_skips_finished_runs(tmp_path):
     assert [o.skipped for o in corrected] == [True, True]
     assert json.loads((folder / "summary.json").read_text())["paper"] == 0.9
     assert corrected[0].summary["paper"] == 0.9
+
+
+def test_progress_shows_elapsed_time_and_eta(tmp_path):
+    import io
+
+    from sharefl.simulator.runner import Progress
+
+    stream = io.StringIO()
+    progress = Progress(stream)
+    progress.last = -1e9  # not a terminal: a line every 10 s; show the first one
+    run_grid(expand(base_config(rounds=2)), tmp_path, progress=progress)
+    first, *_, last = stream.getvalue().splitlines()
+    assert "round 1/2" in first and "elapsed, ETA 0:0" in first
+    assert "accuracy" in last
+
+
+def test_a_run_that_cannot_be_built_leaves_no_folder(tmp_path):
+    run = expand(base_config(rounds=2, model={"name": "seed000_cn"}))[0]
+    with pytest.raises(ModelError):
+        run_grid([run], tmp_path)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_simulate_command_runs_the_matching_part_of_a_grid(tmp_path):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -133,9 +134,18 @@ def run_one(
             summary["paper"] = run.paper
             summary_path.write_text(json.dumps(summary, indent=2, default=str))
         return RunOutcome(run, folder, summary, True)
-    sim = simulation_factory(run, device=device)  # data, model, rule: errors leave no folder
+    created = folder  # the outermost folder this call creates, removed if the build fails
+    while not created.parent.exists():
+        created = created.parent
+    created = None if folder.exists() else created
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(run.to_dict(), indent=2, default=str))
+    try:
+        sim = simulation_factory(run, device=device)
+    except Exception:  # data, model or rule unusable: leave no folder holding only config.json
+        if created is not None:
+            shutil.rmtree(created, ignore_errors=True)
+        raise
     accuracies: list[float] = []
     last_line = ""
 
