@@ -1,6 +1,6 @@
 """Benchmark of the simulator's vectorised client training against per-client loops.
 
-The setting is seed000's MNIST run at 60% Byzantine (``experiments/seed000_figure1.toml``):
+The setting is seed000's MNIST run at 60% Byzantine (``experiments/dp_filter_mnist_figure1.toml``):
 20 honest workers doing DP-SGD (per-example normalisation with momentum, b_c = 16, Poisson
 sampling, Gaussian noise) and 30 label-flipping workers (one example each), seed000's CNN
 (d = 21,802). One round's client computation is timed three ways, interleaved
@@ -96,7 +96,7 @@ def main() -> None:
     # the pixels; the real files need not be present).
     train = synthetic_dataset(60_000, shape=(1, 28, 28), seed=0)
     test = synthetic_dataset(1_000, shape=(1, 28, 28), seed=0, split="test")
-    runs = load_runs("experiments/seed000_figure1.toml")
+    runs = load_runs("experiments/dp_filter_mnist_figure1.toml")
     run = next(
         r
         for r in runs

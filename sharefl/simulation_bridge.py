@@ -22,7 +22,6 @@ same data partition and model; then
 from __future__ import annotations
 
 import dataclasses
-import json
 import secrets
 import time
 from pathlib import Path
@@ -39,9 +38,9 @@ from sharefl.deploy.config import (
 from sharefl.robust.hierarchical import ClusterScale, HierarchicalAggregator
 from sharefl.simulator.components import build_rule
 from sharefl.simulator.config import ConfigError, RunConfig, load_runs
-from sharefl.simulator.engine import RoundRecord, Simulation
+from sharefl.simulator.engine import Simulation
 from sharefl.simulator.preflight import check_run
-from sharefl.simulator.runner import device_description, run_summary
+from sharefl.simulator.results import RoundRecord, RunWriter, device_description, run_summary
 
 
 def single_run(path: str | Path, seed: int | None = None) -> RunConfig:
@@ -135,32 +134,28 @@ class SimulationStrategy:
         self.simulation = Simulation(run)
         self.run = run
         self.folder = None if out is None else Path(out)
+        self.writer = None if self.folder is None else RunWriter(self.folder)
         self.records: list[RoundRecord] = []
-        if self.folder is not None:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            (self.folder / "config.json").write_text(
-                json.dumps(run.to_dict(), indent=2, default=str)
-            )
-            (self.folder / "rounds.jsonl").write_text("")
+        if self.writer is not None:
+            self.writer.start(run.to_dict())
         self.started = time.perf_counter()
 
     @property
     def dim(self) -> int:
-        return self.simulation.model.dim
+        return self.simulation.dim
 
     def check(self, clusters: int) -> None:
         """Raise ``ValueError`` when the run's rule cannot aggregate ``clusters`` sums."""
-        if isinstance(self.simulation.rule, HierarchicalAggregator):
-            check_cluster_rule(self.simulation.rule, clusters)
+        self.simulation.check_clusters(clusters)
 
     def initial_model(self) -> np.ndarray:
-        return self.simulation.w.detach().cpu().numpy().astype(np.float32)
+        return self.simulation.model_vector.detach().cpu().numpy().astype(np.float32)
 
     def apply(
         self, model: np.ndarray, round_index: int, released: list
     ) -> tuple[np.ndarray, np.ndarray, str]:
         sim = self.simulation
-        sim.w = torch.as_tensor(model, device=sim.device)
+        sim.set_model(model)
         sim.accountant_step()
         aggregate = sim.cluster_aggregate(released)
         record = sim.apply(aggregate)
@@ -168,18 +163,17 @@ class SimulationStrategy:
         if record.accuracy is not None:
             record = dataclasses.replace(record, seconds=time.perf_counter() - self.started)
             self.records.append(record)
-            if self.folder is not None:
-                with (self.folder / "rounds.jsonl").open("a") as log:
-                    log.write(json.dumps(record.to_json()) + "\n")
+            if self.writer is not None:
+                self.writer.record(record)
             eps = "" if record.epsilon is None else f", ε {record.epsilon:.3g}"
             note = f", test accuracy {record.accuracy:.4f}{eps}"
             if record.round == self.run.rounds:
                 self._write_summary(record)
-        new = sim.w.detach().cpu().numpy().astype(np.float32)
+        new = sim.model_vector.detach().cpu().numpy().astype(np.float32)
         return new, aggregate.detach().cpu().numpy(), note
 
     def _write_summary(self, last: RoundRecord) -> None:
-        if self.folder is None:
+        if self.writer is None:
             return
         run, sim = self.run, self.simulation
         summary = run_summary(
@@ -190,7 +184,7 @@ class SimulationStrategy:
             device=device_description(sim.device) + f", {run.clients.total} client processes",
         )
         summary["paper"] = None
-        (self.folder / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+        self.writer.finish(summary)
 
 
 def os_seeded_generator(device: torch.device | str = "cpu") -> torch.Generator:
@@ -210,11 +204,11 @@ class SimulationTrainer:
         if not 0 <= client_id < run.clients.total:
             raise ConfigError(f"client id {client_id} is not in 0..{run.clients.total - 1}")
         self.simulation = Simulation(run)
-        self.simulation.generator = os_seeded_generator(self.simulation.generator.device)
+        self.simulation.use_generator(os_seeded_generator(self.simulation.device))
         self.client_id = client_id
 
     def __call__(self, model: np.ndarray, *, round: int, client_id: int) -> np.ndarray:
         sim = self.simulation
-        sim.round = round
         w = torch.as_tensor(model, device=sim.device)
-        return sim.client_update(self.client_id, w).detach().cpu().numpy().astype(np.float32)
+        upload = sim.client_update(self.client_id, w, round_index=round)
+        return upload.detach().cpu().numpy().astype(np.float32)

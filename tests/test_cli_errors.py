@@ -87,7 +87,7 @@ def test_a_wrong_name_fails_at_load_time_and_writes_nothing(tmp_path, old, new, 
     "old, new, words",
     [
         ('name = "label_flipping"', 'name = "label_flip"', ["attack.name", "label_flipping"]),
-        ('name = "seed000_cnn"', 'name = "seed000_cn"', ["model.name", "seed000_cnn"]),
+        ('name = "dp_filter_cnn"', 'name = "dp_filter_cn"', ["model.name", "dp_filter_cnn"]),
         ("options = { f = 1 }", "options = { f = 1, g = 2 }", ["aggregator", "'g'"]),
         ('partition = "iid"', 'partition = "idd"', ["data.partition", "iid"]),
         ("cluster_size = 3", "cluster_size = 3\nbits = 33", ["bits"]),
@@ -232,6 +232,14 @@ def test_every_experiment_passes_the_load_time_checks():
     for file in files:
         if "[data]" in Path(file).read_text() or "[clients]" in Path(file).read_text():
             check_runs(load_runs(file))
+
+
+def test_old_codenames_pass_the_load_time_checks():
+    (run,) = load_runs(
+        ROOT / "experiments" / "quickstart.toml",
+        {"model": {"name": "seed000_cnn"}, "data": {"partition": "seed000"}},
+    )
+    check_runs([run])
 
 
 def test_f_is_checked_against_the_sampled_clients():

@@ -34,7 +34,7 @@ def config(**algorithm) -> dict:
             "dataset": "synthetic",
             "options": {"shape": [1, 6, 6], "num_examples": 600},
         },
-        "model": {"name": "seed002_mlp", "init_seed": 3},
+        "model": {"name": "dp_rsa_mlp", "init_seed": 3},
         "clients": {"honest": 6, "byzantine": 0},
         "training": {"batch_size": 1},
         "secure_aggregation": {"cluster_size": 1},

@@ -4,6 +4,7 @@ experiment files."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 
@@ -76,7 +77,8 @@ def test_client_level_trains_in_the_clear_and_clips_every_honest_update_to_c():
     sim = simulation()
     assert sim.clipping is None and sim.honest.training.clipping is None
     assert sim.honest.training.noise == 0.0
-    sim.schedule = 0.0  # σ = 0: clipping alone (the configuration refuses σ = 0)
+    # σ = 0: clipping alone (the configuration refuses σ = 0)
+    sim.replace_privacy_plan(dataclasses.replace(sim.privacy, noise_multiplier=0.0))
     ids = sim.honest_ids
     raw, private = raw_and_private(sim, ids)
     raw_norms = torch.linalg.vector_norm(raw, dim=1)
@@ -198,7 +200,7 @@ def test_the_sample_rate_override_drives_the_calibration():
 
 
 def test_seed003_experiment_files_parse_with_paper_values():
-    table6 = {r.label: r for r in load_runs("experiments/seed003_table6.toml")}
+    table6 = {r.label: r for r in load_runs("experiments/fed_cdp_mnist_table6.toml")}
     assert {k: r.paper for k, r in table6.items()} == {
         "non-private": 0.980,
         "Fed-SDP": 0.928,
@@ -208,7 +210,7 @@ def test_seed003_experiment_files_parse_with_paper_values():
         "Fed-αCDP, σ=0.5 (authors' code)": 0.979,
         "Fed-CDP, σ=0.5 (authors' code)": 0.956,
     }
-    small = {r.label: r for r in load_runs("experiments/seed003_table4_small.toml")}
+    small = {r.label: r for r in load_runs("experiments/fed_cdp_mnist_table4_small.toml")}
     assert {k: r.paper for k, r in small.items()} == {
         "non-private": 0.959,
         "Fed-SDP": 0.834,
@@ -240,16 +242,16 @@ def test_seed003_experiment_files_parse_with_paper_values():
             assert (run.training.batch_size, run.training.local_steps) == (5, 100)
             assert (run.rounds, run.model.name, run.data.partition) == (
                 100,
-                "seed003_cnn",
-                "seed003",
+                "fed_cdp_cnn",
+                "fed_cdp_replicated_shards",
             )
 
 
 @pytest.mark.parametrize(("clients", "replicas"), [(1000, 10), (100, 1)])
 def test_the_seed003_split_of_the_files_gives_500_examples_per_client(clients, replicas):
-    (run, *_) = load_runs("experiments/seed003_table6.toml")
+    (run, *_) = load_runs("experiments/fed_cdp_mnist_table6.toml")
     labels = np.repeat(np.arange(10), run.data.train_examples // 10)
-    parts = partition(labels, clients, "seed003", seed=1, **run.data.partition_options)
+    parts = partition(labels, clients, run.data.partition, seed=1, **run.data.partition_options)
     assert {len(p) for p in parts} == {500}
     counts = np.bincount(np.concatenate(parts), minlength=len(labels))
     assert set(counts.tolist()) == {replicas}  # every image, N/100 times

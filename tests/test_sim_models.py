@@ -20,13 +20,13 @@ from sharefl.simulator.models import (
 )
 
 NAMES = {
-    "seed000_cnn",
-    "seed000_mlp",
-    "seed000_resnet",
-    "seed002_mlp",
-    "seed002_cnn",
-    "seed003_cnn",
-    "seed004_softmax",
+    "dp_filter_cnn",
+    "dp_filter_mlp",
+    "dp_filter_resnet",
+    "dp_rsa_mlp",
+    "dp_rsa_cnn",
+    "fed_cdp_cnn",
+    "decentralized_softmax",
     "mcmahan_cnn",
     "mlp",
 }
@@ -48,14 +48,14 @@ CIFAR = (3, 32, 32)
 @pytest.mark.parametrize(
     ("name", "shape", "classes", "count"),
     [
-        ("seed000_cnn", MNIST, 10, 21_802),  # seed000 note, Table 7
-        ("seed000_mlp", MNIST, 10, 25_450),  # Table 8
-        ("seed000_resnet", (3, 64, 64), 8, 33_736),  # Colorectal network
-        ("seed002_mlp", MNIST, 10, 42_310),  # seed002 note, code
-        ("seed002_cnn", CIFAR, 10, 576_778),  # seed002 note, code
-        ("seed003_cnn", MNIST, 10, 34_720),
-        ("seed003_cnn", CIFAR, 62, 162_144),  # LFW
-        ("seed004_softmax", MNIST, 10, 7_850),  # seed004 note, D = 7850
+        ("dp_filter_cnn", MNIST, 10, 21_802),  # seed000 note, Table 7
+        ("dp_filter_mlp", MNIST, 10, 25_450),  # Table 8
+        ("dp_filter_resnet", (3, 64, 64), 8, 33_736),  # Colorectal network
+        ("dp_rsa_mlp", MNIST, 10, 42_310),  # seed002 note, code
+        ("dp_rsa_cnn", CIFAR, 10, 576_778),  # seed002 note, code
+        ("fed_cdp_cnn", MNIST, 10, 34_720),
+        ("fed_cdp_cnn", CIFAR, 62, 162_144),  # LFW
+        ("decentralized_softmax", MNIST, 10, 7_850),  # seed004 note, D = 7850
         ("mcmahan_cnn", MNIST, 10, 1_663_370),  # McMahan et al. 2017
         ("mlp", MNIST, 10, 199_210),  # McMahan et al.'s 2NN
     ],
@@ -71,8 +71,8 @@ def test_registry_and_options():
     model = build_model("mlp", hidden=(16, 8), activation="tanh")
     assert num_parameters(model) == 784 * 16 + 16 + 16 * 8 + 8 + 8 * 10 + 10
     assert num_parameters(build_model("mlp", hidden=())) == 7_850
-    assert build_model("seed000_cnn", input_shape=CIFAR)(torch.rand(1, *CIFAR)).shape == (1, 10)
-    assert build_model("seed002_cnn", input_shape=MNIST)(torch.rand(1, *MNIST)).shape == (1, 10)
+    assert build_model("dp_filter_cnn", input_shape=CIFAR)(torch.rand(1, *CIFAR)).shape == (1, 10)
+    assert build_model("dp_rsa_cnn", input_shape=MNIST)(torch.rand(1, *MNIST)).shape == (1, 10)
 
 
 def test_register_model():
@@ -92,13 +92,13 @@ def test_register_model():
     ("kwargs", "match"),
     [
         ({"name": "resnet50"}, "unknown model"),
-        ({"name": "seed000_cnn", "hidden": (3,)}, "option"),
+        ({"name": "dp_filter_cnn", "hidden": (3,)}, "option"),
         ({"name": "mlp", "activation": "gelu"}, "activation"),
-        ({"name": "seed000_cnn", "input_shape": (1, 12, 12)}, "too small"),
-        ({"name": "seed003_cnn", "input_shape": (784,)}, r"\(C, H, W\)"),
+        ({"name": "dp_filter_cnn", "input_shape": (1, 12, 12)}, "too small"),
+        ({"name": "fed_cdp_cnn", "input_shape": (784,)}, r"\(C, H, W\)"),
         ({"name": "mcmahan_cnn", "input_shape": (1, 3, 28)}, "too small"),
-        ({"name": "seed002_cnn", "input_shape": (3, 16, 16)}, "too small"),
-        ({"name": "seed000_resnet", "input_shape": (3, 7, 64)}, "too small"),
+        ({"name": "dp_rsa_cnn", "input_shape": (3, 16, 16)}, "too small"),
+        ({"name": "dp_filter_resnet", "input_shape": (3, 7, 64)}, "too small"),
         ({"name": "mlp", "num_classes": 0}, "num_classes"),
         ({"name": "mlp", "input_shape": (0, 3)}, "input_shape"),
     ],
@@ -112,10 +112,10 @@ def test_errors(kwargs, match):
 @pytest.mark.parametrize(
     ("name", "side"),
     [
-        ("seed000_cnn", 13),
-        ("seed000_resnet", 8),
-        ("seed002_cnn", 19),
-        ("seed003_cnn", 10),
+        ("dp_filter_cnn", 13),
+        ("dp_filter_resnet", 8),
+        ("dp_rsa_cnn", 19),
+        ("fed_cdp_cnn", 10),
         ("mcmahan_cnn", 4),
     ],
 )
@@ -128,7 +128,7 @@ def test_smallest_input(name, side):
 
 def test_seeded_build_is_deterministic_and_leaves_global_rng():
     state = torch.random.get_rng_state()
-    for name in ("seed000_cnn", "seed003_cnn", "mlp"):
+    for name in ("dp_filter_cnn", "fed_cdp_cnn", "mlp"):
         a = build_model(name, seed=7).state_dict()
         b = build_model(name, seed=7).state_dict()
         c = build_model(name, seed=8).state_dict()
@@ -138,7 +138,7 @@ def test_seeded_build_is_deterministic_and_leaves_global_rng():
 
 
 def test_seed000_initialisation():
-    model = build_model("seed000_cnn", seed=1234)
+    model = build_model("dp_filter_cnn", seed=1234)
     conv, linear = model[3], model[11]  # Conv(16→16, 5×5), Linear(256, 32)
     assert isinstance(conv, nn.Conv2d) and isinstance(linear, nn.Linear)
     assert conv.weight.std().item() == pytest.approx(math.sqrt(2 / (25 * 16)), rel=0.05)
@@ -147,9 +147,9 @@ def test_seed000_initialisation():
 
 
 SHAPES = {
-    "seed000_resnet": (3, 10, 10),
-    "seed000_cnn": (1, 16, 16),
-    "seed002_cnn": (3, 20, 20),
+    "dp_filter_resnet": (3, 10, 10),
+    "dp_filter_cnn": (1, 16, 16),
+    "dp_rsa_cnn": (3, 20, 20),
     "mcmahan_cnn": (1, 12, 12),
 }
 

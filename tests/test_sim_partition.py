@@ -35,9 +35,9 @@ OPTIONS = {
     "iid": {},
     "dirichlet": {"alpha": 0.5},
     "shards": {"labels_per_client": 2},
-    "seed000": {},
-    "seed002": {},
-    "seed003": {"shard_size": 50},
+    "dp_filter_weighted": {},
+    "dp_rsa_shared_half": {},
+    "fed_cdp_replicated_shards": {"shard_size": 50},
 }
 
 
@@ -53,7 +53,9 @@ def test_deterministic_typed_and_seeded(scheme):
     assert any(not np.array_equal(p, q) for p, q in zip(a, c, strict=True))
 
 
-@pytest.mark.parametrize("scheme", ["iid", "dirichlet", "shards", "seed000", "seed002"])
+@pytest.mark.parametrize(
+    "scheme", ["iid", "dirichlet", "shards", "dp_filter_weighted", "dp_rsa_shared_half"]
+)
 def test_disjoint_cover(scheme):
     y = uneven()
     assert_disjoint_cover(partition(y, 20, scheme, **OPTIONS[scheme]), len(y))
@@ -98,12 +100,12 @@ def test_shards_equal_classes_give_equal_shards():
 
 def test_seed000_chunks():
     y = uneven()
-    parts = partition(y, 7, "seed000")
+    parts = partition(y, 7, "dp_filter_weighted")
     size = math.ceil(len(y) / 7)
     assert [len(p) for p in parts] == [size] * 6 + [len(y) - 6 * size]
     assert_disjoint_cover(parts, len(y))
     # equal weights: every chunk holds about the same share of every class
-    iid = partition(y, 5, "seed000", iid=True)
+    iid = partition(y, 5, "dp_filter_weighted", iid=True)
     counts = np.stack([np.bincount(y[p], minlength=10) for p in iid])
     assert np.all(np.abs(counts - np.bincount(y) / 5) <= 2)
     skew = np.stack([np.bincount(y[p], minlength=10) for p in parts])
@@ -114,26 +116,26 @@ def test_seed002_matches_authors_split():
     # 30 workers, 10 digits of 60: half of each digit over all 30 (1 each), the other half
     # over workers 3c..3c+2 (10 each), as the code's 6,000-per-class split scaled down.
     y = balanced(per_class=60)
-    parts = partition(y, 30, "seed002")
+    parts = partition(y, 30, "dp_rsa_shared_half")
     assert_disjoint_cover(parts, len(y))
     for i, p in enumerate(parts):
         expected = np.ones(10, np.int64)
         expected[i // 3] += 10
         assert np.bincount(y[p], minlength=10).tolist() == expected.tolist()
-    only_own = partition(y, 10, "seed002", shared_fraction=0.0)
+    only_own = partition(y, 10, "dp_rsa_shared_half", shared_fraction=0.0)
     assert labels_per_client(y, only_own) == [1] * 10
 
 
 def test_seed003_replicated_shards():
     y = balanced()  # 1,000 examples, shards of 50: 20 shards, 10 clients per replica
-    parts = partition(y, 30, "seed003", shard_size=50)
+    parts = partition(y, 30, "fed_cdp_replicated_shards", shard_size=50)
     assert [len(p) for p in parts] == [100] * 30
     for r in range(3):
         assert_disjoint_cover(parts[10 * r : 10 * r + 10], len(y))
     assert max(labels_per_client(y, parts)) <= 2  # shards of 50 never straddle classes of 100
     # MNIST-like numbers: N=1000 clients of 2 × 250
     big = np.repeat(np.arange(10), 5000)
-    many = partition(big, 1000, "seed003")
+    many = partition(big, 1000, "fed_cdp_replicated_shards")
     assert len(many) == 1000 and {len(p) for p in many} == {500}
     assert max(labels_per_client(big, many)) <= 2
 
@@ -150,10 +152,10 @@ def test_seed003_replicated_shards():
         ((balanced(), 10, "dirichlet"), {"beta": 1.0}, "beta"),
         ((balanced(), 10, "shards"), {"labels_per_client": 0}, "labels_per_client"),
         ((balanced(), 4, "shards"), {"labels_per_client": 2}, "labels_per_client"),
-        ((balanced(), 200, "seed000"), {}, "num_clients"),
-        ((balanced(), 5, "seed002"), {}, "num_clients"),
-        ((balanced(), 10, "seed002"), {"shared_fraction": 1.5}, "shared_fraction"),
-        ((balanced(), 10, "seed003"), {"shard_size": 600}, "shard_size"),
+        ((balanced(), 200, "dp_filter_weighted"), {}, "num_clients"),
+        ((balanced(), 5, "dp_rsa_shared_half"), {}, "num_clients"),
+        ((balanced(), 10, "dp_rsa_shared_half"), {"shared_fraction": 1.5}, "shared_fraction"),
+        ((balanced(), 10, "fed_cdp_replicated_shards"), {"shard_size": 600}, "shard_size"),
         ((np.zeros((4, 2), np.int64), 2), {}, "1-D"),
         ((np.array([0.5, 1.0]), 2), {}, "integer"),
         ((np.array([-1, 1]), 2), {}, "non-negative"),

@@ -136,9 +136,9 @@ def test_the_noise_filter_refuses_cluster_sums():
 def test_shipped_experiment_files_parse():
     for name, count in [
         ("quickstart", 1),
-        ("seed000_table15", 18),
-        ("seed000_figure1", 24),
-        ("seed000_table3", 6),
+        ("dp_filter_mnist_table15", 18),
+        ("dp_filter_mnist_figure1", 24),
+        ("dp_filter_mnist_table3", 6),
     ]:
         runs = load_runs(f"experiments/{name}.toml")
         assert len(runs) == count, name

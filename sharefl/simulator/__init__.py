@@ -13,9 +13,18 @@ Modules, from the data up:
 * :mod:`~sharefl.simulator.leakage` — gradient-leakage attacks (DLG, iDLG, CPL);
 * :mod:`~sharefl.simulator.config`, :mod:`~sharefl.simulator.components` — the TOML
   schema and what it builds;
+* :mod:`~sharefl.simulator.names` — the model and partition names and their codename
+  aliases (papers: :mod:`sharefl.papers`);
+* the parts loops share: :mod:`~sharefl.simulator.setup` (data, partitions, model,
+  privacy plan — pure), :mod:`~sharefl.simulator.populations` (honest and Byzantine
+  clients), :mod:`~sharefl.simulator.server` (rule, step, evaluation, accountant),
+  :mod:`~sharefl.simulator.stepped` (the round loop), :mod:`~sharefl.simulator.results`
+  (the results format: writer and reader);
 * :mod:`~sharefl.simulator.engine` — one run's federated loop
-  (:class:`~sharefl.simulator.engine.Simulation`);
+  (:class:`~sharefl.simulator.engine.Simulation`, a composition of the parts);
+  :mod:`~sharefl.simulator.rsa_loop` — the DP-RSA loop; :mod:`~sharefl.simulator.loops`
+  picks one;
 * :mod:`~sharefl.simulator.runner`, :mod:`~sharefl.simulator.report` — grids of runs,
-  their results, tables and plots;
+  tables and plots;
 * :mod:`~sharefl.simulation_bridge` — the same run over gRPC (``sharefl launch``).
 """

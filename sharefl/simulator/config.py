@@ -90,7 +90,7 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    name: str = "seed000_cnn"
+    name: str = "dp_filter_cnn"
     options: dict[str, Any] = field(default_factory=dict)
     init_seed: int = 1234
 

@@ -1,4 +1,9 @@
-"""The federated loop of one simulated run (:class:`Simulation`).
+"""The federated loop of one simulated run (:class:`Simulation`), a composition of the
+simulator's parts: the run's setup (:mod:`~sharefl.simulator.setup`: data, partitions,
+model, privacy plan), the client populations (:mod:`~sharefl.simulator.populations`), the
+server (:mod:`~sharefl.simulator.server`: rule, step, evaluation, accountant) and the
+round loop (:class:`~sharefl.simulator.stepped.SteppedLoop`); records are
+:class:`~sharefl.simulator.results.RoundRecord`.
 
 Each round:
 
@@ -39,121 +44,48 @@ last round, and ε spent so far is reported at every evaluation.
 
 from __future__ import annotations
 
-import math
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from sharefl.privacy.accountant import PrivacyAccountant
-from sharefl.privacy.calibration import calibrate_noise
-from sharefl.privacy.client_level import ClientDPConfig, privatize_update_
-from sharefl.protocol.driver import secure_sum
-from sharefl.robust import ClusterScale, HierarchicalAggregator, NoiseAwareFilter
-from sharefl.simulator import components
-from sharefl.simulator.attacks import AttackView, LabelFlipping
-from sharefl.simulator.config import ConfigError, RunConfig, default_delta
-from sharefl.simulator.datasets import Dataset, load_dataset
-from sharefl.simulator.models import build_model
-from sharefl.simulator.partition import partition
-from sharefl.simulator.training import FlatModel, LocalTraining, VectorizedClients, sample_rate
+from sharefl.simulator.config import ConfigError, RunConfig
+from sharefl.simulator.datasets import Dataset
+from sharefl.simulator.populations import ByzantineClients, HonestClients, local_training
+from sharefl.simulator.results import RoundRecord
+from sharefl.simulator.server import Ledger, Server
+from sharefl.simulator.setup import (
+    PrivacyPlan,
+    RunSetup,
+    build_setup,
+    describe_privacy,
+    load_data,
+    resolve_device,
+    upload_noise_std,
+)
+from sharefl.simulator.stepped import SteppedLoop
+from sharefl.simulator.training import LocalTraining
 
-
-@dataclass(frozen=True)
-class RoundRecord:
-    """One round's outcome; accuracy/loss only on evaluation rounds (else ``None``)."""
-
-    round: int  # 1-based
-    accuracy: float | None
-    loss: float | None
-    epsilon: float | None
-    seconds: float  # wall time since the start of the run
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "round": self.round,
-            "accuracy": self.accuracy,
-            "loss": self.loss,
-            "epsilon": self.epsilon,
-            "seconds": round(self.seconds, 3),
-            **self.extra,
-        }
-
-
-@dataclass(frozen=True)
-class PrivacyPlan:
-    """σ, δ and the sampling rate of the accounted mechanisms (``steps_per_round`` of them
-    per round: the local steps at example level, 1 at client level)."""
-
-    noise_multiplier: float
-    delta: float
-    sample_rate: float
-    steps_per_round: int
-    target_epsilon: float | None
-    level: str = "example"
-
-
-def resolve_device(name: str) -> torch.device:
-    """``cpu``, ``cuda`` or ``cuda:N``; :class:`ConfigError` if CUDA is asked for and absent."""
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device cuda requested but torch.cuda.is_available() is False")
-    return device
-
-
-def load_data(run: RunConfig, device: torch.device) -> tuple[Dataset, Dataset]:
-    """(train, test) datasets of the run, subsampled and standardised as configured, on
-    ``device``."""
-    cfg = run.data
-    root = cfg.root or None
-    train = load_dataset(cfg.dataset, "train", root=root, download=cfg.download, **cfg.options)
-    test = load_dataset(cfg.dataset, "test", root=root, download=cfg.download, **cfg.options)
-    rng = np.random.default_rng(run.seed + 7919)
-    if cfg.train_examples and cfg.train_examples < len(train):
-        train = train.subset(np.sort(rng.choice(len(train), cfg.train_examples, replace=False)))
-    if cfg.test_examples and cfg.test_examples < len(test):
-        test = test.subset(np.sort(rng.choice(len(test), cfg.test_examples, replace=False)))
-    if cfg.input_mean:
-        train = train.standardized(cfg.input_mean, cfg.input_std)
-        test = test.standardized(cfg.input_mean, cfg.input_std)
-    move = lambda d: Dataset(d.name, d.inputs.to(device), d.targets.to(device), d.num_classes)  # noqa: E731
-    return move(train), move(test)
-
-
-class SteppedLoop:
-    """What every training loop shares: a wall clock started at construction
-    (``self.started``) and running the remaining rounds of ``self.run`` one ``step()`` at
-    a time."""
-
-    run: RunConfig
-    round: int
-    started: float
-
-    def step(self) -> RoundRecord:
-        raise NotImplementedError
-
-    def elapsed(self) -> float:
-        """Seconds since the loop was built."""
-        return time.perf_counter() - self.started
-
-    def run_rounds(self, callback: Callable[[RoundRecord], None] | None = None) -> RoundRecord:
-        """Run the remaining rounds; ``callback`` sees every record. Returns the last one."""
-        record = None
-        while self.round < self.run.rounds:
-            record = self.step()
-            if callback is not None:
-                callback(record)
-        assert record is not None
-        return record
+__all__ = [
+    "PrivacyPlan",
+    "RoundRecord",
+    "Simulation",
+    "SteppedLoop",
+    "describe_privacy",
+    "load_data",
+    "resolve_device",
+]
 
 
 class Simulation(SteppedLoop):
     """One run of :class:`~sharefl.simulator.config.RunConfig` in this process.
+
+    Parts (public): ``setup`` (:class:`~sharefl.simulator.setup.RunSetup`),
+    ``honest_clients``, ``byzantine_clients``, ``server``, ``ledger`` (the accountant).
+    State: ``round`` (rounds done), ``generator`` (torch randomness of training, attacks and
+    the rule), ``rng`` (client sampling and cluster plans); the global model is
+    :attr:`model_vector` (set with :meth:`set_model`).
 
     Args:
         run: the resolved configuration.
@@ -179,198 +111,148 @@ class Simulation(SteppedLoop):
                 f"{run.algorithm.name!r} is built by sharefl.simulator.loops.build_loop"
             )
         self.run = run
-        self.device = resolve_device(device or run.device)
-        if train is None or test is None:
-            train, test = load_data(run, self.device)
-        self.train_set, self.test_set = train, test
+        self.setup: RunSetup = build_setup(run, device=device, train=train, test=test)
         self.generator = torch.Generator(device=self.device).manual_seed(run.seed)
         self.rng = np.random.default_rng(run.seed)
-        clients = run.clients
-        self.honest_ids = list(range(clients.honest))
-        self.byzantine_ids = list(range(clients.honest, clients.total))
+        self.honest_ids = list(range(run.clients.honest))
+        self.byzantine_ids = list(range(run.clients.honest, run.clients.total))
+        self.honest_clients = HonestClients(self.setup)
+        self.byzantine_clients = ByzantineClients(self.setup)
+        self.ledger = Ledger(self.setup)
+        self.server = Server(self.setup, self.generator)
+        self.start_clock()
 
-        pool = np.arange(len(train))
-        self.auxiliary: Dataset | None = None
-        if run.data.auxiliary_per_class:
-            aux_idx = self._auxiliary_indices(train.targets.cpu().numpy())
-            self.auxiliary = train.subset(aux_idx)
-            pool = np.setdiff1d(pool, aux_idx)
-        split_among = clients.honest if run.data.honest_only else clients.total
-        seed = run.seed if run.data.partition_seed < 0 else run.data.partition_seed
-        parts = partition(
-            train.targets[pool].cpu().numpy(),
-            split_among,
-            run.data.partition,
-            seed=seed,
-            **run.data.partition_options,
-        )
-        parts = [pool[p] for p in parts]
-        honest_parts = parts[: clients.honest]
-        byzantine_parts = parts[clients.honest :] if not run.data.honest_only else []
-        if run.data.honest_only:  # Byzantine workers draw from the whole training set
-            byzantine_parts = [pool] * clients.byzantine
+    # -- parts, by their old names (kept for callers of the single-class engine) -----------
 
-        module = build_model(
-            run.model.name,
-            num_classes=train.num_classes,
-            input_shape=tuple(train.inputs.shape[1:]),
-            seed=run.model.init_seed,
-            **run.model.options,
-        ).to(self.device)
-        self.model = FlatModel(module)
-        self.w = self.model.initial().to(self.device)
-        self.velocity = torch.zeros_like(self.w)
+    @property
+    def device(self) -> torch.device:
+        return self.setup.device
 
-        self.client_level = run.privacy.enabled and run.privacy.level == "client"
-        self.privacy = self._privacy_plan(min(len(p) for p in honest_parts))
-        self.learning_rate = self._server_learning_rate()
-        self.clipping = components.build_clipping(run.privacy)
-        self.schedule = (
-            components.build_schedule(run.privacy, self.privacy.noise_multiplier)
-            if run.privacy.enabled
-            else 0.0
-        )
-        self.accountant = (
-            PrivacyAccountant(run.privacy.accountant, conversion=run.privacy.conversion)
-            if run.privacy.enabled
-            else None
-        )
-        training = self._local_training(run.training.batch_size, None)
-        self.honest = VectorizedClients(
-            self.model, train.inputs, train.targets, honest_parts, training
-        )
-        self.attack = components.build_attack(
-            run.attack.name, run.attack.options, noise_std=self._upload_noise_std()
-        )
-        self.byzantine: VectorizedClients | None = None
-        if clients.byzantine and (self.attack.label_flipping or self._needs_own()):
-            b = self.attack.batch_size or run.training.batch_size
-            self.byzantine = VectorizedClients(
-                self.model,
-                train.inputs,
-                train.targets,
-                byzantine_parts,
-                self._local_training(b, run.training.batch_size),
-                label_map=LabelFlipping(train.num_classes) if self.attack.label_flipping else None,
-            )
-        uses_momentum = isinstance(self.clipping, components.Normalization) and (
-            run.privacy.momentum > 0
-        )
-        self.momentum = (
-            torch.zeros(clients.honest, self.model.dim, device=self.device)
-            if uses_momentum
-            else None
-        )
-        self._build_aggregation()
-        self.started = time.perf_counter()
-        self.round = 0
+    @property
+    def model(self):  # FlatModel
+        return self.setup.model
 
-    # -- setup -------------------------------------------------------------------------
+    @property
+    def train_set(self) -> Dataset:
+        return self.setup.train
 
-    def _auxiliary_indices(self, targets: np.ndarray) -> np.ndarray:
-        per_class = self.run.data.auxiliary_per_class
-        picks = []
-        for c in np.unique(targets):
-            members = np.flatnonzero(targets == c)
-            picks.append(self.rng.choice(members, min(per_class, len(members)), replace=False))
-        return np.sort(np.concatenate(picks))
+    @property
+    def test_set(self) -> Dataset:
+        return self.setup.test
 
-    def _privacy_plan(self, smallest: int) -> PrivacyPlan:
-        """σ (configured or calibrated), δ and q of the run; ``smallest`` is the fewest
-        examples an honest client holds (example level: the worst-off client)."""
-        p, run = self.run.privacy, self.run
-        if not p.enabled:
-            return PrivacyPlan(0.0, 0.0, 0.0, run.training.local_steps, None)
-        clients = run.clients
-        participation = clients.per_round / clients.total if clients.per_round else 1.0
-        if self.client_level:  # one mechanism per round over the set of clients
-            q, steps_per_round = participation, 1
-            delta = p.delta or default_delta(clients.total)
-        else:
-            q = sample_rate(run.training.batch_size, smallest) * participation
-            steps_per_round = run.training.local_steps
-            delta = p.delta or default_delta(smallest)
-        q = p.sample_rate or q  # the paper's accounting, when configured
-        steps = run.rounds * steps_per_round
-        sigma = p.noise_multiplier
-        target = None
-        if p.epsilon > 0:
-            target = p.epsilon
-            sigma = calibrate_noise(
-                p.epsilon, delta, q, steps, p.accountant, conversion=p.conversion
-            )
-        return PrivacyPlan(sigma, delta, q, steps_per_round, target, p.level)
+    @property
+    def auxiliary(self) -> Dataset | None:
+        return self.setup.auxiliary
 
-    def _upload_noise_std(self) -> float:
-        """Std of the DP noise on one coordinate of an honest upload (what a Gaussian attack
-        with ``std = "dp"`` imitates): σ/B for a DP-SGD gradient, σC/√h for a Fed-SDP
-        update shared among the h honest clients expected per round."""
-        sigma = self.privacy.noise_multiplier
-        if not self.client_level:
-            return sigma / self.run.training.batch_size
-        clients = self.run.clients
-        expected = clients.per_round * clients.honest / clients.total or clients.honest
-        return sigma * self.run.privacy.clip / math.sqrt(max(1.0, expected))
+    @property
+    def privacy(self) -> PrivacyPlan:
+        return self.ledger.plan
 
-    def _server_learning_rate(self) -> float:
-        """η_s, rescaled by σ(ε_ref)/σ(ε) under seed000's rule (Eq. 4: η ∝ 1/σ)."""
-        s, p = self.run.server, self.privacy
-        if not s.noise_reference_epsilon or p.target_epsilon is None:
-            return s.learning_rate
-        cfg = self.run.privacy
-        steps = self.run.rounds * p.steps_per_round
-        reference = calibrate_noise(
-            s.noise_reference_epsilon,
-            p.delta,
-            p.sample_rate,
-            steps,
-            cfg.accountant,
-            conversion=cfg.conversion,
-        )
-        return s.learning_rate * reference / p.noise_multiplier
+    @property
+    def client_level(self) -> bool:
+        return self.privacy.client_level
+
+    @property
+    def learning_rate(self) -> float:
+        return self.server.learning_rate
+
+    @property
+    def honest(self):  # VectorizedClients
+        return self.honest_clients.clients
+
+    @property
+    def byzantine(self):  # VectorizedClients | None
+        return self.byzantine_clients.clients
+
+    @property
+    def attack(self):  # components.AttackPlan
+        return self.byzantine_clients.attack
+
+    @property
+    def momentum(self) -> Tensor | None:
+        return self.honest_clients.momentum
+
+    @property
+    def clipping(self):
+        return self.honest_clients.clients.training.clipping
+
+    @property
+    def accountant(self):
+        return self.ledger.accountant
+
+    @property
+    def rule(self):
+        return self.server.rule
+
+    @property
+    def noise_filter(self):
+        return self.server.noise_filter
+
+    @property
+    def clustered(self) -> bool:
+        return self.server.clustered
+
+    @property
+    def velocity(self) -> Tensor:
+        return self.server.velocity
+
+    @property
+    def w(self) -> Tensor:
+        """The global model (same as :attr:`model_vector`)."""
+        return self.server.w
+
+    @w.setter
+    def w(self, value: Tensor) -> None:
+        self.set_model(value)
+
+    # -- public API of a run (what transports use) -------------------------------------
+
+    @property
+    def model_vector(self) -> Tensor:
+        """The global model's flat parameters ``[d]`` on :attr:`device`."""
+        return self.server.w
+
+    @property
+    def dim(self) -> int:
+        """d, the number of model parameters."""
+        return self.setup.model.dim
+
+    def set_model(self, w: Tensor | np.ndarray) -> None:
+        """Replace the global model (e.g. the model a deployment's server holds)."""
+        self.server.w = torch.as_tensor(w, device=self.device).to(self.setup.initial.dtype)
+
+    def set_round(self, round_index: int) -> None:
+        """Set the number of rounds done (a client process follows the server's round)."""
+        if round_index < 0:
+            raise ValueError(f"round index must be >= 0, got {round_index}")
+        self.round = round_index
+
+    def use_generator(self, generator: torch.Generator) -> None:
+        """Draw the clients' randomness (DP noise, batches, attacks) from ``generator``, e.g.
+        an operating-system-seeded one in a real client process."""
+        self.generator = generator
+
+    def check_clusters(self, clusters: int) -> None:
+        """Raise the rule's ``ValueError`` when it cannot aggregate ``clusters`` sums."""
+        self.server.check_clusters(clusters)
+
+    def replace_privacy_plan(self, plan: PrivacyPlan) -> None:
+        """Use ``plan`` from now on, in training and accounting alike (e.g. a test that
+        needs σ = 0, which the configuration refuses)."""
+        self.honest_clients.plan = plan
+        self.byzantine_clients.plan = plan
+        self.ledger.plan = plan
+
+    # -- setup, by the old names -----------------------------------------------------
 
     def _local_training(self, batch_size: int, denominator: int | None) -> LocalTraining:
-        t = self.run.training
-        return LocalTraining(
-            batch_size=batch_size,
-            local_steps=t.local_steps,
-            learning_rate=t.learning_rate,
-            upload="gradient" if t.upload == "gradient" else "delta",
-            sampling=t.sampling,  # validated by TrainingConfig
-            clipping=self.clipping,
-            noise=0.0 if self.client_level else self.privacy.noise_multiplier,
-            denominator=denominator,
-        )
-
-    def _needs_own(self) -> bool:
-        attack = self.attack.update_attack
-        return attack is not None and attack.knowledge.value == "own"
+        return local_training(self.setup, batch_size, denominator)
 
     def _build_aggregation(self) -> None:
-        run, agg = self.run, self.run.aggregator
-        self.clustered = run.secure_aggregation.cluster_size >= 2
-        self.noise_filter: NoiseAwareFilter | None = None
-        self.rule = None
-        if agg.name == "noise_filter":
-            if self.clustered:
-                raise ConfigError(
-                    "the noise filter needs individual uploads: set secure_aggregation."
-                    "cluster_size = 1 (its auxiliary-data scores cannot run on cluster sums)"
-                )
-            if self.auxiliary is None or not run.privacy.enabled:
-                raise ConfigError("the noise filter needs data.auxiliary_per_class and privacy")
-            self.noise_filter = components.build_noise_filter(
-                agg.options,
-                noise_multiplier=self.privacy.noise_multiplier,
-                batch_size=run.training.batch_size,
-                honest=run.clients.honest,
-                total=run.clients.total,
-            )
-            return
-        rule = components.build_rule(agg.name, agg.options, agg.pre, self.generator)
-        self.rule = (
-            HierarchicalAggregator(rule=rule, scale=ClusterScale.MEAN) if (self.clustered) else rule
-        )
+        self.server.build_aggregation(self.generator)
+
+    def _upload_noise_std(self) -> float:
+        return upload_noise_std(self.run, self.privacy)
 
     # -- one round ---------------------------------------------------------------------
 
@@ -384,187 +266,73 @@ class Simulation(SteppedLoop):
         return [int(c) for c in chosen if c < h], [int(c) for c in chosen if c >= h]
 
     def sigma(self) -> float:
-        """σ of this round (constant or the schedule's value at the round index)."""
-        s = self.schedule
-        return float(s) if isinstance(s, float | int) else s(self.round)
+        """σ of this round, from the privacy plan (0 without privacy)."""
+        return self.privacy.sigma(self.round)
 
     def step(self) -> RoundRecord:
         """Run one round; evaluate when due. Returns the round's record."""
         honest, byzantine = self.participants()
         uploads = self._train_honest(honest, self.w)
         if byzantine:
-            uploads = torch.cat(
-                [uploads, self._byzantine_uploads(byzantine, uploads, self.sigma())]
-            )
+            uploads = torch.cat([uploads, self._byzantine_uploads(byzantine, uploads)])
         return self.apply(self._aggregate(uploads, honest + byzantine))
 
     def _train_honest(self, ids: list[int], w: Tensor) -> Tensor:
         """Uploads ``[len(ids), d]`` of honest clients ``ids`` (privatised at client level);
-        keeps seed000's momentum state and the accountant up to date."""
-        momentum = None if self.momentum is None else self.momentum[ids]
-        uploads = self.honest.train(w, ids, self.generator, momentum=momentum, sigma=self.sigma())
-        if self.momentum is not None and momentum is not None:
-            self.momentum[ids] = momentum
-        if self.client_level and ids:
-            uploads = self.privatize_uploads(uploads)
+        accounts the round when anyone trained."""
+        uploads = self.honest_clients.train(ids, w, self.round, self.generator)
         if ids:
             self.accountant_step()
         return uploads
 
     def privatize_uploads(self, uploads: Tensor) -> Tensor:
-        """Fed-SDP at the clients, in place: every row of ``uploads`` (``[h, d]``, the
-        round's h honest uploads) is clipped to l2 norm C = ``privacy.clip`` and gets its
-        share N(0, σ_t²C²/h I) of the noise (:func:`~sharefl.privacy.client_level.
-        privatize_update_`). Their sum carries N(0, σ_t²C² I), so with K = h participants
-        the mean has std σ_t·C/K per coordinate: the same aggregate as server-side Fed-SDP
-        (clip at the server, add N(0, σ_t²C²) to the sum). Returns ``uploads``."""
-        config = ClientDPConfig(
-            clip_norm=self.run.privacy.clip,
-            noise_multiplier=self.sigma(),
-            cluster_size=len(uploads),
-        )
-        scratch = torch.empty_like(uploads[0])
-        for row in uploads:
-            privatize_update_(row, config, self.generator, scratch=scratch)
-        return uploads
+        """Fed-SDP at the clients, in place, at this round's σ
+        (:meth:`~sharefl.simulator.populations.HonestClients.privatize`)."""
+        return self.honest_clients.privatize(uploads, self.round, self.generator)
 
     def accountant_step(self) -> None:
         """Account one round of an honest participant's local steps."""
-        if self.accountant is not None:
-            self.accountant.step(
-                self.sigma(), self.privacy.sample_rate, self.privacy.steps_per_round
-            )
+        self.ledger.step(self.round)
 
     def apply(self, aggregate: Tensor) -> RoundRecord:
         """The server's step with this round's aggregate; evaluates when due."""
-        run = self.run
-        if run.server.momentum:
-            self.velocity.mul_(run.server.momentum).add_(aggregate)
-            aggregate = self.velocity
-        self.w = self.w - self.learning_rate * aggregate.to(self.w)
+        self.server.step(aggregate)
         self.round += 1
-        due = self.round % run.eval_every == 0 or self.round == run.rounds
-        accuracy = loss = None
-        if due:
-            accuracy, loss = self.model.evaluate(
-                self.w, self.test_set.inputs, self.test_set.targets
-            )
-        return RoundRecord(
-            self.round, accuracy, loss, self.epsilon() if due else None, self.elapsed()
-        )
+        if not self.evaluation_due():
+            return RoundRecord(self.round, None, None, None, self.elapsed())
+        accuracy, loss = self.server.evaluate()
+        return RoundRecord(self.round, accuracy, loss, self.epsilon(), self.elapsed())
 
-    def client_update(self, client_id: int, w: Tensor) -> Tensor:
+    def client_update(self, client_id: int, w: Tensor, *, round_index: int | None = None) -> Tensor:
         """One client's upload ``[d]`` from the global ``w`` (a client process over gRPC):
-        honest training, or label-flipping / own-data attacks for Byzantine ids."""
+        honest training, or label-flipping / own-data attacks for Byzantine ids.
+        ``round_index`` (default: :attr:`round`) is the 0-based round it trains in."""
+        if round_index is not None:
+            self.set_round(round_index)
         if client_id < self.run.clients.honest:
             return self._train_honest([client_id], w)[0]
-        if self.byzantine is None:
-            raise ConfigError(
-                f"attack {self.attack.name!r} needs other clients' uploads; over gRPC only "
-                "label_flipping and attacks on the client's own update are possible"
-            )
-        local = client_id - self.run.clients.honest
-        own = self.byzantine.train(w, [local], self.generator, sigma=self.sigma())
-        if self.attack.update_attack is None:
-            return own[0]
-        view = AttackView(num_byzantine=1, own=own, round=self.round, num_rounds=self.run.rounds)
-        return self.attack.update_attack(view, self.generator)[0]
+        return self.byzantine_clients.client_upload(client_id, w, self.round, self.generator)
 
     def cluster_aggregate(self, released: list[list[tuple[np.ndarray, int]]]) -> Tensor:
-        """The robust aggregate of released cluster sums: per reclustering, a list of
-        (decoded sum, cluster size); the rule runs over cluster means, reclusterings are
-        averaged."""
-        if not isinstance(self.rule, HierarchicalAggregator):
-            raise ConfigError("cluster sums need secure_aggregation.cluster_size >= 2")
-        rounds = [torch.as_tensor(np.stack([s for s, _ in sums])) for sums in released]
-        sizes = [[size for _, size in sums] for sums in released]
-        return self.rule.average(rounds, sizes).to(self.w.dtype).to(self.device)
+        """The robust aggregate of released cluster sums (:meth:`~sharefl.simulator.
+        server.Server.cluster_aggregate`)."""
+        return self.server.cluster_aggregate(released)
 
-    def _byzantine_uploads(self, ids: list[int], honest: Tensor, sigma: float) -> Tensor:
-        run = self.run
-        local = [i - run.clients.honest for i in ids]
-        if self.round < run.attack.start_fraction * run.rounds or self.attack.name == "none":
-            if self.attack.name == "none" and self.byzantine is not None:
-                return self.byzantine.train(self.w, local, self.generator, sigma=sigma)
-            picks = torch.randint(
-                len(honest), (len(ids),), generator=self.generator, device=self.device
-            )
-            return honest[picks].clone()
-        own = None
-        if self.byzantine is not None:
-            own = self.byzantine.train(self.w, local, self.generator, sigma=sigma)
-        if self.attack.label_flipping:
-            assert own is not None
-            return own
-        view = AttackView(
-            num_byzantine=len(ids),
-            own=own,
-            honest=honest,
-            round=self.round,
-            num_rounds=run.rounds,
-        )
-        assert self.attack.update_attack is not None
-        return self.attack.update_attack(view, self.generator)
+    def _byzantine_uploads(self, ids: list[int], honest: Tensor) -> Tensor:
+        return self.byzantine_clients.uploads(ids, honest, self.w, self.round, self.generator)
 
     def _aggregate(self, uploads: Tensor, ids: list[int]) -> Tensor:
-        if self.noise_filter is not None:
-            return self.noise_filter(uploads, self._auxiliary_gradient)
-        if not self.clustered:
-            assert self.rule is not None
-            return self.rule(uploads)
-        sa = self.run.secure_aggregation
-        inputs = {cid: uploads[i].detach().cpu().numpy() for i, cid in enumerate(ids)}
-        result = secure_sum(
-            inputs,
-            cluster_size=sa.cluster_size,
-            reclusterings=sa.reclusterings,
-            seed=int(self.rng.integers(2**63)),
-            bits=sa.bits,
-            clip=sa.clip,
-            allow_leakage=sa.allow_leakage,
-            round=self.round,
-            protocol=sa.enabled,
-        )
-        released = [
-            [(s.sum, len(s.members)) for s in r.clusters]
-            for r in result.reclusterings
-            if r.clusters
-        ]
-        if not released:  # every cluster failed: no update this round
-            return torch.zeros_like(self.w)
-        return self.cluster_aggregate(released)
+        return self.server.aggregate(uploads, ids, self.round, self.rng)
 
     def _auxiliary_gradient(self) -> Tensor:
-        """The server's clean gradient on its auxiliary data at the current model."""
-        assert self.auxiliary is not None
-        with torch.enable_grad():  # the filter calls this under no_grad
-            w = self.w.detach().clone().requires_grad_(True)
-            out = self.model(w, self.auxiliary.inputs)
-            loss = nn.functional.cross_entropy(out, self.auxiliary.targets)
-            (g,) = torch.autograd.grad(loss, w)
-        return g
+        return self.server.auxiliary_gradient()
 
     # -- reporting ---------------------------------------------------------------------
 
     def privacy_summary(self) -> tuple[float | None, dict[str, Any]]:
         """(δ of the reported ε or ``None`` without privacy, the JSON-ready parameters)."""
-        delta = self.privacy.delta if self.run.privacy.enabled else None
-        return delta, describe_privacy(self.privacy)
+        return self.ledger.summary()
 
     def epsilon(self) -> float | None:
         """ε spent so far by each honest client (``None`` without privacy)."""
-        if self.accountant is None or self.accountant.steps == 0:
-            return None
-        return self.accountant.get_epsilon(self.privacy.delta)
-
-
-def describe_privacy(plan: PrivacyPlan) -> dict[str, Any]:
-    """JSON-ready privacy parameters of a run."""
-    return {
-        "noise_multiplier": plan.noise_multiplier,
-        "delta": plan.delta,
-        "sample_rate": plan.sample_rate,
-        "target_epsilon": plan.target_epsilon,
-        "steps_per_round": plan.steps_per_round,
-        "level": plan.level,
-    }
+        return self.ledger.epsilon()

@@ -12,7 +12,8 @@ from typing import Any, Protocol
 import torch
 
 from sharefl.simulator.config import RunConfig
-from sharefl.simulator.engine import RoundRecord, Simulation
+from sharefl.simulator.engine import Simulation
+from sharefl.simulator.results import RoundRecord
 
 
 class Loop(Protocol):

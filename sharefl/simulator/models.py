@@ -6,23 +6,26 @@ example, e.g. ``(1, 28, 28)``; batches are ``[B, *input_shape]``) returning logi
 mixes examples), so every model works with ``torch.func.vmap`` per-example gradients; models
 with dropout need ``randomness="different"``.
 
-===================  =========================================================  ===============
-name                 model                                                      parameters*
-===================  =========================================================  ===============
-``seed000_cnn``      Xiang et al.'s MNIST CNN (Table 7), GroupNorm w/o affine   21,802
-``seed000_mlp``      Xiang et al.'s Fashion/USPS MLP 784-32-10, ELU (Table 8)   25,450
-``seed000_resnet``   Xiang et al.'s Colorectal residual CNN (their code)        33,736 (8 cl.)
-``seed002_mlp``      Zhu & Ling's MNIST MLP 784-50-50-10, tanh                  42,310
-``seed002_cnn``      Zhu & Ling's CIFAR-10 CNN as their code builds it          576,778 (CIFAR)
-``seed003_cnn``      Wei et al.'s CNN (their code), no biases, dropout 0.5      34,720
-``seed004_softmax``  Ye et al.'s softmax regression 784→10                      7,850
-``mcmahan_cnn``      McMahan et al.'s CNN (5×5 convs 32, 64; FC 512)            1,663,370
-``mlp``              generic MLP, ``hidden=(200, 200)``, ``activation="relu"``  199,210
-===================  =========================================================  ===============
+========================= ========================================================== ===============
+name                      model                                                      parameters*
+========================= ========================================================== ===============
+``dp_filter_cnn``         Xiang et al.'s MNIST CNN (Table 7), GroupNorm w/o affine   21,802
+``dp_filter_mlp``         Xiang et al.'s Fashion/USPS MLP 784-32-10, ELU (Table 8)   25,450
+``dp_filter_resnet``      Xiang et al.'s Colorectal residual CNN (their code)        33,736 (8 cl.)
+``dp_rsa_mlp``            Zhu & Ling's MNIST MLP 784-50-50-10, tanh                  42,310
+``dp_rsa_cnn``            Zhu & Ling's CIFAR-10 CNN as in their code                 576,778 (CIFAR)
+``fed_cdp_cnn``           Wei et al.'s CNN (their code), no biases, dropout 0.5      34,720
+``decentralized_softmax`` Ye et al.'s softmax regression 784→10                      7,850
+``mcmahan_cnn``           McMahan et al.'s CNN (5×5 convs 32, 64; FC 512)            1,663,370
+``mlp``                   generic MLP, ``hidden=(200, 200)``, ``activation="relu"``  199,210
+========================= ========================================================== ===============
 
-\\* for ``(1, 28, 28)`` inputs and 10 classes unless noted. Other shapes: ``seed003_cnn`` has
+\\* for ``(1, 28, 28)`` inputs and 10 classes unless noted. Other shapes: ``fed_cdp_cnn`` has
 42,336 for ``(3, 32, 32)`` and 10 classes, 162,144 with LFW's 62 classes; ``mcmahan_cnn``
-2,156,490 for ``(3, 32, 32)``; ``seed002_cnn`` 401,546 for ``(1, 28, 28)``.
+2,156,490 for ``(3, 32, 32)``; ``dp_rsa_cnn`` 401,546 for ``(1, 28, 28)``.
+
+The papers' codename forms (``seed000_cnn`` …) are aliases of these names
+(:data:`~sharefl.simulator.names.MODEL_ALIASES`); :func:`build_model` accepts both.
 
 Errors (unknown name or option, an input shape a model cannot take) raise
 :class:`ModelError`.
@@ -40,6 +43,7 @@ import torch
 from torch import nn
 
 from sharefl.privacy.reference_models import seed000_mnist_cnn, seed002_cifar_cnn
+from sharefl.simulator.names import model_name
 
 
 class ModelError(ValueError):
@@ -80,7 +84,8 @@ def build_model(
     """Build model ``name`` for examples of shape ``input_shape`` and ``num_classes`` classes.
 
     Args:
-        name: a key of :data:`MODELS`.
+        name: a key of :data:`MODELS`, or its alias (:func:`~sharefl.simulator.names.
+            model_name`).
         num_classes: number of output logits, ``>= 1``.
         input_shape: shape of one example, ``(C, H, W)`` for image models; MLPs flatten.
         seed: if given, the initial weights depend only on it (the global torch RNG is
@@ -94,6 +99,7 @@ def build_model(
         ModelError: unknown name or option, ``num_classes < 1``, an input shape the model
             cannot take.
     """
+    name = model_name(name)
     factory = MODELS.get(name)
     if factory is None:
         raise ModelError(f"unknown model {name!r}; choose one of {', '.join(sorted(MODELS))}")
@@ -159,22 +165,26 @@ def _pool(size: int, k: int, stride: int) -> int:
 # seed000 (Xiang et al.)
 
 
-@register_model("seed000_cnn")
-def seed000_cnn(*, num_classes: int = 10, input_shape: tuple[int, ...] = (1, 28, 28)) -> nn.Module:
+@register_model("dp_filter_cnn")
+def dp_filter_cnn(
+    *, num_classes: int = 10, input_shape: tuple[int, ...] = (1, 28, 28)
+) -> nn.Module:
     """Three Conv(16, 5×5)-ELU-GroupNorm(4, affine=False) blocks without padding,
     AdaptiveAvgPool(4×4), Linear(256, 32), ELU, Linear(32, classes); :func:`seed000_init`.
     21,802 parameters for ``(1, 28, 28)`` and 10 classes (+1,200 per extra input channel).
     Needs H, W >= 13."""
-    c, h, w = _image("seed000_cnn", input_shape)
-    _check_side("seed000_cnn", input_shape, min(h, w) - 12, 13)
+    c, h, w = _image("dp_filter_cnn", input_shape)
+    _check_side("dp_filter_cnn", input_shape, min(h, w) - 12, 13)
     model = seed000_mnist_cnn(num_classes)
     if c != 1:
         model[0] = nn.Conv2d(c, 16, 5)
     return seed000_init(model)
 
 
-@register_model("seed000_mlp")
-def seed000_mlp(*, num_classes: int = 10, input_shape: tuple[int, ...] = (1, 28, 28)) -> nn.Module:
+@register_model("dp_filter_mlp")
+def dp_filter_mlp(
+    *, num_classes: int = 10, input_shape: tuple[int, ...] = (1, 28, 28)
+) -> nn.Module:
     """Flatten, Linear(F, 32), ELU, Linear(32, classes); :func:`seed000_init`. 25,450
     parameters for F = 784 and 10 classes."""
     features = math.prod(input_shape)
@@ -202,8 +212,8 @@ class _Seed000Residual(nn.Module):
         return self.pool(self.body(x) + x)
 
 
-@register_model("seed000_resnet")
-def seed000_resnet(
+@register_model("dp_filter_resnet")
+def dp_filter_resnet(
     *, num_classes: int = 8, input_shape: tuple[int, ...] = (3, 64, 64)
 ) -> nn.Module:
     """Xiang et al.'s Colorectal network (their code; 64×64 RGB, 8 classes): stem
@@ -211,8 +221,8 @@ def seed000_resnet(
     ``x = MaxPool(2, stride 1)(block(x) + x)`` with block = 2 × [Conv(16, 3×3, pad 1), ELU,
     GN], AdaptiveAvgPool(1), Linear(16, 32), ELU, Linear(32, classes); :func:`seed000_init`.
     33,736 parameters for 3 channels and 8 classes (33,802 with 10). Needs H, W >= 8."""
-    c, h, w = _image("seed000_resnet", input_shape)
-    _check_side("seed000_resnet", input_shape, min(h, w) - 7, 8)
+    c, h, w = _image("dp_filter_resnet", input_shape)
+    _check_side("dp_filter_resnet", input_shape, min(h, w) - 7, 8)
     return seed000_init(
         nn.Sequential(
             nn.Conv2d(c, 16, 3, padding=1),
@@ -232,8 +242,8 @@ def seed000_resnet(
 # seed002 (Zhu & Ling)
 
 
-@register_model("seed002_mlp")
-def seed002_mlp(*, num_classes: int = 10, input_shape: tuple[int, ...] = (1, 28, 28)) -> nn.Module:
+@register_model("dp_rsa_mlp")
+def dp_rsa_mlp(*, num_classes: int = 10, input_shape: tuple[int, ...] = (1, 28, 28)) -> nn.Module:
     """Flatten, Linear(F, 50), tanh, Linear(50, 50), tanh, Linear(50, classes) (their code
     ends in log-softmax + NLL, which equals cross-entropy on these logits). 42,310
     parameters for F = 784 and 10 classes."""
@@ -248,18 +258,18 @@ def seed002_mlp(*, num_classes: int = 10, input_shape: tuple[int, ...] = (1, 28,
     )
 
 
-@register_model("seed002_cnn")
-def seed002_cnn(*, num_classes: int = 10, input_shape: tuple[int, ...] = (3, 32, 32)) -> nn.Module:
+@register_model("dp_rsa_cnn")
+def dp_rsa_cnn(*, num_classes: int = 10, input_shape: tuple[int, ...] = (3, 32, 32)) -> nn.Module:
     """Conv(64, 5×5)-ReLU-MaxPool(3, s2) ×2, FC F→384→192→classes, ReLU (their code; the
     paper's "~368k" does not match). 576,778 parameters for ``(3, 32, 32)``; the first
     convolution and FC adapt to other shapes. Needs H, W >= 19."""
-    c, h, w = _image("seed002_cnn", input_shape)
+    c, h, w = _image("dp_rsa_cnn", input_shape)
 
     def side(s: int) -> int:
         return _pool(_pool(s - 4, 3, 2) - 4, 3, 2)
 
     hh, ww = side(h), side(w)
-    _check_side("seed002_cnn", input_shape, min(hh, ww), 19)
+    _check_side("dp_rsa_cnn", input_shape, min(hh, ww), 19)
     model = seed002_cifar_cnn(num_classes)
     if c != 3:
         model[0] = nn.Conv2d(c, 64, 5)
@@ -272,20 +282,20 @@ def seed002_cnn(*, num_classes: int = 10, input_shape: tuple[int, ...] = (3, 32,
 # seed003 (Wei et al.) and seed004 (Ye et al.)
 
 
-@register_model("seed003_cnn")
-def seed003_cnn(*, num_classes: int = 10, input_shape: tuple[int, ...] = (1, 28, 28)) -> nn.Module:
+@register_model("fed_cdp_cnn")
+def fed_cdp_cnn(*, num_classes: int = 10, input_shape: tuple[int, ...] = (1, 28, 28)) -> nn.Module:
     """Fed-αCDP's Keras CNN (their ``Fed_alphaCDP.py``): Conv(32, 3×3, ReLU, no bias),
     MaxPool 2, Conv(64, 3×3, ReLU, no bias), MaxPool 2, Flatten, Dropout(0.5),
     Linear(classes, no bias) (Keras "valid" padding). Parameters: 34,720 for ``(1, 28, 28)``
     and 10 classes; 42,336 for ``(3, 32, 32)``; 162,144 for LFW's ``(3, 32, 32)`` and 62
     classes. Needs H, W >= 10; vmap it with ``randomness="different"``."""
-    c, h, w = _image("seed003_cnn", input_shape)
+    c, h, w = _image("fed_cdp_cnn", input_shape)
 
     def side(s: int) -> int:
         return _pool(_pool(s - 2, 2, 2) - 2, 2, 2)
 
     hh, ww = side(h), side(w)
-    _check_side("seed003_cnn", input_shape, min(hh, ww), 10)
+    _check_side("fed_cdp_cnn", input_shape, min(hh, ww), 10)
     return nn.Sequential(
         nn.Conv2d(c, 32, 3, bias=False),
         nn.ReLU(),
@@ -299,8 +309,8 @@ def seed003_cnn(*, num_classes: int = 10, input_shape: tuple[int, ...] = (1, 28,
     )
 
 
-@register_model("seed004_softmax")
-def seed004_softmax(
+@register_model("decentralized_softmax")
+def decentralized_softmax(
     *, num_classes: int = 10, input_shape: tuple[int, ...] = (1, 28, 28)
 ) -> nn.Module:
     """Softmax regression: Flatten, Linear(F, classes) with bias. 7,850 parameters for

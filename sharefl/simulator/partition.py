@@ -7,14 +7,18 @@ array of example indices per client, deterministically from ``seed``. Schemes
 * ``iid`` — a random permutation cut into ``num_clients`` near-equal parts;
 * ``dirichlet`` — per class, client shares ~ Dir(``alpha``) (Hsu et al. 2019);
 * ``shards`` — ``labels_per_client`` single-label shards per client (McMahan et al. 2017);
-* ``seed000`` — Algorithm 4 of Xiang et al. (random per-class weights, contiguous chunks);
-* ``seed002`` — DP-RSA's non-i.i.d. split (half of each class shared by everybody, half by
-  the class's own workers);
-* ``seed003`` — Fed-αCDP's label-sorted shards, replicated to serve many clients.
+* ``dp_filter_weighted`` — Algorithm 4 of Xiang et al. (seed000: random per-class
+  weights, contiguous chunks);
+* ``dp_rsa_shared_half`` — DP-RSA's non-i.i.d. split (seed002: half of each class shared
+  by everybody, half by the class's own workers);
+* ``fed_cdp_replicated_shards`` — Fed-αCDP's label-sorted shards (seed003), replicated to
+  serve many clients.
 
-All schemes except ``seed003`` give disjoint parts that cover every example; ``seed003``
-covers all but fewer than ``shard_size`` examples, and its replicas repeat indices across
-clients. Bad arguments raise :class:`PartitionError` naming the option to change.
+The codenames ``seed000``, ``seed002``, ``seed003`` are accepted as aliases
+(:mod:`sharefl.simulator.names`). All schemes except ``fed_cdp_replicated_shards`` give
+disjoint parts that cover every example; ``fed_cdp_replicated_shards`` covers all but fewer
+than ``shard_size`` examples, and its replicas repeat indices across clients. Bad
+arguments raise :class:`PartitionError` naming the option to change.
 """
 
 from __future__ import annotations
@@ -25,12 +29,21 @@ from typing import Any
 
 import numpy as np
 
+from sharefl.simulator.names import partition_name
+
 
 class PartitionError(ValueError):
     """A partition cannot be made as asked; the message names the option to change."""
 
 
-SCHEMES = ("iid", "dirichlet", "shards", "seed000", "seed002", "seed003")
+SCHEMES = (
+    "iid",
+    "dirichlet",
+    "shards",
+    "dp_filter_weighted",
+    "dp_rsa_shared_half",
+    "fed_cdp_replicated_shards",
+)
 
 
 def partition(
@@ -41,14 +54,15 @@ def partition(
     Args:
         targets: labels, array-like or tensor of shape ``[N]``, non-negative integers.
         num_clients: number of parts, ``>= 1``.
-        scheme: one of :data:`SCHEMES`.
+        scheme: one of :data:`SCHEMES`, or an old codename (``seed000``, ``seed002``,
+            ``seed003``: :data:`~sharefl.simulator.names.PARTITION_ALIASES`).
         seed: seed of the only randomness used (``numpy.random.default_rng``).
         **options: per scheme —
             ``dirichlet``: ``alpha`` (0.5) > 0, ``min_size`` (1), ``max_tries`` (1000);
             ``shards``: ``labels_per_client`` (2);
-            ``seed000``: ``iid`` (False);
-            ``seed002``: ``shared_fraction`` (0.5);
-            ``seed003``: ``shard_size`` (250), ``shards_per_client`` (2).
+            ``dp_filter_weighted``: ``iid`` (False);
+            ``dp_rsa_shared_half``: ``shared_fraction`` (0.5);
+            ``fed_cdp_replicated_shards``: ``shard_size`` (250), ``shards_per_client`` (2).
 
     Returns:
         ``num_clients`` sorted int64 arrays of indices into ``targets``.
@@ -58,6 +72,7 @@ def partition(
             scheme can serve, invalid option values, or labels that are not a 1-D array of
             non-negative integers.
     """
+    scheme = partition_name(scheme)
     if scheme not in _SCHEMES:
         raise PartitionError(f"unknown scheme {scheme!r}; choose one of {', '.join(SCHEMES)}")
     fn, defaults = _SCHEMES[scheme]
@@ -184,7 +199,9 @@ def _shards(
     return [np.concatenate([shards[s] for s in row]) for row in owner]
 
 
-def _seed000(y: np.ndarray, n: int, rng: np.random.Generator, *, iid: bool) -> list[np.ndarray]:
+def _dp_filter_weighted(
+    y: np.ndarray, n: int, rng: np.random.Generator, *, iid: bool
+) -> list[np.ndarray]:
     """Xiang et al.'s Algorithm 4 (as their code does it). For each class (shuffled), weights
     ``V ~ U(0, 1)^n`` (``iid=True``: equal weights) are redrawn until every share
     ``V_j/ΣV·n_c`` is at least 1; worker ``j < n-1`` takes the next ``round(share_j)``
@@ -195,7 +212,7 @@ def _seed000(y: np.ndarray, n: int, rng: np.random.Generator, *, iid: bool) -> l
     small = [len(c) for c in classes if len(c) < n]
     if small:
         raise PartitionError(
-            f"seed000 gives every worker a share of every class, but a class has only "
+            f"dp_filter_weighted gives every worker a share of every class, but a class has only "
             f"{min(small)} examples for num_clients={n}; use fewer clients"
         )
     per_worker: list[list[np.ndarray]] = [[] for _ in range(n)]
@@ -206,7 +223,9 @@ def _seed000(y: np.ndarray, n: int, rng: np.random.Generator, *, iid: bool) -> l
             if share.min() >= 1:
                 break
         else:
-            raise PartitionError("seed000: could not draw shares >= 1; use fewer clients")
+            raise PartitionError(
+                "dp_filter_weighted: could not draw shares >= 1; use fewer clients"
+            )
         cuts = np.minimum(np.cumsum(np.round(share[:-1])).astype(np.int64), len(idx))
         for worker, chunk in enumerate(np.split(idx, cuts)):
             per_worker[worker].append(chunk)
@@ -215,13 +234,13 @@ def _seed000(y: np.ndarray, n: int, rng: np.random.Generator, *, iid: bool) -> l
     out = [flat[i * size : (i + 1) * size] for i in range(n)]
     if len(out[-1]) == 0:
         raise PartitionError(
-            f"seed000: chunks of ⌈{len(flat)}/{n}⌉ = {size} leave the last worker empty; "
-            "use fewer clients"
+            f"dp_filter_weighted: chunks of ⌈{len(flat)}/{n}⌉ = {size} leave the last worker "
+            "empty; use fewer clients"
         )
     return out
 
 
-def _seed002(
+def _dp_rsa_shared_half(
     y: np.ndarray, n: int, rng: np.random.Generator, *, shared_fraction: float
 ) -> list[np.ndarray]:
     """Zhu & Ling's (DP-RSA) non-i.i.d. split. The workers are cut into one contiguous group
@@ -236,7 +255,8 @@ def _seed002(
     classes = _classes(y, rng)
     if n < len(classes):
         raise PartitionError(
-            f"seed002 needs at least one worker per class: num_clients={n} < {len(classes)} classes"
+            "dp_rsa_shared_half needs at least one worker per class: "
+            f"num_clients={n} < {len(classes)} classes"
         )
     groups = np.array_split(np.arange(n), len(classes))
     parts: list[list[np.ndarray]] = [[] for _ in range(n)]
@@ -249,7 +269,7 @@ def _seed002(
     return [np.concatenate(p) for p in parts]
 
 
-def _seed003(
+def _fed_cdp_replicated_shards(
     y: np.ndarray,
     n: int,
     rng: np.random.Generator,
@@ -287,7 +307,10 @@ _SCHEMES: dict[str, tuple[Callable[..., list[np.ndarray]], dict[str, Any]]] = {
     "iid": (_iid, {}),
     "dirichlet": (_dirichlet, {"alpha": 0.5, "min_size": 1, "max_tries": 1000}),
     "shards": (_shards, {"labels_per_client": 2}),
-    "seed000": (_seed000, {"iid": False}),
-    "seed002": (_seed002, {"shared_fraction": 0.5}),
-    "seed003": (_seed003, {"shard_size": 250, "shards_per_client": 2}),
+    "dp_filter_weighted": (_dp_filter_weighted, {"iid": False}),
+    "dp_rsa_shared_half": (_dp_rsa_shared_half, {"shared_fraction": 0.5}),
+    "fed_cdp_replicated_shards": (
+        _fed_cdp_replicated_shards,
+        {"shard_size": 250, "shards_per_client": 2},
+    ),
 }

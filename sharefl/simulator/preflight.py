@@ -18,6 +18,7 @@ from sharefl.simulator import components
 from sharefl.simulator.config import ConfigError, RunConfig
 from sharefl.simulator.datasets import DATASETS
 from sharefl.simulator.models import MODELS
+from sharefl.simulator.names import model_name, partition_name
 from sharefl.simulator.partition import SCHEMES
 
 _DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
@@ -65,8 +66,8 @@ def check_run(run: RunConfig, device: str | None = None) -> None:
     as far as it can be told without loading data."""
     check_device(device or run.device)
     _choose("data.dataset", run.data.dataset, DATASETS)
-    _choose("data.partition", run.data.partition, SCHEMES)
-    _choose("model.name", run.model.name, sorted(MODELS))
+    _choose("data.partition", partition_name(run.data.partition), SCHEMES)
+    _choose("model.name", model_name(run.model.name), sorted(MODELS))
     if run.algorithm.name != "federated":
         return
     privacy = run.privacy.enabled

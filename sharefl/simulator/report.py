@@ -16,7 +16,9 @@ statistics. Its experiment name, label and seed are read from ``config.json`` (k
 ``"name"``, ``"label"``, ``"seed"``); without them the name is the parent folder's path
 relative to ``DIR`` and the label is the run folder's name.
 
-The pipeline is :func:`load_runs` → :func:`summarize` → :func:`markdown_table` /
+The files and their reader (:func:`load_runs`, :class:`RunRecord`, :class:`RoundRecord`)
+are :mod:`sharefl.simulator.results`, shared with the writers. The pipeline is
+:func:`load_runs` → :func:`summarize` → :func:`markdown_table` /
 :func:`plot_accuracy`, and :func:`write_report` does all of it::
 
     DIR/report.md      one section per experiment name: a table and the accuracy plot
@@ -38,10 +40,17 @@ import math
 import os
 import re
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from sharefl.simulator.results import (
+    ResultsError,
+    RoundRecord,
+    RunRecord,
+    load_runs,
+)
 
 __all__ = [
     "GroupSummary",
@@ -56,61 +65,12 @@ __all__ = [
     "write_report",
 ]
 
-SUMMARY_FILE = "summary.json"
-ROUNDS_FILE = "rounds.jsonl"
-CONFIG_FILE = "config.json"
 _NONE = "—"
 
-
-class ReportError(ValueError):
-    """Runs cannot be reported: no runs, a malformed file (the message names it, and the line
-    of a ``rounds.jsonl``), inconsistent groups, or matplotlib missing for a plot."""
-
-
-@dataclass(frozen=True)
-class RoundRecord:
-    """One evaluated round of a run (a line of ``rounds.jsonl``; unknown keys are dropped).
-
-    ``round`` is 1-based; ``accuracy`` is in ``[0, 1]``; ``loss`` may be NaN or infinite (a
-    diverged run); ``epsilon`` is the privacy spent so far (``None``: not private);
-    ``seconds`` is the wall time elapsed since the start of the run.
-    """
-
-    round: int
-    accuracy: float
-    loss: float | None = None
-    epsilon: float | None = None
-    seconds: float | None = None
-
-
-@dataclass(frozen=True)
-class RunRecord:
-    """One run: the fields of its ``summary.json`` and its rounds.
-
-    ``finished`` is ``False`` for a run without ``summary.json``; its summary-only fields
-    (``final_accuracy``, ``best_accuracy``, ``delta``, ``total_rounds``, ``wall_seconds``,
-    ``device``, ``paper``) are then ``None``, and ``epsilon`` is that of its last round.
-    ``total_rounds`` is the summary's ``"rounds"`` count; ``rounds`` the per-round records in
-    increasing round order. ``config`` is the summary's ``"config"``, else ``config.json``,
-    else ``{}`` (excluded from hashing).
-    """
-
-    path: Path
-    run_id: str
-    name: str
-    label: str
-    seed: int | None
-    finished: bool
-    final_accuracy: float | None
-    best_accuracy: float | None
-    epsilon: float | None
-    delta: float | None
-    total_rounds: int | None
-    wall_seconds: float | None
-    device: str | None
-    paper: float | None
-    rounds: tuple[RoundRecord, ...] = ()
-    config: Mapping[str, Any] = field(default_factory=dict, hash=False, repr=False)
+ReportError = ResultsError
+"""Runs cannot be reported: the reader's errors (:class:`~sharefl.simulator.results.
+ResultsError`, a malformed file), and no runs, inconsistent groups, or matplotlib missing
+for a plot. One class, so a caller catches reading and reporting errors alike."""
 
 
 @dataclass(frozen=True)
@@ -158,222 +118,6 @@ class GroupSummary:
             "finished": self.finished,
             "unfinished": self.unfinished,
         }
-
-
-# ---------------------------------------------------------------------------------------------
-# Loading
-
-
-def _natural_key(path: Path) -> tuple[Any, ...]:
-    """Sort key ordering ``run2`` before ``run10`` (digits compared as numbers)."""
-    parts: list[Any] = []
-    for piece in path.as_posix().split("/"):
-        for token in re.split(r"(\d+)", piece):
-            if token:
-                parts.append((0, int(token), "") if token.isdigit() else (1, 0, token))
-        parts.append((-1, 0, ""))  # folder boundary sorts before any token
-    return tuple(parts)
-
-
-def _read_json_object(path: Path) -> dict[str, Any]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise ReportError(f"{path}: cannot read: {e}") from e
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ReportError(f"{path}:{e.lineno}: invalid JSON (column {e.colno}): {e.msg}") from e
-    if not isinstance(obj, dict):
-        raise ReportError(f"{path}: expected a JSON object, got {type(obj).__name__}")
-    return obj
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _number(
-    obj: Mapping[str, Any],
-    key: str,
-    where: str,
-    *,
-    required: bool = False,
-    nullable: bool = True,
-    unit_interval: bool = False,
-    nonnegative: bool = False,
-    finite: bool = True,
-) -> float | None:
-    """``obj[key]`` as a float, checked; ``None`` when absent or null (if allowed)."""
-    if key not in obj:
-        if required:
-            raise ReportError(f"{where}: missing key {key!r}")
-        return None
-    value = obj[key]
-    if value is None:
-        if not nullable:
-            raise ReportError(f"{where}: {key!r} must be a number, got null")
-        return None
-    if not _is_number(value):
-        raise ReportError(f"{where}: {key!r} must be a number, got {value!r}")
-    x = float(value)
-    if finite and not math.isfinite(x):
-        raise ReportError(f"{where}: {key!r} must be finite, got {value!r}")
-    if unit_interval and not 0.0 <= x <= 1.0:
-        raise ReportError(f"{where}: {key!r} must be a fraction in [0, 1], got {value!r}")
-    if nonnegative and x < 0:
-        raise ReportError(f"{where}: {key!r} must be >= 0, got {value!r}")
-    return x
-
-
-def _int(obj: Mapping[str, Any], key: str, where: str, *, required: bool = False) -> int | None:
-    value = obj.get(key)
-    if value is None:
-        if required:
-            raise ReportError(f"{where}: missing key {key!r}")
-        return None
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise ReportError(f"{where}: {key!r} must be an integer, got {value!r}")
-    return value
-
-
-def _str(obj: Mapping[str, Any], key: str, where: str, *, required: bool = False) -> str | None:
-    value = obj.get(key)
-    if value is None:
-        if required:
-            raise ReportError(f"{where}: missing key {key!r}")
-        return None
-    if not isinstance(value, str):
-        raise ReportError(f"{where}: {key!r} must be a string, got {value!r}")
-    return value
-
-
-def _load_rounds(path: Path) -> tuple[RoundRecord, ...]:
-    """Parse ``rounds.jsonl``: blank lines are skipped; rounds must strictly increase."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise ReportError(f"{path}: cannot read: {e}") from e
-    records: list[RoundRecord] = []
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        where = f"{path}:{lineno}"
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ReportError(f"{where}: invalid JSON (column {e.colno}): {e.msg}") from e
-        if not isinstance(obj, dict):
-            raise ReportError(f"{where}: expected a JSON object, got {type(obj).__name__}")
-        number = _int(obj, "round", where, required=True)
-        assert number is not None
-        if number < 1:
-            raise ReportError(f"{where}: 'round' must be >= 1 (1-based), got {number}")
-        if records and number <= records[-1].round:
-            raise ReportError(f"{where}: round {number} does not follow round {records[-1].round}")
-        accuracy = _number(
-            obj, "accuracy", where, required=True, nullable=False, unit_interval=True
-        )
-        assert accuracy is not None
-        records.append(
-            RoundRecord(
-                round=number,
-                accuracy=accuracy,
-                loss=_number(obj, "loss", where, finite=False),
-                epsilon=_number(obj, "epsilon", where, nonnegative=True),
-                seconds=_number(obj, "seconds", where, nonnegative=True),
-            )
-        )
-    return tuple(records)
-
-
-def _load_run(folder: Path, root: Path) -> RunRecord:
-    summary_path = folder / SUMMARY_FILE
-    rounds_path = folder / ROUNDS_FILE
-    config_path = folder / CONFIG_FILE
-    rounds = _load_rounds(rounds_path) if rounds_path.is_file() else ()
-    file_config = _read_json_object(config_path) if config_path.is_file() else {}
-
-    if not summary_path.is_file():
-        where = str(config_path)
-        try:
-            parent = folder.parent.relative_to(root).as_posix()
-        except ValueError:
-            parent = "."
-        default_name = parent if parent != "." else root.resolve().name or "runs"
-        return RunRecord(
-            path=folder,
-            run_id=folder.name,
-            name=_str(file_config, "name", where) or default_name,
-            label=_str(file_config, "label", where) or folder.name,
-            seed=_int(file_config, "seed", where),
-            finished=False,
-            final_accuracy=None,
-            best_accuracy=None,
-            epsilon=rounds[-1].epsilon if rounds else None,
-            delta=None,
-            total_rounds=None,
-            wall_seconds=None,
-            device=None,
-            paper=None,
-            rounds=rounds,
-            config=file_config,
-        )
-
-    summary = _read_json_object(summary_path)
-    where = str(summary_path)
-    final = _number(
-        summary, "final_accuracy", where, required=True, nullable=False, unit_interval=True
-    )
-    best = _number(summary, "best_accuracy", where, unit_interval=True)
-    assert final is not None
-    if best is None:
-        best = max([final, *(r.accuracy for r in rounds)])
-    total_rounds = _int(summary, "rounds", where)
-    config = summary.get("config", file_config)
-    if config is None:
-        config = file_config
-    if not isinstance(config, dict):
-        raise ReportError(f"{where}: 'config' must be a JSON object")
-    return RunRecord(
-        path=folder,
-        run_id=_str(summary, "run_id", where) or folder.name,
-        name=_str(summary, "name", where, required=True) or "",
-        label=_str(summary, "label", where, required=True) or "",
-        seed=_int(summary, "seed", where),
-        finished=True,
-        final_accuracy=final,
-        best_accuracy=best,
-        epsilon=_number(summary, "epsilon", where, nonnegative=True),
-        delta=_number(summary, "delta", where, nonnegative=True),
-        total_rounds=total_rounds,
-        wall_seconds=_number(summary, "wall_seconds", where, nonnegative=True),
-        device=_str(summary, "device", where),
-        paper=_number(summary, "paper", where, unit_interval=True),
-        rounds=rounds,
-        config=config,
-    )
-
-
-def load_runs(directory: str | os.PathLike[str]) -> list[RunRecord]:
-    """Every run folder at any depth under ``directory`` (``directory`` itself included).
-
-    A run folder holds ``summary.json`` (finished) or ``rounds.jsonl`` (unfinished, when it
-    has no summary). Runs are returned in natural order of their paths (``run2`` before
-    ``run10``), so the result is deterministic. Returns ``[]`` for a directory without runs.
-
-    Raises :class:`ReportError` if ``directory`` is not a directory, or naming the file (and
-    the line of ``rounds.jsonl``) when a file is malformed: invalid JSON, not an object, a
-    missing ``name``/``label``/``final_accuracy``/``round``/``accuracy``, a value of the
-    wrong type, an accuracy outside ``[0, 1]``, rounds not strictly increasing.
-    """
-    root = Path(directory)
-    if not root.is_dir():
-        raise ReportError(f"{root}: not a directory")
-    folders = {p.parent for p in root.rglob(SUMMARY_FILE) if p.is_file()}
-    folders |= {p.parent for p in root.rglob(ROUNDS_FILE) if p.is_file()}
-    ordered = sorted(folders, key=lambda f: _natural_key(f.relative_to(root)))
-    return [_load_run(folder, root) for folder in ordered]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -614,7 +358,8 @@ def plot_accuracy(runs: Iterable[RunRecord], path: str | os.PathLike[str], *, na
         eps_round: dict[int, list[float]] = {}
         for run in members:
             for rec in run.rounds:
-                per_round.setdefault(rec.round, []).append(100 * rec.accuracy)
+                if rec.accuracy is not None:  # the reader keeps evaluated rounds only
+                    per_round.setdefault(rec.round, []).append(100 * rec.accuracy)
                 if rec.epsilon is not None:
                     eps_round.setdefault(rec.round, []).append(rec.epsilon)
         xs = sorted(per_round)

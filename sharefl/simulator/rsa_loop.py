@@ -70,10 +70,12 @@ from sharefl.protocol.driver import secure_sum
 from sharefl.robust import GeometricMedian, RSAMaster, rsa_sign, rsa_worker_step
 from sharefl.simulator.config import ConfigError, RunConfig
 from sharefl.simulator.datasets import Dataset
-from sharefl.simulator.engine import RoundRecord, SteppedLoop, load_data, resolve_device
 from sharefl.simulator.models import build_model
 from sharefl.simulator.partition import partition
+from sharefl.simulator.results import RoundRecord
 from sharefl.simulator.rsa_attacks import SignAttack
+from sharefl.simulator.setup import load_data, resolve_device
+from sharefl.simulator.stepped import SteppedLoop
 from sharefl.simulator.training import FlatModel
 from sharefl.simulator.worker_models import EpochSampler, WorkerGradients
 

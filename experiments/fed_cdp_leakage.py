@@ -19,7 +19,7 @@ definition. Everything is seeded: a rerun prints the same numbers.
 
 Usage::
 
-    python experiments/seed003_leakage.py [--trials 20] [--workers 2] [--json out.json]
+    python experiments/fed_cdp_leakage.py [--trials 20] [--workers 2] [--json out.json]
 """
 
 from __future__ import annotations
@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     args.patience = args.patience or None
     rows = run(args)
     document = {
-        "experiment": "seed003 Table III (MNIST, CPL attack)",
+        "experiment": "Fed-αCDP (Wei et al.) Table III (MNIST, CPL attack)",
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "cells": rows,
     }

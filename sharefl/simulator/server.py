@@ -1,0 +1,184 @@
+"""The server side of a federated run: the aggregation rule, the step
+``w ← w − η_s · (momentum of) aggregate``, evaluation, and the privacy accountant.
+
+:class:`Server` owns the global model ``w``. Aggregation runs over the individual uploads
+(a robust rule, or seed000's noise-aware filter with the server's auxiliary data) or, with
+clusters (``secure_aggregation.cluster_size >= 2``), over the cluster sums released by
+:func:`~sharefl.protocol.driver.secure_sum` or by a deployment: the rule over cluster means
+(SHARE, :class:`~sharefl.robust.HierarchicalAggregator`), reclusterings averaged.
+:class:`Ledger` composes the run's :class:`~sharefl.simulator.setup.PrivacyPlan`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from sharefl.privacy.accountant import PrivacyAccountant
+from sharefl.protocol.driver import secure_sum
+from sharefl.robust import ClusterScale, HierarchicalAggregator, NoiseAwareFilter
+from sharefl.simulator import components
+from sharefl.simulator.config import ConfigError
+from sharefl.simulator.setup import RunSetup, describe_privacy, server_learning_rate
+
+
+class Ledger:
+    """The honest clients' privacy accountant over the run's plan: :meth:`step` composes
+    the mechanisms of one 0-based round at the plan's σ of that round."""
+
+    def __init__(self, setup: RunSetup) -> None:
+        self.plan = setup.privacy
+        p = setup.run.privacy
+        self.accountant = (
+            PrivacyAccountant(p.accountant, conversion=p.conversion) if p.enabled else None
+        )
+        self.sigmas: list[float] = []  # σ composed per round, in order
+
+    def step(self, round_index: int) -> None:
+        """Account one round of an honest participant's mechanisms (no-op without DP)."""
+        if self.accountant is None:
+            return
+        sigma = self.plan.sigma(round_index)
+        self.sigmas.append(sigma)
+        self.accountant.step(sigma, self.plan.sample_rate, self.plan.steps_per_round)
+
+    def epsilon(self) -> float | None:
+        """ε spent so far by each honest client (``None`` without privacy or steps)."""
+        if self.accountant is None or self.accountant.steps == 0:
+            return None
+        return self.accountant.get_epsilon(self.plan.delta)
+
+    def summary(self) -> tuple[float | None, dict[str, Any]]:
+        """(δ of the reported ε or ``None`` without privacy, the JSON-ready parameters)."""
+        delta = self.plan.delta if self.accountant is not None else None
+        return delta, describe_privacy(self.plan)
+
+
+class Server:
+    """The global model and everything the server does with it.
+
+    Args:
+        setup: the run's setup.
+        generator: randomness of the rule (bucketing's shuffles).
+
+    Raises:
+        ConfigError: the noise filter with clusters, or without auxiliary data or privacy;
+            an unknown rule or option.
+    """
+
+    def __init__(self, setup: RunSetup, generator: torch.Generator) -> None:
+        run = setup.run
+        self.setup = setup
+        self.model = setup.model
+        self.device = setup.device
+        self.w = setup.initial.clone()
+        self.velocity = torch.zeros_like(self.w)
+        self.learning_rate = server_learning_rate(run, setup.privacy)
+        self.clustered = run.secure_aggregation.cluster_size >= 2
+        self.noise_filter: NoiseAwareFilter | None = None
+        self.rule: Any = None
+        self.build_aggregation(generator)
+
+    def build_aggregation(self, generator: torch.Generator) -> None:
+        """(Re)build the rule of ``[aggregator]`` (or the noise filter)."""
+        run, agg = self.setup.run, self.setup.run.aggregator
+        self.noise_filter, self.rule = None, None
+        if agg.name == "noise_filter":
+            if self.clustered:
+                raise ConfigError(
+                    "the noise filter needs individual uploads: set secure_aggregation."
+                    "cluster_size = 1 (its auxiliary-data scores cannot run on cluster sums)"
+                )
+            if self.setup.auxiliary is None or not run.privacy.enabled:
+                raise ConfigError("the noise filter needs data.auxiliary_per_class and privacy")
+            self.noise_filter = components.build_noise_filter(
+                agg.options,
+                noise_multiplier=self.setup.privacy.noise_multiplier,
+                batch_size=run.training.batch_size,
+                honest=run.clients.honest,
+                total=run.clients.total,
+            )
+            return
+        rule = components.build_rule(agg.name, agg.options, agg.pre, generator)
+        self.rule = (
+            HierarchicalAggregator(rule=rule, scale=ClusterScale.MEAN) if self.clustered else rule
+        )
+
+    # -- aggregation -----------------------------------------------------------------
+
+    def aggregate(
+        self, uploads: Tensor, ids: list[int], round_index: int, rng: np.random.Generator
+    ) -> Tensor:
+        """The aggregate of this round's ``uploads`` (rows in the order of client ``ids``);
+        with clusters, through :func:`secure_sum` planned from ``rng``. Zero when every
+        cluster failed."""
+        if self.noise_filter is not None:
+            return self.noise_filter(uploads, self.auxiliary_gradient)
+        if not self.clustered:
+            return self.rule(uploads)
+        sa = self.setup.run.secure_aggregation
+        inputs = {cid: uploads[i].detach().cpu().numpy() for i, cid in enumerate(ids)}
+        result = secure_sum(
+            inputs,
+            cluster_size=sa.cluster_size,
+            reclusterings=sa.reclusterings,
+            seed=int(rng.integers(2**63)),
+            bits=sa.bits,
+            clip=sa.clip,
+            allow_leakage=sa.allow_leakage,
+            round=round_index,
+            protocol=sa.enabled,
+        )
+        released = [
+            [(s.sum, len(s.members)) for s in r.clusters]
+            for r in result.reclusterings
+            if r.clusters
+        ]
+        if not released:  # every cluster failed: no update this round
+            return torch.zeros_like(self.w)
+        return self.cluster_aggregate(released)
+
+    def cluster_aggregate(self, released: list[list[tuple[np.ndarray, int]]]) -> Tensor:
+        """The robust aggregate of released cluster sums: per reclustering, a list of
+        (decoded sum, cluster size); the rule runs over cluster means, reclusterings are
+        averaged."""
+        if not isinstance(self.rule, HierarchicalAggregator):
+            raise ConfigError("cluster sums need secure_aggregation.cluster_size >= 2")
+        rounds = [torch.as_tensor(np.stack([s for s, _ in sums])) for sums in released]
+        sizes = [[size for _, size in sums] for sums in released]
+        return self.rule.average(rounds, sizes).to(self.w.dtype).to(self.device)
+
+    def check_clusters(self, clusters: int) -> None:
+        """Raise the rule's ``ValueError`` when it cannot aggregate ``clusters`` cluster
+        sums (``f`` too large...); nothing to check without clusters."""
+        if isinstance(self.rule, HierarchicalAggregator):
+            self.rule(torch.zeros(clusters, 2, dtype=torch.float64), [2] * clusters)
+
+    def auxiliary_gradient(self) -> Tensor:
+        """The server's clean gradient on its auxiliary data at the current model."""
+        auxiliary = self.setup.auxiliary
+        assert auxiliary is not None
+        with torch.enable_grad():  # the filter calls this under no_grad
+            w = self.w.detach().clone().requires_grad_(True)
+            out = self.model(w, auxiliary.inputs)
+            loss = nn.functional.cross_entropy(out, auxiliary.targets)
+            (g,) = torch.autograd.grad(loss, w)
+        return g
+
+    # -- step and evaluation -----------------------------------------------------------
+
+    def step(self, aggregate: Tensor) -> None:
+        """``w ← w − η_s · v`` with v the aggregate (or its momentum, ``server.momentum``)."""
+        momentum = self.setup.run.server.momentum
+        if momentum:
+            self.velocity.mul_(momentum).add_(aggregate)
+            aggregate = self.velocity
+        self.w = self.w - self.learning_rate * aggregate.to(self.w)
+
+    def evaluate(self) -> tuple[float, float]:
+        """(accuracy, mean loss) of ``w`` on the test set."""
+        test = self.setup.test
+        return self.model.evaluate(self.w, test.inputs, test.targets)

@@ -1,0 +1,58 @@
+""":class:`SteppedLoop`: what every training loop shares (the federated
+:class:`~sharefl.simulator.engine.Simulation`, the DP-RSA
+:class:`~sharefl.simulator.rsa_loop.RSALoop`, and loops built on them).
+
+A loop has a run (``self.run``), a count of finished rounds (``self.round``) and a wall
+clock started when it was built (``self.started``); it implements :meth:`SteppedLoop.step`
+(one round, returning its :class:`~sharefl.simulator.results.RoundRecord`) and inherits
+running the remaining rounds, the clock, and the rule of which rounds are evaluated.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from sharefl.simulator.config import RunConfig
+from sharefl.simulator.results import RoundRecord
+
+
+class SteppedLoop:
+    """A loop run one ``step()`` (one round or iteration) at a time."""
+
+    run: RunConfig
+    round: int
+    started: float
+
+    def start_clock(self) -> None:
+        """Start the wall clock and the round count (call at the end of ``__init__``)."""
+        self.started = time.perf_counter()
+        self.round = 0
+
+    def step(self) -> RoundRecord:
+        """Run one round; returns its record (evaluated when :meth:`evaluation_due`)."""
+        raise NotImplementedError
+
+    def elapsed(self) -> float:
+        """Seconds since the loop was built."""
+        return time.perf_counter() - self.started
+
+    def evaluation_due(self) -> bool:
+        """Whether the round just finished (``self.round``) is evaluated: every
+        ``run.eval_every`` rounds and the last one."""
+        return self.round % self.run.eval_every == 0 or self.round == self.run.rounds
+
+    def run_rounds(self, callback: Callable[[RoundRecord], None] | None = None) -> RoundRecord:
+        """Run the remaining rounds; ``callback`` sees every record. Returns the last one.
+
+        Raises:
+            RuntimeError: no round is left to run.
+        """
+        record = None
+        while self.round < self.run.rounds:
+            record = self.step()
+            if callback is not None:
+                callback(record)
+        if record is None:
+            raise RuntimeError(f"all {self.run.rounds} rounds have run already")
+        return record
