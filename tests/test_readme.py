@@ -36,7 +36,7 @@ EXAMPLES = [
     for i, (code, printed) in enumerate(_EXAMPLE.findall(TEXT[page]))
 ]
 _LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
-_PLACEHOLDER = re.compile(r"[<\[|]|^[A-Z][A-Z_]+(:[A-Z]+)?$")
+_PLACEHOLDER = re.compile(r"[<\[|]|^\.\.\.$|^[A-Z][A-Z_]+(:[A-Z]+)?$")
 """A word of a command template: <file>, [--json], cpu|cuda, FILE, HOST:PORT."""
 _REPO_DIRS = ("experiments/", "benchmarks/", "examples/", "tests/", "docs/", "sharefl/")
 
@@ -145,6 +145,8 @@ def test_command_is_valid(page, command, whole):
             assert exc.code == 0, f"{_name(page)}: `{command}` does not parse"
         return
     # A fragment: its subcommand exists and has every option the fragment names.
+    if words[1:2] == ["--debug"]:  # the one option before the subcommand
+        words = [words[0], *words[2:]]
     subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     if len(words) < 2 or words[1].startswith("-"):
         assert set(words[1:]) <= _options(parser), f"{_name(page)}: `{command}`"
