@@ -439,6 +439,16 @@ def test_simulate_command_runs_the_matching_part_of_a_grid(tmp_path):
     assert cli_main(["simulate", str(path), "--out", str(out), "--match", "lr=9"]) == 2
 
 
+def test_simulate_prints_its_final_json_lines_readably(tmp_path, capsys):
+    config = base_config(rounds=2, label="ε-free run, lr={training.learning_rate}")
+    path = tmp_path / "run.toml"
+    path.write_text(_toml(config), encoding="utf-8")
+    assert cli_main(["simulate", str(path), "--out", str(tmp_path / "out")]) == 0
+    (line,) = capsys.readouterr().out.splitlines()
+    assert "ε-free run" in line and "\\u03b5" not in line
+    assert json.loads(line)["label"] == "ε-free run, lr=0.5"
+
+
 def _toml(config: dict) -> str:
     """A minimal TOML writer for the nested dicts of :func:`base_config`."""
 
