@@ -38,7 +38,7 @@ from collections import defaultdict
 
 import numpy as np
 from bench_protocol import emit_keystream_floor
-from common import emit, emit_machine, finish, timeit
+from common import add_smoke_flag, emit, emit_machine, finish, timeit, use_smoke
 
 from sharefl.protocol import secure_sum
 from sharefl.protocol.assignment import plan_assignment
@@ -257,7 +257,10 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--no-round", action="store_true", help="skip the d-word rounds")
     parser.add_argument("--strict", action="store_true")
+    add_smoke_flag(parser)
     args = parser.parse_args()
+    if use_smoke(args):
+        args.d, args.sizes, args.repeat = 1000, [5], 1
     emit_machine("audit", n=N, reclusterings=R, min_sum_size=MIN_SUM, d=args.d)
     floor_one = emit_keystream_floor(args.d)
     records = []

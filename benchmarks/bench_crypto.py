@@ -18,7 +18,7 @@ import argparse
 import os
 
 import numpy as np
-from common import compare, emit, emit_machine, finish, timeit
+from common import add_smoke_flag, compare, emit, emit_machine, finish, timeit, use_smoke
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from sharefl.crypto import shamir
@@ -44,35 +44,37 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
+    add_smoke_flag(parser)
     args = parser.parse_args()
+    d = 4096 if use_smoke(args) else D
     repeat = 10 if args.quick else 50
-    emit_machine("crypto", d=D)
+    emit_machine("crypto", d=d)
     records = []
 
     seed = os.urandom(32)
     for bits in (32, 64):
         expander = MaskExpander(bits)
-        acc = np.zeros(D, dtype=expander.dtype)
-        out = np.empty(D, dtype=expander.dtype)
-        floor_fn = raw_keystream_fn(D * bits // 8)
+        acc = np.zeros(d, dtype=expander.dtype)
+        out = np.empty(d, dtype=expander.dtype)
+        floor_fn = raw_keystream_fn(d * bits // 8)
         t_acc, floor = compare(
             lambda e=expander, a=acc: e.accumulate(a, seed, 1), floor_fn, repeat=repeat
         )
         t_exp, floor2 = compare(
-            lambda e=expander, o=out: e.expand(seed, D, o), floor_fn, repeat=repeat
+            lambda e=expander, o=out: e.expand(seed, d, o), floor_fn, repeat=repeat
         )
         emit(
             {
-                "name": f"aes128_ctr_keystream_{D * bits // 8}B",
+                "name": f"aes128_ctr_keystream_{d * bits // 8}B",
                 "kind": "baseline",
                 **floor,
-                "gbytes_per_s": D * bits / 8 / floor["best_s"] / 1e9,
+                "gbytes_per_s": d * bits / 8 / floor["best_s"] / 1e9,
             }
         )
         ratio = floor["best_s"] / t_acc["best_s"]
         record = {
             "name": f"mask_accumulate_b{bits}",
-            "d": D,
+            "d": d,
             **t_acc,
             "keystream_best_s": floor["best_s"],
             "rate_vs_keystream": ratio,
@@ -116,14 +118,14 @@ def main() -> None:
     emit(record)
 
     encoding = choose_encoding(clip=1.0, max_summands=100, bits=32)
-    x = np.random.default_rng(0).standard_normal(D, dtype=np.float32)
-    enc_out = np.empty(D, dtype=np.uint32)
+    x = np.random.default_rng(0).standard_normal(d, dtype=np.float32)
+    enc_out = np.empty(d, dtype=np.uint32)
     rng = np.random.default_rng(1)
     expander = MaskExpander(32)
-    mask_out = np.empty(D, dtype=np.uint32)
+    mask_out = np.empty(d, dtype=np.uint32)
     t_enc, t_mask = compare(
         lambda: encode_into(x, encoding, rng, enc_out),
-        lambda: expander.expand(seed, D, mask_out),
+        lambda: expander.expand(seed, d, mask_out),
         repeat=repeat,
     )
     ratio = t_enc["best_s"] / t_mask["best_s"]

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from common import emit, emit_machine, finish
+from common import add_smoke_flag, emit, emit_machine, finish, use_smoke
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.client import ClientApp, NumPyClient
 from flwr.client.mod import secaggplus_mod
@@ -270,7 +270,10 @@ def main() -> None:
     parser.add_argument("--d", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tick", type=float, default=0.1)
+    add_smoke_flag(parser)
     args = parser.parse_args()
+    if use_smoke(args):
+        args.clients, args.d, args.rounds = [4], 1000, 1
     logging.getLogger("flwr").setLevel(logging.WARNING)
     if args.tick != 0.1:
         set_tick(args.tick)

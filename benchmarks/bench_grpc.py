@@ -24,10 +24,10 @@ import time
 from pathlib import Path
 
 import numpy as np
-from common import emit, emit_machine, finish
+from common import add_smoke_flag, emit, emit_machine, finish, use_smoke
 
 from sharefl.deploy.client import demo_trainer
-from sharefl.launch import free_port
+from sharefl.launch import wait_for_address
 from sharefl.protocol import secure_sum
 
 CONFIG = """
@@ -50,14 +50,17 @@ def grpc_rounds(clients: int, d: int, rounds: int, folder: Path) -> dict:
     """Run ``rounds`` rounds with real processes; the server's result.json."""
     config = folder / "deploy.toml"
     config.write_text(CONFIG.format(clients=clients, d=d, rounds=rounds))
-    address = f"127.0.0.1:{free_port()}"
     cli = [sys.executable, "-m", "sharefl.cli"]
-    out = folder / "out"
+    out, port_file = folder / "out", folder / "address"
+    serve = [*cli, "serve", "--config", str(config), "--address", "127.0.0.1:0"]
     server = subprocess.Popen(
-        [*cli, "serve", "--config", str(config), "--address", address, "--out", str(out)],
+        [*serve, "--port-file", str(port_file), "--out", str(out)],
         stderr=subprocess.PIPE,
         text=True,
     )
+    address = wait_for_address(port_file, server)
+    if address is None:
+        raise RuntimeError(f"server failed:\n{server.communicate()[1]}")
     procs = [
         subprocess.Popen(
             [*cli, "client", "--server", address, "--id", str(cid)],
@@ -79,7 +82,10 @@ def main() -> None:
     parser.add_argument("--d", type=int, default=1_000_000)
     parser.add_argument("--rounds", type=int, default=3, help="best round of these counts")
     parser.add_argument("--strict", action="store_true")
+    add_smoke_flag(parser)
     args = parser.parse_args()
+    if use_smoke(args):
+        args.clients, args.d, args.rounds = 5, 1000, 1
     emit_machine("grpc", clients=args.clients, d=args.d, cores_used=os.cpu_count())
     with tempfile.TemporaryDirectory() as tmp:
         result = grpc_rounds(args.clients, args.d, args.rounds, Path(tmp))

@@ -32,7 +32,7 @@ import warnings
 
 import torch
 import torch.nn.functional as F
-from common import compare, emit, emit_machine, finish
+from common import add_smoke_flag, compare, emit, emit_machine, finish, use_smoke
 
 from sharefl.machine import keep_freed_memory
 from sharefl.privacy import DPSGD, DPSGDConfig, FlatClipping
@@ -105,7 +105,12 @@ def main() -> None:
         default="both",
         help="allocator settings to measure (both: default first, then retain)",
     )
+    add_smoke_flag(parser)
     args = parser.parse_args()
+    models, batches = MODELS, BATCHES
+    if use_smoke(args):  # the smaller model, the smallest batch, no comparison
+        models, batches = dict(list(MODELS.items())[:1]), BATCHES[:1]
+        args.no_opacus, args.allocator = True, "glibc-default"
     torch.set_num_threads(args.threads)
     # Opacus's hooks warn that the input does not require grad; that is expected here.
     warnings.filterwarnings("ignore", message="Full backward hook is firing")
@@ -129,11 +134,11 @@ def main() -> None:
         if allocator == "glibc-retain" and not keep_freed_memory():
             emit({"kind": "skipped", "allocator": allocator, "reason": "no glibc mallopt"})
             continue
-        for model_name, (build, shape) in MODELS.items():
+        for model_name, (build, shape) in models.items():
             torch.manual_seed(0)
             base = build()
             d = sum(p.numel() for p in base.parameters())
-            for batch in BATCHES:
+            for batch in batches:
                 gen = torch.Generator().manual_seed(batch)
                 x = torch.randn(batch, *shape, generator=gen)
                 y = torch.randint(0, 10, (batch,), generator=gen)

@@ -25,7 +25,7 @@ import time
 from collections import defaultdict
 
 import numpy as np
-from common import emit, emit_machine, finish, timeit
+from common import add_smoke_flag, emit, emit_machine, finish, timeit, use_smoke
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from sharefl.crypto.aead import OVERHEAD_BYTES
@@ -75,7 +75,7 @@ def run_scenario(name, n, d, cluster_size, threshold, drop_fraction, floor_one):
     round_s = time.perf_counter() - start
     assert not result.failed, result.failed
     total = sum(inputs[c] for c in range(n) if c not in dropped)
-    assert np.array_equal(sum(c.sum for c in result.clusters), total), "wrong sum"
+    assert np.array_equal(sum(c.ring_sum for c in result.clusters), total), "wrong sum"
 
     sizes = [len(c) for c in result.reclusterings[0].clustering.clusters]
     peers = statistics.median(s - 1 for s in sizes)
@@ -128,7 +128,10 @@ def main() -> None:
     parser.add_argument("--d", type=int, default=1_000_000)
     parser.add_argument("--strict", action="store_true")
     parser.add_argument("--quick", action="store_true", help="skip plain SecAgg")
+    add_smoke_flag(parser)
     args = parser.parse_args()
+    if use_smoke(args):
+        args.d, args.quick = 4096, True
     emit_machine("protocol", d=args.d)
     floor_one = emit_keystream_floor(args.d)
     records = []

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from common import compare, emit, emit_machine, finish
+from common import add_smoke_flag, compare, emit, emit_machine, finish, use_smoke
 
 from sharefl.robust import (
     IOS,
@@ -116,7 +116,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
+    add_smoke_flag(parser)
     args = parser.parse_args()
+    global D
+    if use_smoke(args):
+        D = 1000
     repeat = 3 if args.quick else 10
     slow_repeat = 2 if args.quick else 4
     emit_machine(

@@ -33,7 +33,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from common import compare, emit, emit_machine, finish
+from common import add_smoke_flag, compare, emit, emit_machine, finish, use_smoke
 
 from sharefl.machine import keep_freed_memory, torch_threads
 from sharefl.privacy import DPSGD, DPSGDConfig, Normalization
@@ -85,7 +85,9 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     parser.add_argument("--strict", action="store_true", help="exit 1 if the target is missed")
+    add_smoke_flag(parser)
     args = parser.parse_args()
+    smoke = use_smoke(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     keep_freed_memory()  # as `sharefl simulate` does, for both paths
@@ -94,8 +96,8 @@ def main() -> None:
 
     # The seed000 setting on synthetic MNIST-shaped data (the timing does not depend on
     # the pixels; the real files need not be present).
-    train = synthetic_dataset(60_000, shape=(1, 28, 28), seed=0)
-    test = synthetic_dataset(1_000, shape=(1, 28, 28), seed=0, split="test")
+    train = synthetic_dataset(2_000 if smoke else 60_000, shape=(1, 28, 28), seed=0)
+    test = synthetic_dataset(100 if smoke else 1_000, shape=(1, 28, 28), seed=0, split="test")
     runs = load_runs("experiments/dp_filter_mnist_figure1.toml")
     run = next(
         r
@@ -182,7 +184,7 @@ def main() -> None:
     emit(floor)
 
     start = time.perf_counter()
-    rounds = 3 if args.quick else 10
+    rounds = 1 if smoke else (3 if args.quick else 10)
     for _ in range(rounds):
         sim.step()
     seconds = (time.perf_counter() - start) / rounds

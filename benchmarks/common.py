@@ -7,6 +7,7 @@ absolute times do not).
 
 from __future__ import annotations
 
+import argparse
 import gc
 import json
 import statistics
@@ -17,12 +18,32 @@ from typing import Any
 
 from sharefl.machine import machine_info
 
+SMOKE_HELP = (
+    "tiny sizes and one repetition: checks that the benchmark runs (CI runs every benchmark "
+    "so); its figures mean nothing and its targets are not judged"
+)
+_smoke = False
+
+
+def add_smoke_flag(parser: argparse.ArgumentParser) -> None:
+    """Give a benchmark the ``--smoke`` flag (see :data:`SMOKE_HELP`)."""
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
+
+
+def use_smoke(args: argparse.Namespace) -> bool:
+    """Switch timing to one run without warm-up when ``args.smoke``; returns it."""
+    global _smoke
+    _smoke = bool(args.smoke)
+    return _smoke
+
 
 def _measure(calls: list[Callable[[], object]], repeat: int, warmup: int) -> list[dict[str, float]]:
     """Run the calls in turn ``warmup`` + ``repeat`` times; best and median seconds of each.
 
     The garbage collector is disabled while timing so a collection does not land in one run.
     """
+    if _smoke:
+        repeat, warmup = 1, 0
     for _ in range(warmup):
         for call in calls:
             call()
@@ -70,12 +91,17 @@ def emit(record: dict[str, Any]) -> None:
 
 def emit_machine(benchmark: str, **extra: Any) -> None:
     """The first line of every benchmark: what ran where."""
-    emit({"benchmark": benchmark, "kind": "machine", **machine_info(), **extra})
+    emit({"benchmark": benchmark, "kind": "machine", "smoke": _smoke, **machine_info(), **extra})
 
 
 def finish(records: list[dict[str, Any]], *, strict: bool = False) -> None:
-    """Print a summary line; with ``strict``, exit 1 when a target was missed."""
+    """Print a summary line; with ``strict``, exit 1 when a target was missed (never in a
+    smoke run, whose sizes are not the targets')."""
+    targets = sum("pass" in r for r in records)
+    if _smoke:  # tiny sizes: the targets are not judged
+        emit({"kind": "summary", "smoke": True, "targets": targets, "failed": None})
+        return
     failed = [r["name"] for r in records if r.get("pass") is False]
-    emit({"kind": "summary", "targets": sum("pass" in r for r in records), "failed": failed})
+    emit({"kind": "summary", "smoke": False, "targets": targets, "failed": failed})
     if strict and failed:
         sys.exit(1)

@@ -67,7 +67,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from sharefl.launch import run_server
 
     return run_server(
-        args.config, address=args.address, clients=args.clients, out=args.out, resume=args.resume
+        args.config,
+        address=args.address,
+        clients=args.clients,
+        out=args.out,
+        resume=args.resume,
+        port_file=args.port_file,
     )
 
 
@@ -107,7 +112,7 @@ def _check_out(out: str) -> None:
 def _cmd_simulate(args: argparse.Namespace) -> int:
     from sharefl.launch import sigterm_interrupts
     from sharefl.machine import keep_freed_memory
-    from sharefl.simulator.config import ConfigError, load_runs
+    from sharefl.simulator.config import SimulationConfigError, load_runs
     from sharefl.simulator.preflight import check_runs
     from sharefl.simulator.runner import Progress, run_grid
 
@@ -121,7 +126,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     if args.match:
         runs = [r for r in runs if args.match in r.label]
     if not runs:
-        raise ConfigError("no run of the file matches --seeds/--match")
+        raise SimulationConfigError("no run of the file matches --seeds/--match")
     check_runs(runs, args.device)  # every name and option, before any data loads
     try:
         outcomes = run_grid(runs, args.out, device=args.device, progress=Progress())
@@ -177,6 +182,12 @@ def _add_deployment_commands(sub) -> None:
         "--resume",
         metavar="DIR",
         help="continue the stopped run whose --out was DIR from its last finished round",
+    )
+    serve.add_argument(
+        "--port-file",
+        metavar="FILE",
+        help="write the address actually bound to FILE once listening (with --address "
+        "HOST:0 the OS picks a free port)",
     )
     serve.set_defaults(func=_cmd_serve)
 
@@ -274,12 +285,7 @@ class _Parser(argparse.ArgumentParser):
 
 USER_ERRORS: tuple[tuple[str, tuple[str, ...], ExitStatus], ...] = (
     ("sharefl.simulator.datasets", ("MissingDataError",), ExitStatus.DATA_MISSING),
-    ("sharefl.simulator.config", ("ConfigError",), ExitStatus.CONFIG),
-    ("sharefl.simulator.datasets", ("DatasetError",), ExitStatus.CONFIG),
-    ("sharefl.simulator.partition", ("PartitionError",), ExitStatus.CONFIG),
-    ("sharefl.simulator.models", ("ModelError",), ExitStatus.CONFIG),
-    ("sharefl.simulator.attacks", ("AttackError",), ExitStatus.CONFIG),
-    ("sharefl.simulator.report", ("ReportError",), ExitStatus.CONFIG),
+    ("sharefl.simulator.errors", ("SimulatorError",), ExitStatus.CONFIG),
     ("sharefl.robust.base", ("AggregationError",), ExitStatus.CONFIG),
     ("sharefl.privacy.errors", ("PrivacyError",), ExitStatus.CONFIG),
     ("sharefl.protocol.errors", ("ConfigurationError", "LeakageError"), ExitStatus.CONFIG),

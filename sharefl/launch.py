@@ -18,12 +18,12 @@ import contextlib
 import dataclasses
 import os
 import signal
-import socket
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -113,10 +113,13 @@ def run_server(
     clients: int | None = None,
     out: str | None = None,
     resume: str | None = None,
+    port_file: str | None = None,
 ) -> int:
     """``sharefl serve``: run all rounds, write results, return an exit status. ``resume``
     is the results folder of a stopped run (deployment files only): the rounds go on from
-    its last finished one, appended to the same folder."""
+    its last finished one, appended to the same folder. ``port_file`` receives the address
+    actually bound (``host:port``; the port the OS chose for port 0) once the server
+    listens."""
     keep_freed_memory()
     writer = None
     try:
@@ -146,6 +149,7 @@ def run_server(
                 strategy=strategy,
                 on_round=writer.round if writer else None,
                 resume=checkpoint,
+                listening=write_address(Path(port_file)) if port_file else None,
             )
         )
     except (ConfigurationError, LeakageError, ValueError) as exc:
@@ -268,11 +272,27 @@ def run_client(client_id: int, address: str, **kwargs: Any) -> int:
     return 0
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def write_address(path: Path) -> Callable[[str], None]:
+    """A ``listening`` callback that writes the bound address to ``path`` atomically (a
+    reader never sees a partial line)."""
+
+    def write(address: str) -> None:
+        partial = path.with_name(path.name + ".partial")
+        partial.write_text(address + "\n")
+        os.replace(partial, path)
+
+    return write
+
+
+def wait_for_address(path: Path, server: subprocess.Popen[bytes]) -> str | None:
+    """The address a ``serve --port-file path`` process listens on, once it does; ``None``
+    if the process ended first (it said why on stderr). The port is bound once, by the
+    server: nothing can take it between a check and the bind."""
+    while not path.exists():
+        if server.poll() is not None:
+            return None
+        time.sleep(0.02)
+    return path.read_text().strip()
 
 
 def _stop(procs: list[subprocess.Popen], grace: float, term_wait: float = 10) -> None:
@@ -306,7 +326,7 @@ def launch(config_path: str, clients: int | None, *, trainer: str, out: str | No
     (clients still running when it ends are terminated). Without ``out`` a warning says
     that the results are not kept.
     """
-    from sharefl.simulator.config import ConfigError, is_simulation_config
+    from sharefl.simulator.config import SimulationConfigError, is_simulation_config
 
     simulation = is_simulation_config(config_path)
     try:
@@ -324,7 +344,7 @@ def launch(config_path: str, clients: int | None, *, trainer: str, out: str | No
         else:
             config = load_config(config_path)
             clients = clients or config.server.clients
-    except (ConfigurationError, ConfigError) as exc:
+    except (ConfigurationError, SimulationConfigError) as exc:
         _error(str(exc))
         return 2
     if not out:
@@ -333,16 +353,20 @@ def launch(config_path: str, clients: int | None, *, trainer: str, out: str | No
             "rounds.jsonl, result.json and the model)",
             file=sys.stderr,
         )
-    address = f"127.0.0.1:{free_port()}"
     keys = str(Path(config.tls.cert).parent) if config.tls.enabled else None
     python = [sys.executable, "-m", "sharefl.cli"]
-    serve_cmd = [*python, "serve", "--config", config_path, "--address", address]
-    serve_cmd += ["--clients", str(clients)] + (["--out", out] if out else [])
+    port_dir = tempfile.TemporaryDirectory(prefix="sharefl-launch-")
+    port_file = Path(port_dir.name) / "address"
+    serve_cmd = [*python, "serve", "--config", config_path, "--address", "127.0.0.1:0"]
+    serve_cmd += ["--port-file", str(port_file), "--clients", str(clients)]
+    serve_cmd += ["--out", out] if out else []
     sigterm_interrupts()
-    procs: list[subprocess.Popen] = []
+    procs: list[subprocess.Popen[bytes]] = []
     server = subprocess.Popen(serve_cmd)
     try:
-        time.sleep(0.3)
+        address = wait_for_address(port_file, server)
+        if address is None:  # the server refused to start and said why
+            return server.wait()
         # Many client processes share this machine's cores: one compute thread each, or
         # every process's thread pool fights for the same cores (unless the user says).
         client_env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
@@ -360,6 +384,8 @@ def launch(config_path: str, clients: int | None, *, trainer: str, out: str | No
         _stop(procs, grace=0)
         _error(f"launch interrupted; server and {len(procs)} client(s) stopped")
         return 130
+    finally:
+        port_dir.cleanup()
     failed = sum(1 for p in procs if p.returncode not in (0, None))
     print(
         f"launch: server exited {status}; {clients - failed} of {clients} clients exited cleanly",

@@ -35,9 +35,10 @@ from sharefl.deploy.config import (
     SecureAggregationSection,
     ServerSection,
 )
+from sharefl.deploy.server import descend
 from sharefl.robust.hierarchical import ClusterScale, HierarchicalAggregator
 from sharefl.simulator.components import build_rule
-from sharefl.simulator.config import ConfigError, RunConfig, load_runs
+from sharefl.simulator.config import RunConfig, SimulationConfigError, load_runs
 from sharefl.simulator.engine import Simulation
 from sharefl.simulator.preflight import check_run
 from sharefl.simulator.results import RoundRecord, RunWriter, device_description, run_summary
@@ -50,7 +51,7 @@ def single_run(path: str | Path, seed: int | None = None) -> RunConfig:
     if seed is not None:
         runs = [r for r in runs if r.seed == seed]
     if len(runs) != 1:
-        raise ConfigError(
+        raise SimulationConfigError(
             f"{path} describes {len(runs)} runs; a deployment runs exactly one "
             "(remove the lists, or pick a seed)"
         )
@@ -62,9 +63,11 @@ def deployment_for(run: RunConfig, dim: int) -> DeploymentConfig:
     """The gRPC deployment of ``run``: every client in every round, its clusters."""
     sa = run.secure_aggregation
     if sa.cluster_size < 2:
-        raise ConfigError("a deployment needs secure_aggregation.cluster_size >= 2")
+        raise SimulationConfigError("a deployment needs secure_aggregation.cluster_size >= 2")
     if run.clients.per_round:
-        raise ConfigError("a deployment uses every client each round: set clients.per_round = 0")
+        raise SimulationConfigError(
+            "a deployment uses every client each round: set clients.per_round = 0"
+        )
     return DeploymentConfig(
         server=ServerSection(
             address=run.deployment.address,
@@ -94,9 +97,10 @@ class RobustStrategy:
     """The server strategy of a deployment file with an ``[aggregator]`` table: any
     :mod:`sharefl.robust` rule (named as in simulation configs, with its options and
     pre-aggregators) over the released cluster sums, reclusterings averaged (SHARE's
-    Algorithm 1), then ``model += learning_rate × aggregate``; the model starts at zero.
+    Algorithm 1), then ``model ← model − learning_rate × aggregate``
+    (:func:`~sharefl.deploy.server.descend`); the model starts at zero.
 
-    Raises :class:`~sharefl.simulator.config.ConfigError` (a ``ValueError``) for an
+    Raises :class:`~sharefl.simulator.config.SimulationConfigError` (a ``ValueError``) for an
     unknown rule, option or pre-aggregator.
     """
 
@@ -119,7 +123,7 @@ class RobustStrategy:
         rounds = [torch.as_tensor(np.stack([s for s, _ in sums])) for sums in released]
         sizes = [[size for _, size in sums] for sums in released]
         aggregate = self.rule.average(rounds, sizes).cpu().numpy()
-        updated = (model + self.learning_rate * aggregate).astype(np.float32)
+        updated = descend(model, self.learning_rate, aggregate)
         return updated, aggregate, f", {type(self.rule.rule).__name__} over cluster sums"
 
 
@@ -202,7 +206,9 @@ class SimulationTrainer:
 
     def __init__(self, run: RunConfig, client_id: int) -> None:
         if not 0 <= client_id < run.clients.total:
-            raise ConfigError(f"client id {client_id} is not in 0..{run.clients.total - 1}")
+            raise SimulationConfigError(
+                f"client id {client_id} is not in 0..{run.clients.total - 1}"
+            )
         self.simulation = Simulation(run)
         self.simulation.use_generator(os_seeded_generator(self.simulation.device))
         self.client_id = client_id

@@ -80,7 +80,7 @@ def build_dataclass(
     for key, value in table.items():
         name = f"{where}.{key}" if where else key
         hint = hints[key]
-        if dataclasses.is_dataclass(hint):
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
             values[key] = build_dataclass(hint, value, name, error, leaf=leaf)
             continue
         value = check_value(name, value, hint, error)

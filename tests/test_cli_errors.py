@@ -15,7 +15,7 @@ import torch
 
 from sharefl.cli import USER_ERRORS, build_parser, main
 from sharefl.exit_status import MEANING, ExitStatus
-from sharefl.simulator.config import ConfigError, load_runs
+from sharefl.simulator.config import SimulationConfigError, load_runs
 from sharefl.simulator.preflight import check_runs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -247,5 +247,5 @@ def test_f_is_checked_against_the_sampled_clients():
         ROOT / "experiments" / "quickstart.toml",
         {"clients": {"per_round": 12}, "aggregator": {"options": {"f": 2}}},
     )
-    with pytest.raises(ConfigError, match="4 cluster means"):
+    with pytest.raises(SimulationConfigError, match="4 cluster means"):
         check_runs([run])

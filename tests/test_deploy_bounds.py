@@ -13,11 +13,11 @@ import asyncio
 import dataclasses
 import json
 import subprocess
-import sys
 
 import grpc
 import numpy as np
 import pytest
+from conftest import PYTHON, serving
 
 from sharefl.deploy.client import ClientRuntime, demo_trainer, retryable
 from sharefl.deploy.config import (
@@ -28,19 +28,17 @@ from sharefl.deploy.config import (
     load_config,
 )
 from sharefl.deploy.server import BUSY, PeerLog, sample_participants, serve, validate_deployment
-from sharefl.launch import free_port
 from sharefl.proto import sharefl_pb2 as pb
 from sharefl.proto import sharefl_pb2_grpc as pb_grpc
 from sharefl.protocol.errors import ConfigurationError
 
 DIM = 32
-PYTHON = [sys.executable, "-m", "sharefl.cli"]
 
 
-def config(port: int, *, clients: int = 4, rounds: int = 1, **server) -> DeploymentConfig:
+def config(*, clients: int = 4, rounds: int = 1, **server) -> DeploymentConfig:
     return DeploymentConfig(
         server=ServerSection(
-            address=f"127.0.0.1:{port}",
+            address="127.0.0.1:0",  # the OS picks the port at the bind
             clients=clients,
             rounds=rounds,
             connect_timeout_s=30,
@@ -81,13 +79,9 @@ async def _end_of(call) -> grpc.aio.AioRpcError:
 
 def test_idle_unauthenticated_streams_are_capped_and_timed_out_and_honest_clients_finish():
     async def main():
-        port = free_port()
-        cfg = config(port, max_unauthenticated=3, hello_timeout_s=1.0)
+        cfg = config(max_unauthenticated=3, hello_timeout_s=1.0)
         lines: list[str] = []
-        ready = asyncio.Event()
-        server = asyncio.create_task(serve(cfg, ready=ready, log=lines.append))
-        await ready.wait()
-        address = f"127.0.0.1:{port}"
+        server, address = await serving(serve, cfg, log=lines.append)
         idle = [await _idle_stream(address) for _ in range(8)]
         holders = [call for _, call, code in idle if code is None]
         refused = [code for _, _, code in idle if code is not None]
@@ -141,13 +135,9 @@ class _Flooder(ClientRuntime):
 
 def test_a_client_flooding_refusals_gets_a_few_lines_a_round_and_one_summary():
     async def main():
-        port = free_port()
         lines: list[str] = []
-        ready = asyncio.Event()
-        cfg = config(port, rounds=2, peer_log_lines=3)
-        server = asyncio.create_task(serve(cfg, ready=ready, log=lines.append))
-        await ready.wait()
-        address = f"127.0.0.1:{port}"
+        cfg = config(rounds=2, peer_log_lines=3)
+        server, address = await serving(serve, cfg, log=lines.append)
         clients = [ClientRuntime(cid, address) for cid in range(3)]
         clients.append(_Flooder(3, address, retries=1))
         outcomes = await asyncio.gather(*(c.run() for c in clients))
@@ -216,7 +206,7 @@ def test_sampling_configurations_that_cannot_run_fail_before_listening(tmp_path,
 def test_validation_plans_the_sampled_round_not_every_client():
     """A robust rule's ``f`` that fits the clusters of all clients but not of a sample."""
     cfg = dataclasses.replace(
-        config(0, clients=12, clients_per_round=4), secure_aggregation=SecureAggregationSection()
+        config(clients=12, clients_per_round=4), secure_aggregation=SecureAggregationSection()
     )
 
     class Strategy:
@@ -226,7 +216,7 @@ def test_validation_plans_the_sampled_round_not_every_client():
 
     with pytest.raises(ConfigurationError, match=r"over 1 cluster sums .*4 clients a round"):
         validate_deployment(cfg, strategy=Strategy())
-    every_client = dataclasses.replace(cfg, server=config(0, clients=12).server)
+    every_client = dataclasses.replace(cfg, server=config(clients=12).server)
     validate_deployment(every_client, strategy=Strategy())  # 3 clusters of all 12: fine
 
 
@@ -259,3 +249,24 @@ def test_launch_samples_k_clients_a_round_and_the_others_sit_out(tmp_path):
         line = f"client {c}: 3 rounds" + (f" ({sat_out[c]} not sampled)" if sat_out[c] else "")
         assert line + "," in done.stderr, (line, done.stderr)
     assert "2 not sampled" in done.stderr  # the server's round line
+
+
+def test_the_server_binds_its_port_once_and_reports_the_one_it_got():
+    """Port 0: the OS picks a free port at the bind; the address reported (and logged) is
+    the one bound, never a port checked free earlier and bound later."""
+    from sharefl.deploy.server import bound_address
+
+    assert bound_address("127.0.0.1:0", 50123) == "127.0.0.1:50123"
+    assert bound_address("[::1]:0", 50123) == "[::1]:50123"
+    assert bound_address("0.0.0.0:50051", 50051) == "0.0.0.0:50051"
+
+    async def main():
+        lines: list[str] = []
+        server, address = await serving(serve, config(), log=lines.append)
+        assert not address.endswith(":0")
+        assert any(f"listening on {address}" in line for line in lines)
+        outcomes = await asyncio.gather(*(ClientRuntime(cid, address).run() for cid in range(4)))
+        return await server, outcomes
+
+    result, outcomes = asyncio.run(main())
+    assert len(result.reports) == 1 and len(outcomes) == 4

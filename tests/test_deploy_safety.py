@@ -14,13 +14,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import grpc
 import numpy as np
 import pytest
+from conftest import PYTHON, start_server
 
 from sharefl.crypto.signatures import IdentityKey
 from sharefl.deploy.client import ClientRuntime, ConnectionLost, read_tls
@@ -35,13 +35,10 @@ from sharefl.deploy.config import (
 )
 from sharefl.deploy.keygen import keygen, load_identity
 from sharefl.deploy.server import deployment_rng, hello_statement, validate_deployment
-from sharefl.launch import free_port
 from sharefl.proto import sharefl_pb2 as pb
 from sharefl.proto import sharefl_pb2_grpc as pb_grpc
 from sharefl.protocol.client import ClientPolicy
 from sharefl.protocol.errors import ConfigurationError
-
-PYTHON = [sys.executable, "-m", "sharefl.cli"]
 
 
 def toml(path: Path, tables: dict[str, dict]) -> Path:
@@ -72,13 +69,16 @@ def wait_for_rounds(path: Path, count: int, timeout: float = 90) -> None:
     raise TimeoutError(f"{path} never held {count} rounds")
 
 
-def serve_process(config: Path, address: str, folder: Path, *extra: str) -> subprocess.Popen:
+def serve_process(
+    config: Path, folder: Path, *extra: str, host: str = "127.0.0.1"
+) -> tuple[subprocess.Popen, str]:
+    """A server process on ``host`` at a port the OS picks (logging to folder/server.log);
+    returns it and its loopback address once it listens."""
     log = (folder / "server.log").open("w")
-    return subprocess.Popen(
-        [*PYTHON, "serve", "--config", str(config), "--address", address, *extra],
-        stderr=log,
-        stdout=log,
+    server, address = start_server(
+        config, *extra, folder=folder, address=f"{host}:0", stderr=log, stdout=log
     )
+    return server, "127.0.0.1:" + address.rsplit(":", 1)[1]
 
 
 # --- secure by default -----------------------------------------------------------------------
@@ -127,9 +127,8 @@ def test_off_loopback_every_insecure_setting_is_named_and_refused(tmp_path):
 
 def test_plaintext_serve_on_all_interfaces_is_refused_before_listening(tmp_path):
     config = toml(tmp_path / "deploy.toml", {"server": {"clients": 2}})
-    port = free_port()
     done = subprocess.run(
-        [*PYTHON, "serve", "--config", str(config), "--address", f"0.0.0.0:{port}"],
+        [*PYTHON, "serve", "--config", str(config), "--address", "0.0.0.0:0"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -140,7 +139,6 @@ def test_plaintext_serve_on_all_interfaces_is_refused_before_listening(tmp_path)
 
 
 def test_insecure_true_runs_and_warns_every_round(tmp_path):
-    port = free_port()
     config = toml(
         tmp_path / "deploy.toml",
         {
@@ -149,9 +147,7 @@ def test_insecure_true_runs_and_warns_every_round(tmp_path):
             "secure_aggregation": {"cluster_size": 3},
         },
     )
-    server = serve_process(config, f"0.0.0.0:{port}", tmp_path)
-    wait_for_line(tmp_path / "server.log", "listening")
-    address = f"127.0.0.1:{port}"
+    server, address = serve_process(config, tmp_path, host="0.0.0.0")
     clients = [
         subprocess.Popen([*PYTHON, "client", "--server", address, "--id", str(c)]) for c in range(3)
     ]
@@ -232,8 +228,6 @@ async def hello(
 
 
 def test_a_disconnected_id_cannot_be_taken_over_by_another_identity(tmp_path):
-    port = free_port()
-    address = f"127.0.0.1:{port}"
     config = toml(
         tmp_path / "deploy.toml",
         {
@@ -242,7 +236,7 @@ def test_a_disconnected_id_cannot_be_taken_over_by_another_identity(tmp_path):
             "secure_aggregation": {"cluster_size": 3},
         },
     )
-    server = serve_process(config, address, tmp_path, "--out", str(tmp_path / "out"))
+    server, address = serve_process(config, tmp_path, "--out", str(tmp_path / "out"))
     wait_for_line(tmp_path / "server.log", "listening")
     owner, impostor = IdentityKey.generate(), IdentityKey.generate()
 
@@ -265,8 +259,6 @@ def test_a_disconnected_id_cannot_be_taken_over_by_another_identity(tmp_path):
 
 def test_a_certificate_must_name_the_client_id_of_the_hello(tmp_path):
     keys = keygen(tmp_path / "keys", range(4))
-    port = free_port()
-    address = f"127.0.0.1:{port}"
     tls = {
         "cert": str(keys / "server.pem"),
         "key": str(keys / "server.key"),
@@ -281,7 +273,7 @@ def test_a_certificate_must_name_the_client_id_of_the_hello(tmp_path):
             "tls": tls,
         },
     )
-    server = serve_process(config, address, tmp_path)
+    server, address = serve_process(config, tmp_path)
     try:
         wait_for_line(tmp_path / "server.log", "listening")
         ca = (keys / "ca.pem").read_bytes()
@@ -308,8 +300,6 @@ def test_a_certificate_must_name_the_client_id_of_the_hello(tmp_path):
 
 def test_a_client_refused_for_its_certificate_says_so(tmp_path):
     keys = keygen(tmp_path / "keys", range(4))
-    port = free_port()
-    address = f"127.0.0.1:{port}"
     tls = {
         "cert": str(keys / "server.pem"),
         "key": str(keys / "server.key"),
@@ -325,7 +315,7 @@ def test_a_client_refused_for_its_certificate_says_so(tmp_path):
             "tls": tls,
         },
     )
-    server = serve_process(config, address, tmp_path)
+    server, address = serve_process(config, tmp_path)
     try:
         wait_for_line(tmp_path / "server.log", "listening")
         runtime = ClientRuntime(
@@ -369,7 +359,7 @@ def test_unusable_configurations_fail_before_listening(tmp_path, sa, match):
         {"server": {"clients": clients}, "model": {"dim": 16}, "secure_aggregation": sa},
     )
     done = subprocess.run(
-        [*PYTHON, "serve", "--config", str(config), "--address", f"127.0.0.1:{free_port()}"],
+        [*PYTHON, "serve", "--config", str(config), "--address", "127.0.0.1:0"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -394,8 +384,6 @@ def test_a_directory_smaller_than_the_clients_is_refused(tmp_path):
 
 
 def test_a_run_the_server_stops_is_reported_to_clients_as_a_refusal(tmp_path):
-    port = free_port()
-    address = f"127.0.0.1:{port}"
     config = toml(
         tmp_path / "deploy.toml",
         {
@@ -404,7 +392,7 @@ def test_a_run_the_server_stops_is_reported_to_clients_as_a_refusal(tmp_path):
             "secure_aggregation": {"cluster_size": 4},
         },
     )
-    server = serve_process(config, address, tmp_path)
+    server, address = serve_process(config, tmp_path)
     wait_for_line(tmp_path / "server.log", "listening")
     client = subprocess.run(
         [*PYTHON, "client", "--server", address, "--id", "0"],
@@ -422,8 +410,6 @@ def test_a_run_the_server_stops_is_reported_to_clients_as_a_refusal(tmp_path):
 
 
 def test_clients_of_a_stopped_server_exit_3_within_their_bound(tmp_path):
-    port = free_port()
-    address = f"127.0.0.1:{port}"
     config = toml(
         tmp_path / "deploy.toml",
         {
@@ -432,7 +418,7 @@ def test_clients_of_a_stopped_server_exit_3_within_their_bound(tmp_path):
             "secure_aggregation": {"cluster_size": 4},
         },
     )
-    server = serve_process(config, address, tmp_path)
+    server, address = serve_process(config, tmp_path)
     bound = 4.0
     try:
         wait_for_line(tmp_path / "server.log", "listening")
@@ -552,7 +538,6 @@ def test_sigterm_to_launch_stops_every_process_and_keeps_finished_rounds(tmp_pat
 def _endless_run_of_three(tmp_path: Path) -> tuple[subprocess.Popen, list, Path]:
     """A server (results under ``tmp_path/out``) running clusters of three clients for as
     long as they last, and its three client processes (server timeout 5 s)."""
-    address = f"127.0.0.1:{free_port()}"
     config = toml(
         tmp_path / "deploy.toml",
         {
@@ -562,7 +547,7 @@ def _endless_run_of_three(tmp_path: Path) -> tuple[subprocess.Popen, list, Path]
         },
     )
     out = tmp_path / "out"
-    server = serve_process(config, address, tmp_path, "--out", str(out))
+    server, address = serve_process(config, tmp_path, "--out", str(out))
     wait_for_line(tmp_path / "server.log", "listening")
     clients = [
         subprocess.Popen(
@@ -675,10 +660,8 @@ def test_a_robust_rule_over_cluster_sums_resists_two_byzantine_clients(tmp_path)
         '[aggregator]\nname = "trimmed_mean"\noptions = { f = 1 }\nscale = "mean"\n'
     )
     attackers = set(random_clustering(range(12), 3, as_generator(seed)).clusters[0][:2])
-    port = free_port()
-    address = f"127.0.0.1:{port}"
     out = tmp_path / "out"
-    server = serve_process(config, address, tmp_path, "--out", str(out))
+    server, address = serve_process(config, tmp_path, "--out", str(out))
     wait_for_line(tmp_path / "server.log", "listening")
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     clients = []
@@ -740,7 +723,7 @@ def test_a_robust_rule_that_cannot_run_is_refused_before_listening(tmp_path, agg
         f"[aggregator]\n{aggregator}\n"
     )
     done = subprocess.run(
-        [*PYTHON, "serve", "--config", str(config), "--address", f"127.0.0.1:{free_port()}"],
+        [*PYTHON, "serve", "--config", str(config), "--address", "127.0.0.1:0"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -764,8 +747,7 @@ def test_a_server_killed_in_round_k_resumes_from_k_with_earlier_rounds_intact(tm
     out = tmp_path / "out"
 
     def start(*extra: str) -> tuple[subprocess.Popen, list[subprocess.Popen], str]:
-        address = f"127.0.0.1:{free_port()}"
-        server = serve_process(config, address, tmp_path, *extra)
+        server, address = serve_process(config, tmp_path, *extra)
         wait_for_line(tmp_path / "server.log", "listening")
         command = [*PYTHON, "client", "--server", address, "--server-timeout", "5"]
         clients = [
@@ -791,8 +773,9 @@ def test_a_server_killed_in_round_k_resumes_from_k_with_earlier_rounds_intact(tm
     assert [json.loads(x)["round"] for x in after] == list(range(1, rounds + 1))
     result = json.loads((out / "result.json").read_text())
     assert len(result["rounds"]) == rounds and "interrupted" not in result
-    # The demo updates depend only on (round, client): the resumed model is the whole sum.
-    expected = sum(
+    # The demo updates depend only on (round, client): the resumed model is minus the whole
+    # sum (learning_rate 1, model ← model − aggregate).
+    expected = -sum(
         demo_trainer(np.zeros(dim), round=r, client_id=c) for r in range(rounds) for c in range(3)
     )
     np.testing.assert_array_equal(np.load(out / "model.npy"), expected.astype(np.float32))

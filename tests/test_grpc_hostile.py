@@ -9,6 +9,7 @@ import dataclasses
 import grpc
 import numpy as np
 import pytest
+from conftest import serving
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -24,7 +25,6 @@ from sharefl.deploy.config import (
 )
 from sharefl.deploy.server import AggregationService, ClientLink, ServerRun, StreamError, serve
 from sharefl.deploy.wire import printable
-from sharefl.launch import free_port
 from sharefl.proto import sharefl_pb2 as pb
 from sharefl.proto import sharefl_pb2_grpc as pb_grpc
 from sharefl.protocol.client import ClientSession
@@ -46,10 +46,10 @@ class HostileClient(ClientRuntime):
         return super()._send(call, self.mutate(message))
 
 
-def config(port: int, clients: int = 4) -> DeploymentConfig:
+def config(clients: int = 4) -> DeploymentConfig:
     return DeploymentConfig(
         server=ServerSection(
-            address=f"127.0.0.1:{port}", clients=clients, connect_timeout_s=20, stage_timeout_s=10
+            address="127.0.0.1:0", clients=clients, connect_timeout_s=20, stage_timeout_s=10
         ),
         model=ModelSection(dim=DIM, aggregator="sum"),
         secure_aggregation=SecureAggregationSection(cluster_size=4, threshold=3),
@@ -57,11 +57,7 @@ def config(port: int, clients: int = 4) -> DeploymentConfig:
 
 
 async def run_with_attacker(mutate):
-    port = free_port()
-    ready = asyncio.Event()
-    server = asyncio.create_task(serve(config(port), ready=ready, log=lambda _: None))
-    await ready.wait()
-    address = f"127.0.0.1:{port}"
+    server, address = await serving(serve, config(), log=lambda _: None)
     honest = [ClientRuntime(cid, address) for cid in range(3)]
     attacker = HostileClient(3, address, mutate=mutate, retries=1)
     results = await asyncio.gather(
@@ -179,7 +175,7 @@ def client_messages(draw):
 
 def _coordinator() -> tuple[ServerRun, ClientLink]:
     """A server run in the advertise stage of a round of one cluster {0, 1, 2, 3}."""
-    run = ServerRun(config(free_port()), log=lambda _: None)
+    run = ServerRun(config(), log=lambda _: None)
     run.round = RoundCoordinator(
         run.settings, round=0, participants=range(4), length=DIM, rng=np.random.default_rng(0)
     )
@@ -299,17 +295,16 @@ def test_hostile_server_cannot_get_both_secrets_of_a_peer():
 def test_a_leaking_reclustering_plan_is_refused_before_the_server_listens():
     from sharefl.protocol.errors import LeakageError
 
-    port = free_port()
     cfg = dataclasses.replace(
-        config(port, clients=6),
+        config(clients=6),
         secure_aggregation=SecureAggregationSection(
             cluster_size=3, reclusterings=10, planner="random", reproducible_seed=0
         ),
     )
-    ready = asyncio.Event()
+    bound: list[str] = []
     with pytest.raises(LeakageError, match="LEAKS"):
-        asyncio.run(serve(cfg, ready=ready, log=lambda _: None))
-    assert not ready.is_set()  # validated before the port was bound: no client ever waited
+        asyncio.run(serve(cfg, listening=bound.append, log=lambda _: None))
+    assert not bound  # validated before the port was bound: no client ever waited
 
 
 # --- stream-level faults: one client ends only its own stream --------------------------------
@@ -359,7 +354,7 @@ def test_undecodable_bytes_mid_round_end_that_stream_only_and_cost_no_deadline()
     from byzantine_client import ByzantineClient
 
     lines: list[str] = []
-    cfg = dataclasses.replace(config(0), server=dataclasses.replace(config(0).server, rounds=2))
+    cfg = dataclasses.replace(config(), server=dataclasses.replace(config().server, rounds=2))
     attacker = ByzantineClient(3, "", attack="undecodable", retries=1)
     reports, outcomes = asyncio.run(_serve_with(ServerRun(cfg, log=lines.append), attacker))
     error = outcomes[-1]
@@ -381,7 +376,7 @@ class _Exploding(ServerRun):
 
 def test_an_unexpected_exception_in_handling_ends_only_that_clients_stream():
     lines: list[str] = []
-    coordinator = _Exploding(config(0), log=lines.append)
+    coordinator = _Exploding(config(), log=lines.append)
     reports, outcomes = asyncio.run(_serve_with(coordinator, ClientRuntime(3, "", retries=1)))
     error = outcomes[-1]
     assert isinstance(error, grpc.aio.AioRpcError)
@@ -404,7 +399,7 @@ class _Refuser(ClientRuntime):
 
 def test_a_refusal_reason_is_logged_escaped_and_truncated():
     lines: list[str] = []
-    coordinator = ServerRun(config(0), log=lines.append)
+    coordinator = ServerRun(config(), log=lines.append)
     _, outcomes = asyncio.run(_serve_with(coordinator, _Refuser(3, "", retries=1)))
     refusals = [line for line in lines if "refused" in line]
     assert len(refusals) == 1 and len(refusals[0]) <= 230
@@ -437,7 +432,7 @@ async def _raw_session(port: int, *messages: bytes) -> grpc.aio.AioRpcError:
 )
 def test_malformed_hellos_get_invalid_argument_and_the_server_serves_on(hello, words):
     async def main():
-        coordinator = ServerRun(config(0), log=lambda _: None)
+        coordinator = ServerRun(config(), log=lambda _: None)
         server = grpc.aio.server()
         pb_grpc.add_AggregationServicer_to_server(AggregationService(coordinator, None), server)
         port = server.add_insecure_port("127.0.0.1:0")

@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import PYTHON, start_server
 
 from sharefl.deploy.client import demo_trainer
 from sharefl.deploy.keygen import keygen
-from sharefl.launch import free_port
-
-PYTHON = [sys.executable, "-m", "sharefl.cli"]
 
 
 def write_config(folder: Path, *, clients: int, rounds: int = 1, dim: int = 200, **extra) -> Path:
@@ -44,31 +42,13 @@ class Deployment:
 
     def __init__(self, folder: Path, config: Path, clients: int) -> None:
         self.folder, self.config, self.clients = folder, config, clients
-        self.address = f"127.0.0.1:{free_port()}"
         self.out = folder / "out"
-        command = [*PYTHON, "serve", "--config", str(config), "--address", self.address]
-        self.server = subprocess.Popen(
-            [*command, "--out", str(self.out)],
-            stderr=subprocess.PIPE,
-            text=True,
+        # Returns once the server listens, on the port the OS gave it.
+        self.server, self.address = start_server(
+            config, "--out", str(self.out), folder=folder, stderr=subprocess.PIPE, text=True
         )
         self.procs: dict[int, subprocess.Popen] = {}
         self.logs: dict[int, str] = {}
-        self.wait_until_listening()
-
-    def wait_until_listening(self, timeout: float = 60) -> None:
-        """Block until the server accepts TCP connections (its start-up takes a while)."""
-        import socket
-        import time
-
-        host, port = self.address.split(":")
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            with socket.socket() as sock:
-                if sock.connect_ex((host, int(port))) == 0:
-                    return
-            time.sleep(0.05)
-        raise TimeoutError(f"server at {self.address} did not start")
 
     def client(self, cid: int, *args: str) -> subprocess.Popen:
         proc = subprocess.Popen(
@@ -234,12 +214,15 @@ def test_server_stops_cleanly_on_sigterm(tmp_path):
 
 
 def test_client_without_a_server_retries_then_exits_with_a_clear_message():
-    done = subprocess.run(
-        [*PYTHON, "client", "--server", f"127.0.0.1:{free_port()}", "--id", "1", "--retries", "2"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    with socket.socket() as bound:  # a port held by this test, where nothing listens
+        bound.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{bound.getsockname()[1]}"
+        done = subprocess.run(
+            [*PYTHON, "client", "--server", address, "--id", "1", "--retries", "2"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert done.returncode == 3
     assert "unreachable after 2 attempts" in done.stderr
 

@@ -7,7 +7,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sharefl.crypto.aead import Envelope, decrypt, encrypt
-from sharefl.crypto.errors import DecryptionError, InvalidKeyError, SignatureError
+from sharefl.crypto.errors import (
+    CryptoParameterError,
+    DecryptionError,
+    InvalidKeyError,
+    SignatureError,
+)
 from sharefl.crypto.kdf import (
     _PROBE,
     KeyContext,
@@ -149,13 +154,19 @@ def test_wrong_key_lengths(pair, bad):
 
 
 def test_context_validation_and_self_pair(pair):
-    with pytest.raises(ValueError):
+    with pytest.raises(CryptoParameterError):
         KeyContext(round=-1)
-    with pytest.raises(ValueError):
+    with pytest.raises(CryptoParameterError):
         KeyContext(round=0, cluster=2**32)
+    with pytest.raises(CryptoParameterError, match="digest"):
+        KeyContext(round=0, plan=b"short")
     a, b = pair
-    with pytest.raises(ValueError, match="distinct"):
+    with pytest.raises(CryptoParameterError, match="distinct"):
         pairwise_key(a.private, b.public, CTX, Purpose.MASK_SEED, 5, 5)
+    with pytest.raises(CryptoParameterError, match="8160"):
+        derive_key(bytes(32), CTX, Purpose.MASK_SEED, 1, 2, length=0)
+    with pytest.raises(CryptoParameterError, match="nonce"):
+        encrypt(bytes(32), b"x", Envelope(1, 2, CTX), nonce=bytes(11))
 
 
 def test_private_key_not_in_repr(pair):
@@ -253,7 +264,7 @@ def test_client_list_signature():
     ):
         with pytest.raises(SignatureError):
             verify(ident.public, other, sig)
-    with pytest.raises(ValueError):
+    with pytest.raises(CryptoParameterError, match="duplicates"):
         client_list_message(CTX, [1, 1], "survivors")
 
 

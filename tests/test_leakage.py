@@ -14,7 +14,7 @@ from sharefl.privacy.per_example import per_example_gradients
 from sharefl.simulator.leakage import (
     DEFAULT_SUCCESS_MSE,
     Defence,
-    LeakageError,
+    GradientLeakageError,
     LeakageSummary,
     LeakedGradient,
     StopReason,
@@ -90,7 +90,7 @@ def test_attack_network_is_seeded():
 
 @pytest.mark.parametrize("shape", [(1, 28), (0, 28, 28), (1, 28, 28.0)])
 def test_attack_network_rejects_bad_shapes(shape):
-    with pytest.raises(LeakageError, match="input_shape"):
+    with pytest.raises(GradientLeakageError, match="input_shape"):
         cpl_attack_network(shape)
 
 
@@ -184,7 +184,7 @@ def test_alpha_cdp_noise_has_the_documented_std(attack_type, batch):
 def test_noisy_views_need_a_generator_and_clean_ones_do_not():
     model = cpl_attack_network(SHAPE, seed=0)
     x, y = one_example()
-    with pytest.raises(LeakageError, match="generator"):
+    with pytest.raises(GradientLeakageError, match="generator"):
         leaked_gradient(model, x, y, defence="fed_alpha_cdp", noise_multiplier=6.0)
     leaked_gradient(model, x, y, defence="fed_alpha_cdp", noise_multiplier=0.0)
     leaked_gradient(model, x, y, defence="fed_sdp", attack_type=2, noise_multiplier=6.0)
@@ -202,15 +202,15 @@ def test_noisy_views_need_a_generator_and_clean_ones_do_not():
 def test_leak_rejects_bad_arguments(kwargs, match):
     model = cpl_attack_network(SHAPE, seed=0)
     x, y = one_example()
-    with pytest.raises(LeakageError, match=match):
+    with pytest.raises(GradientLeakageError, match=match):
         leaked_gradient(model, x, y, **kwargs)
 
 
 def test_type2_view_of_a_batch_is_refused():
     model = cpl_attack_network(SHAPE, seed=0)
-    with pytest.raises(LeakageError, match="leaked_per_example_gradients"):
+    with pytest.raises(GradientLeakageError, match="leaked_per_example_gradients"):
         leaked_gradient(model, smooth_images(2), torch.tensor([1, 2]), attack_type=2)
-    with pytest.raises(LeakageError, match="int64"):
+    with pytest.raises(GradientLeakageError, match="int64"):
         leaked_gradient(model, smooth_images(1), torch.tensor([1], dtype=torch.int32))
 
 
@@ -302,15 +302,15 @@ def test_alpha_cdp_noise_defeats_the_attack():
 def test_reconstruct_rejects_gradients_of_another_model():
     model = cpl_attack_network(SHAPE, seed=0)
     grads = list(leaked_gradient(model, *one_example()).grads)
-    with pytest.raises(LeakageError, match="got 9 gradients but the model has 10"):
+    with pytest.raises(GradientLeakageError, match="got 9 gradients but the model has 10"):
         reconstruct(model, grads[:-1], input_shape=SHAPE)
     other = cpl_attack_network((1, 28, 28), seed=0)
-    with pytest.raises(LeakageError, match="parameter 8 of the model"):
+    with pytest.raises(GradientLeakageError, match="parameter 8 of the model"):
         reconstruct(other, grads, input_shape=(1, 28, 28))
-    with pytest.raises(LeakageError, match="split it per parameter"):
+    with pytest.raises(GradientLeakageError, match="split it per parameter"):
         reconstruct(model, torch.cat([g.flatten() for g in grads]), input_shape=SHAPE)
     grads[0] = grads[0] * math.nan
-    with pytest.raises(LeakageError, match="finite"):
+    with pytest.raises(GradientLeakageError, match="finite"):
         reconstruct(model, grads, input_shape=SHAPE)
 
 
@@ -333,7 +333,7 @@ def test_reconstruct_rejects_bad_arguments(kwargs, match):
     model = cpl_attack_network(SHAPE, seed=0)
     leaked = leaked_gradient(model, *one_example())
     arguments = dict(input_shape=SHAPE) | kwargs
-    with pytest.raises(LeakageError, match=match):
+    with pytest.raises(GradientLeakageError, match=match):
         reconstruct(model, leaked, **arguments)
 
 
@@ -341,12 +341,12 @@ def test_reconstruct_rejects_bad_arguments(kwargs, match):
 def test_label_inference_refuses_batch_gradients(method):
     model = cpl_attack_network(SHAPE, seed=0)
     leaked = leaked_gradient(model, smooth_images(3), torch.tensor([1, 2, 3]), attack_type=0)
-    with pytest.raises(LeakageError, match="pass label="):
+    with pytest.raises(GradientLeakageError, match="pass label="):
         reconstruct(model, leaked, method=method, input_shape=SHAPE)
-    with pytest.raises(LeakageError, match="one example's gradient"):
+    with pytest.raises(GradientLeakageError, match="one example's gradient"):
         infer_label(leaked)
     grads = list(leaked.grads)
-    with pytest.raises(LeakageError, match="averages 3 examples"):
+    with pytest.raises(GradientLeakageError, match="averages 3 examples"):
         reconstruct(model, grads, method=method, input_shape=SHAPE, batch_size=3)
 
 
@@ -422,7 +422,7 @@ def test_ssim_properties():
     ],
 )
 def test_ssim_rejects_bad_inputs(a, b, kwargs, match):
-    with pytest.raises(LeakageError, match=match):
+    with pytest.raises(GradientLeakageError, match=match):
         ssim(a, b, **kwargs)
 
 
@@ -434,13 +434,13 @@ def test_mse_and_success():
     assert attack_succeeded(0.01) and not attack_succeeded(0.0100001)
     assert attack_succeeded(0.05, threshold=0.1)
     assert attack_success_rate([0.0, 0.5, 0.001, 1.0]) == 0.5
-    with pytest.raises(LeakageError, match="at least one trial"):
+    with pytest.raises(GradientLeakageError, match="at least one trial"):
         attack_success_rate([])
-    with pytest.raises(LeakageError, match="positive MSE"):
+    with pytest.raises(GradientLeakageError, match="positive MSE"):
         attack_succeeded(0.1, threshold=0.0)
-    with pytest.raises(LeakageError, match="differ in shape"):
+    with pytest.raises(GradientLeakageError, match="differ in shape"):
         reconstruction_mse(x, x[:1])
-    with pytest.raises(LeakageError, match="floating-point"):
+    with pytest.raises(GradientLeakageError, match="floating-point"):
         reconstruction_mse(torch.zeros(1, 4, 4, dtype=torch.int64), torch.zeros(1, 4, 4))
 
 
@@ -488,13 +488,13 @@ def test_trials_under_alpha_cdp_report_tau_300():
 
 def test_trials_reject_bad_arguments():
     inputs, targets = smooth_images(4), torch.tensor([0, 1, 2, 3])
-    with pytest.raises(LeakageError, match="need 6 examples but the dataset has 4"):
+    with pytest.raises(GradientLeakageError, match="need 6 examples but the dataset has 4"):
         run_leakage_trials(inputs, targets, trials=3, batch_size=2, attack_type=0)
-    with pytest.raises(LeakageError, match="num_classes"):
+    with pytest.raises(GradientLeakageError, match="num_classes"):
         run_leakage_trials(inputs, targets, num_classes=3, trials=1)
-    with pytest.raises(LeakageError, match="pass label="):
+    with pytest.raises(GradientLeakageError, match="pass label="):
         run_leakage_trials(inputs, targets, trials=1, batch_size=2, attack_type=0)
-    with pytest.raises(LeakageError, match="different cells"):
+    with pytest.raises(GradientLeakageError, match="different cells"):
         a = run_leakage_trials(inputs, targets, trials=1, max_iterations=1)
         b = run_leakage_trials(inputs, targets, trials=1, max_iterations=2)
         LeakageSummary.combine([a, b])

@@ -15,19 +15,18 @@ import asyncio
 import dataclasses
 import os
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import grpc
 import numpy as np
 import pytest
+from conftest import PYTHON
 
 from sharefl.crypto.encoding import choose_encoding
 from sharefl.crypto.kdf import KeyContext
 from sharefl.deploy import wire
 from sharefl.deploy.keygen import keygen
-from sharefl.launch import free_port
 from sharefl.proto import sharefl_pb2 as pb
 from sharefl.proto import sharefl_pb2_grpc as pb_grpc
 from sharefl.protocol.clustering import Clustering
@@ -38,7 +37,6 @@ CLIENTS = tuple(range(6))
 DIM = 16
 ENCODING = choose_encoding(1.0, len(CLIENTS))
 REPLY_TIMEOUT = 10.0
-PYTHON = [sys.executable, "-m", "sharefl.cli"]
 
 
 @dataclasses.dataclass
@@ -243,7 +241,8 @@ async def _play(double: Double) -> dict[str, dict[int, list[pb.ClientMessage]]]:
     return seen
 
 
-async def _serve(keys: Path, address: str, started: Callable[[], list[subprocess.Popen]]):
+async def _serve(keys: Path, started: Callable[[str], list[subprocess.Popen]]):
+    """Serve the double on a port the OS picks; ``started(address)`` starts the clients."""
     credentials = grpc.ssl_server_credentials(
         [((keys / "server.key").read_bytes(), (keys / "server.pem").read_bytes())],
         root_certificates=(keys / "ca.pem").read_bytes(),
@@ -252,9 +251,9 @@ async def _serve(keys: Path, address: str, started: Callable[[], list[subprocess
     server = grpc.aio.server()
     double = Double()
     pb_grpc.add_AggregationServicer_to_server(double, server)
-    server.add_secure_port(address, credentials)
+    port = server.add_secure_port("127.0.0.1:0", credentials)
     await server.start()
-    procs = started()
+    procs = started(f"127.0.0.1:{port}")
     try:
         seen = await _play(double)
         await asyncio.sleep(0.5)  # let the Finished messages leave
@@ -267,10 +266,9 @@ async def _serve(keys: Path, address: str, started: Callable[[], list[subprocess
 def attacked(tmp_path_factory):
     """Every attack played once against the same six client processes."""
     keys = keygen(tmp_path_factory.mktemp("malicious") / "keys", CLIENTS)
-    address = f"127.0.0.1:{free_port()}"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
 
-    def start() -> list[subprocess.Popen]:
+    def start(address: str) -> list[subprocess.Popen]:
         return [
             subprocess.Popen(
                 [*PYTHON, "client", "--server", address, "--id", str(c), "--keys", str(keys)],
@@ -283,12 +281,12 @@ def attacked(tmp_path_factory):
 
     procs: list[subprocess.Popen] = []
 
-    def started() -> list[subprocess.Popen]:
-        procs.extend(start())
+    def started(address: str) -> list[subprocess.Popen]:
+        procs.extend(start(address))
         return procs
 
     try:
-        seen, _ = asyncio.run(_serve(keys, address, started))
+        seen, _ = asyncio.run(_serve(keys, started))
         logs = [proc.communicate(timeout=20)[1] for proc in procs]
     finally:
         for proc in procs:
@@ -407,7 +405,7 @@ def test_a_relayed_low_order_key_is_refused_before_any_share(attacked):
         assert not any(m.HasField("shares") for m in replies[cid])
 
 
-async def _oversized_model(address: str, keys: Path) -> subprocess.CompletedProcess:
+async def _oversized_model(keys: Path) -> subprocess.CompletedProcess:
     """One client; the double announces a model of 2^40 elements."""
 
     class Liar(pb_grpc.AggregationServicer):
@@ -425,9 +423,9 @@ async def _oversized_model(address: str, keys: Path) -> subprocess.CompletedProc
     )
     server = grpc.aio.server()
     pb_grpc.add_AggregationServicer_to_server(Liar(), server)
-    server.add_secure_port(address, credentials)
+    port = server.add_secure_port("127.0.0.1:0", credentials)
     await server.start()
-    command = [*PYTHON, "client", "--server", address, "--id", "0", "--keys", str(keys)]
+    command = [*PYTHON, "client", "--server", f"127.0.0.1:{port}", "--id", "0", "--keys", str(keys)]
     try:
         proc = await asyncio.create_subprocess_exec(*command, stderr=asyncio.subprocess.PIPE)
         _, stderr = await asyncio.wait_for(proc.communicate(), 15)
@@ -438,7 +436,7 @@ async def _oversized_model(address: str, keys: Path) -> subprocess.CompletedProc
 
 def test_a_model_longer_than_the_bound_ends_the_client_cleanly(tmp_path):
     keys = keygen(tmp_path / "keys", [0])
-    done = asyncio.run(_oversized_model(f"127.0.0.1:{free_port()}", keys))
+    done = asyncio.run(_oversized_model(keys))
     assert done.returncode == 5, done.stderr
     assert "bad model stream" in done.stderr and "at most" in done.stderr
     assert "Traceback" not in done.stderr

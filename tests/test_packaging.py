@@ -47,3 +47,49 @@ def test_a_command_without_its_extra_says_what_to_install(tmp_path):
     )
     assert done.returncode == 2
     assert 'pip install "sharefl[grpc]"' in done.stderr and "Traceback" not in done.stderr
+
+
+def _pyproject() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def test_the_version_has_one_source():
+    """pyproject reads sharefl.__version__; no other file states it."""
+    config = _pyproject()
+    assert "version" not in config["project"]
+    assert "version" in config["project"]["dynamic"]
+    assert config["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "sharefl.__version__"}
+    from setuptools.config.pyprojecttoml import read_configuration
+
+    import sharefl
+
+    expanded = read_configuration(ROOT / "pyproject.toml", expand=True)
+    assert expanded["project"]["version"] == sharefl.__version__
+
+
+def test_the_package_ships_its_annotations():
+    assert (ROOT / "sharefl" / "py.typed").is_file()
+    assert "py.typed" in _pyproject()["tool"]["setuptools"]["package-data"]["sharefl"]
+
+
+def test_the_checking_tools_are_pinned_and_installed_at_their_pins():
+    """CI enforces ruff, import-linter and mypy: their versions come from pyproject alone."""
+    from importlib.metadata import version
+
+    test_extra = _pyproject()["project"]["optional-dependencies"]["test"]
+    pins = dict(r.split("==") for r in test_extra if "==" in r)
+    for tool in ("ruff", "import-linter", "mypy"):
+        assert tool in pins, f"pin {tool} exactly in the [test] extra"
+        assert version(tool) == pins[tool], f"installed {tool} {version(tool)} != {pins[tool]}"
+
+
+def test_mypy_is_strict_for_the_secure_layer():
+    """.ci/run runs mypy; pyproject makes it strict for crypto and protocol."""
+    mypy = _pyproject()["tool"]["mypy"]
+    assert mypy["packages"] == ["sharefl"]
+    strict = [o for o in mypy["overrides"] if o.get("disallow_untyped_defs")]
+    assert len(strict) == 1
+    assert {"sharefl.crypto.*", "sharefl.protocol.*"} <= set(strict[0]["module"])
+    for flag in ("disallow_any_generics", "warn_return_any", "no_implicit_reexport"):
+        assert strict[0][flag] is True
+    assert "\nmypy\n" in (ROOT / ".ci" / "run").read_text()

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from sharefl.protocol import Planner, secure_sum
 from sharefl.protocol.client import threshold_floor
 from sharefl.protocol.clustering import Clustering
-from sharefl.protocol.errors import ConfigurationError, LeakageError
+from sharefl.protocol.errors import ConfigurationError, LeakageError, StageError
 
 STAGE_ORDER = ("advertise", "share", "mask", "unmask")
 
@@ -108,7 +108,7 @@ def test_reclusterings_each_sum_the_same_inputs():
     total = sum(inputs.values())
     for rec in result.reclusterings:
         np.testing.assert_array_equal(sum(c.sum for c in rec.clusters), total)
-    assert result.clusters == result.reclusterings[0].clusters
+    assert result.all_clusters == [c for r in result.reclusterings for c in r.clusters]
 
 
 def test_float_inputs_are_encoded_and_decoded_within_the_bound():
@@ -220,3 +220,35 @@ def test_an_out_of_range_input_flags_its_cluster_as_corrupted():
     for cluster in result.clusters:
         exact = sum(inputs[c].astype(np.float64) for c in cluster.members)
         assert np.max(np.abs(cluster.sum - exact)) <= bound
+
+
+def test_a_cluster_sum_names_its_ring_and_its_decoded_sum():
+    """ring_sum is always the Z_2^b sum; decoded is the float sum only for float inputs."""
+    rng = np.random.default_rng(7)
+    ints = {cid: rng.integers(0, 2**32, size=6, dtype=np.uint32) for cid in range(4)}
+    ring = secure_sum(ints, cluster_size=4, seed=1).clusters[0]
+    assert ring.decoded is None
+    np.testing.assert_array_equal(ring.sum, ring.ring_sum)
+    with pytest.raises(StageError, match="use ring_sum"):
+        _ = ring.float_sum
+
+    floats = {cid: rng.uniform(-1, 1, size=6) for cid in range(4)}
+    cluster = secure_sum(floats, cluster_size=4, clip=1.0, seed=1).clusters[0]
+    assert cluster.decoded is not None and cluster.decoded.dtype == np.float64
+    assert cluster.ring_sum.dtype in (np.uint32, np.uint64)
+    np.testing.assert_array_equal(cluster.float_sum, cluster.decoded)
+    np.testing.assert_allclose(cluster.decoded, sum(floats.values()), atol=1e-3)
+
+
+def test_a_round_with_reclusterings_has_no_single_cluster_list():
+    inputs = {cid: np.full(3, cid, dtype=np.uint32) for cid in range(8)}
+    one = secure_sum(inputs, cluster_size=4, seed=2)
+    assert one.clusters == one.reclusterings[0].clusters == one.all_clusters
+    several = secure_sum(inputs, cluster_size=4, reclusterings=2, seed=2, allow_leakage=True)
+    with pytest.raises(StageError, match="2 reclusterings"):
+        _ = several.clusters
+    with pytest.raises(StageError, match="2 reclusterings"):
+        _ = several.failed
+    assert several.all_clusters == [c for r in several.reclusterings for c in r.clusters]
+    for rec in several.reclusterings:
+        np.testing.assert_array_equal(sum(c.ring_sum for c in rec.clusters), sum(inputs.values()))

@@ -17,7 +17,7 @@ from sharefl.privacy.sign import SignGaussian, sign_flip_gamma
 from sharefl.privacy.sign_accounting import composed_epsilon, exact_composed_epsilon
 from sharefl.robust import rsa_sign
 from sharefl.simulator import report
-from sharefl.simulator.config import ConfigError, expand
+from sharefl.simulator.config import SimulationConfigError, expand
 from sharefl.simulator.loops import build_loop
 from sharefl.simulator.rsa_attacks import SignAttack
 from sharefl.simulator.rsa_loop import RSALoop, ring_signs, signed_ring_sum
@@ -180,9 +180,9 @@ def test_attack_messages():
     assert (shared == shared[0]).all() and set(shared.unique().tolist()) <= {-1.0, 1.0}
     grads = torch.tensor([[1.0, 2.0, 3.0], [3.0, 2.0, 1.0]])
     assert SignAttack(name="sign_flipping").gradients(1, grads, gen).tolist() == [[-10.0] * 3]
-    with pytest.raises(ConfigError):
+    with pytest.raises(SimulationConfigError):
         SignAttack.from_config("ipm", {})
-    with pytest.raises(ConfigError):
+    with pytest.raises(SimulationConfigError):
         SignAttack.from_config("gaussian", {"sigma": 3})
 
 
@@ -209,20 +209,20 @@ def test_composed_epsilon_matches_the_exact_binomial_formula(epsilon, rounds):
 
 
 def test_configuration_errors():
-    with pytest.raises(ConfigError, match="epsilon"):
+    with pytest.raises(SimulationConfigError, match="epsilon"):
         expand(config(method="dp_rsa_f"))
-    with pytest.raises(ConfigError, match=r"privacy\.enabled"):
+    with pytest.raises(SimulationConfigError, match=r"privacy\.enabled"):
         data = config()
         data["privacy"] = {"enabled": True, "noise_multiplier": 1.0}
         expand(data)
     data = config(method="sgd")
     data["secure_aggregation"] = {"cluster_size": 3}
-    with pytest.raises(ConfigError, match="cluster_size"):
+    with pytest.raises(SimulationConfigError, match="cluster_size"):
         loop_of(data)
     data = config()
     data["attack"] = {"name": "alie"}
     data["clients"]["byzantine"] = 1
-    with pytest.raises(ConfigError, match="dp_rsa"):
+    with pytest.raises(SimulationConfigError, match="dp_rsa"):
         loop_of(data)
 
 

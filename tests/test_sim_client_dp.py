@@ -14,7 +14,7 @@ import torch
 
 from sharefl.privacy.accountant import PrivacyAccountant
 from sharefl.privacy.calibration import calibrate_noise, compute_epsilon
-from sharefl.simulator.config import ConfigError, expand, load_runs
+from sharefl.simulator.config import SimulationConfigError, expand, load_runs
 from sharefl.simulator.engine import Simulation
 from sharefl.simulator.partition import partition
 
@@ -276,7 +276,7 @@ def test_the_seed003_split_of_the_files_gives_500_examples_per_client(clients, r
 )
 def test_unsupported_combinations_raise_config_errors(privacy, other, message):
     patched = config(privacy={**config()["privacy"], **privacy}, **other)
-    with pytest.raises(ConfigError, match=re.escape(message)):
+    with pytest.raises(SimulationConfigError, match=re.escape(message)):
         expand(patched)
 
 

@@ -14,6 +14,7 @@ import re
 import numpy as np
 import pytest
 import torch
+from conftest import serving
 
 from sharefl.cli import main as cli_main
 from sharefl.deploy.client import ClientRuntime
@@ -22,7 +23,7 @@ from sharefl.privacy import DPSGD, DPSGDConfig, FlatClipping, L2MaxClipping, Nor
 from sharefl.protocol.driver import secure_sum
 from sharefl.simulation_bridge import SimulationStrategy, SimulationTrainer, deployment_for
 from sharefl.simulator import training as training_module
-from sharefl.simulator.config import ConfigError, expand, load_runs
+from sharefl.simulator.config import SimulationConfigError, expand, load_runs
 from sharefl.simulator.engine import Simulation, load_data
 from sharefl.simulator.models import ModelError, build_model
 from sharefl.simulator.runner import run_grid
@@ -105,7 +106,7 @@ def test_run_ids_spell_out_greek_letters():
     ],
 )
 def test_invalid_configurations_name_the_key(patch, message):
-    with pytest.raises(ConfigError, match=re.escape(message)):
+    with pytest.raises(SimulationConfigError, match=re.escape(message)):
         expand(base_config(**patch))
 
 
@@ -129,7 +130,7 @@ def test_the_noise_filter_refuses_cluster_sums():
         data={**base_config()["data"], "auxiliary_per_class": 2},
     )
     (run,) = expand(config)
-    with pytest.raises(ConfigError, match="individual uploads"):
+    with pytest.raises(SimulationConfigError, match="individual uploads"):
         Simulation(run)
 
 
@@ -487,19 +488,9 @@ def test_the_same_run_trains_over_grpc(tmp_path):
     deployment = deployment_for(run, strategy.dim)
 
     async def main():
-        ready = asyncio.Event()
-        port = _free_port()
-        cfg = deployment.__class__(
-            server=deployment.server.__class__(
-                **{**vars(deployment.server), "address": f"127.0.0.1:{port}"}
-            ),
-            model=deployment.model,
-            secure_aggregation=deployment.secure_aggregation,
-        )
-        server = asyncio.create_task(serve(cfg, ready=ready, strategy=strategy, log=lambda _: None))
-        await ready.wait()
+        server, address = await serving(serve, deployment, strategy=strategy, log=lambda _: None)
         clients = [
-            ClientRuntime(cid, f"127.0.0.1:{port}", trainer=SimulationTrainer(run, cid)).run()
+            ClientRuntime(cid, address, trainer=SimulationTrainer(run, cid)).run()
             for cid in range(run.clients.total)
         ]
         await asyncio.gather(*clients)
@@ -526,20 +517,14 @@ def test_the_same_run_trains_over_grpc(tmp_path):
 )
 def test_a_deployment_refuses_runs_it_cannot_carry(patch, message):
     (run,) = expand(base_config(**patch))
-    with pytest.raises(ConfigError, match=re.escape(message)):
+    with pytest.raises(SimulationConfigError, match=re.escape(message)):
         deployment_for(run, 100)
 
 
 def test_a_client_process_refuses_an_id_outside_the_run():
     (run,) = expand(base_config())
-    with pytest.raises(ConfigError, match=re.escape("not in 0..7")):
+    with pytest.raises(SimulationConfigError, match=re.escape("not in 0..7")):
         SimulationTrainer(run, 8)
-
-
-def _free_port() -> int:
-    from sharefl.launch import free_port
-
-    return free_port()
 
 
 @pytest.mark.slow

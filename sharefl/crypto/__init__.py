@@ -14,6 +14,7 @@ from sharefl.crypto.aead import Envelope, decrypt, encrypt
 from sharefl.crypto.encoding import RingEncoding, choose_encoding, decode, encode, encode_into
 from sharefl.crypto.errors import (
     CryptoError,
+    CryptoParameterError,
     DecryptionError,
     EncodingError,
     InvalidKeyError,
@@ -62,6 +63,7 @@ __all__ = [
     "PRIME",
     "PROTOCOL_VERSION",
     "CryptoError",
+    "CryptoParameterError",
     "DecryptionError",
     "EncodingError",
     "Envelope",

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from sharefl.crypto.errors import DecryptionError, InvalidKeyError
+from sharefl.crypto.errors import CryptoParameterError, DecryptionError, InvalidKeyError
 from sharefl.crypto.kdf import KEY_BYTES, KeyContext
 
 NONCE_BYTES = 12
@@ -55,8 +55,8 @@ def encrypt(
     key breaks GCM). Returns ``nonce ‖ ciphertext ‖ tag`` (len(plaintext) + 28 bytes).
     """
     nonce = os.urandom(NONCE_BYTES) if nonce is None else nonce
-    if len(nonce) != NONCE_BYTES:
-        raise ValueError(f"an AES-GCM nonce is {NONCE_BYTES} bytes")
+    if not isinstance(nonce, bytes | bytearray) or len(nonce) != NONCE_BYTES:
+        raise CryptoParameterError(f"an AES-GCM nonce is {NONCE_BYTES} bytes")
     return nonce + _aesgcm(key).encrypt(nonce, plaintext, envelope.associated_data())
 
 

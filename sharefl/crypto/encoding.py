@@ -132,7 +132,8 @@ class RingEncoding:
     @property
     def max_abs_encoded(self) -> int:
         """Bound on one encoded coordinate, ``|r| <= floor(c * 2**f) + 1``."""
-        return math.floor(Fraction(self.coordinate_bound) * 2**self.frac_bits) + 1
+        bound: int = math.floor(Fraction(self.coordinate_bound) * 2**self.frac_bits)
+        return bound + 1
 
     def sum_error_bound(self, k: int) -> float:
         """Proven error bound, per coordinate, of a decoded sum of ``k`` encodings.
@@ -321,7 +322,7 @@ def _positive_float(name: str, v: object) -> float:
 
 def _is_safe(bits: int, frac_bits: int, c: float, k: int) -> bool:
     """``k * (c * 2**f + 1) <= 2**(bits-1) - 1``, in exact rational arithmetic."""
-    return k * (Fraction(c) * 2**frac_bits + 1) <= 2 ** (bits - 1) - 1
+    return bool(k * (Fraction(c) * 2**frac_bits + 1) <= 2 ** (bits - 1) - 1)
 
 
 def _unsafe_message(e: RingEncoding) -> str:
@@ -353,9 +354,9 @@ def _round_down(q: Fraction, digits: int = 6) -> str:
 
 
 def _check_summands(k: object, encoding: RingEncoding) -> int:
-    if not _is_int(k) or operator.index(k) < 1:  # type: ignore[call-overload]
+    if not _is_int(k) or operator.index(k) < 1:  # type: ignore[arg-type]
         raise EncodingError(f"the number of summands must be an int >= 1, got {k!r}")
-    k = operator.index(k)  # type: ignore[call-overload]
+    k = operator.index(k)  # type: ignore[arg-type]
     if k > encoding.max_summands:
         raise UnsafeEncodingError(
             f"{k} summands exceed max_summands={encoding.max_summands} of this encoding, so"
@@ -445,7 +446,7 @@ class _Scratch:
         self.i64 = np.empty(_BLOCK, dtype=np.int64)
         self.carry = np.empty(_BLOCK, dtype=bool)
         self.keystream = np.empty(_BLOCK, dtype=np.uint32)
-        self.keystream_bytes = memoryview(self.keystream).cast("B")
+        self.keystream_bytes = memoryview(self.keystream.data).cast("B")
 
 
 _local = threading.local()

@@ -13,6 +13,12 @@ class CryptoError(Exception):
     """Base class of every error raised by :mod:`sharefl.crypto`."""
 
 
+class CryptoParameterError(CryptoError, ValueError):
+    """A parameter outside its domain: a context field out of range, a plan digest of the
+    wrong length, a nonce or derived-key length out of range, a client paired with itself,
+    a client list with duplicates. The message names the parameter and its allowed values."""
+
+
 class InvalidKeyError(CryptoError, ValueError):
     """A key has the wrong length or encoding, or is a low-order X25519 point."""
 

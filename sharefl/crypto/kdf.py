@@ -22,7 +22,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from sharefl.crypto.errors import InvalidKeyError
+from sharefl.crypto.errors import CryptoParameterError, InvalidKeyError
 
 PROTOCOL_VERSION = 1
 KEY_BYTES = 32
@@ -42,13 +42,13 @@ class Purpose(enum.IntEnum):
 
 def _check_u64(name: str, value: int) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= _U64_MAX:
-        raise ValueError(f"{name} must be an integer in [0, 2^64); got {value!r}")
+        raise CryptoParameterError(f"{name} must be an integer in [0, 2^64); got {value!r}")
     return value
 
 
 def _check_u32(name: str, value: int) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= _U32_MAX:
-        raise ValueError(f"{name} must be an integer in [0, 2^32); got {value!r}")
+        raise CryptoParameterError(f"{name} must be an integer in [0, 2^32); got {value!r}")
     return value
 
 
@@ -76,7 +76,7 @@ class KeyContext:
         _check_u32("cluster", self.cluster)
         _check_u32("version", self.version)
         if not isinstance(self.plan, bytes) or len(self.plan) not in (0, PLAN_DIGEST_BYTES):
-            raise ValueError(f"plan must be b'' or a {PLAN_DIGEST_BYTES}-byte digest")
+            raise CryptoParameterError(f"plan must be b'' or a {PLAN_DIGEST_BYTES}-byte digest")
 
     def to_bytes(self) -> bytes:
         """Canonical bytes, big-endian: version u32, round u64, reclustering u32, cluster u32
@@ -198,6 +198,8 @@ def derive_key(
     """
     if len(shared_secret) != KEY_BYTES:
         raise InvalidKeyError(f"an X25519 shared secret is {KEY_BYTES} bytes")
+    if not isinstance(length, int) or isinstance(length, bool) or not 1 <= length <= 255 * 32:
+        raise CryptoParameterError(f"an HKDF-SHA256 output is 1 to 8160 bytes; got {length!r}")
     return HKDF(
         algorithm=hashes.SHA256(),
         length=length,
@@ -218,9 +220,9 @@ def pairwise_key(
     """Key agreement then derivation: the key both u and v compute for ``purpose``.
 
     ``pairwise_key(sk_u, pk_v, c, p, u, v) == pairwise_key(sk_v, pk_u, c, p, v, u)``.
-    Raises :class:`InvalidKeyError` (bad or low-order keys) and ``ValueError`` (ids out of
-    range, or ``own_id == peer_id``).
+    Raises :class:`InvalidKeyError` (bad or low-order keys) and
+    :class:`CryptoParameterError` (ids out of range, or ``own_id == peer_id``).
     """
     if own_id == peer_id:
-        raise ValueError(f"a pairwise key needs two distinct clients; got {own_id} twice")
+        raise CryptoParameterError(f"a pairwise key needs two distinct clients; got {own_id} twice")
     return derive_key(agree(private, peer_public), context, purpose, own_id, peer_id, length)

@@ -19,7 +19,7 @@ import threading
 from collections.abc import Iterable, Sequence
 
 import numpy as np
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from cryptography.hazmat.primitives.ciphers import Cipher, CipherContext, algorithms, modes
 
 from sharefl.crypto.errors import PRGError
 
@@ -36,7 +36,7 @@ def ring_dtype(bits: int) -> np.dtype:
     return np.dtype(np.uint32 if bits == 32 else np.uint64)
 
 
-def _keystream(seed: bytes):
+def _keystream(seed: bytes) -> CipherContext:
     if not isinstance(seed, bytes | bytearray | memoryview) or len(seed) != SEED_BYTES:
         got = len(seed) if hasattr(seed, "__len__") else type(seed).__name__
         raise PRGError(f"a mask seed is {SEED_BYTES} bytes, got {got}")
@@ -65,7 +65,9 @@ class MaskExpander:
         # update_into wants len(out) >= len(in) + 15.
         self._scratch = bytearray(block_bytes + _AES_BLOCK - 1)
         self._scratch_words = np.frombuffer(
-            self._scratch, dtype=_DTYPES[bits], count=block_bytes // self.dtype.itemsize
+            self._scratch,
+            dtype=self.dtype.newbyteorder("<"),
+            count=block_bytes // self.dtype.itemsize,
         )
 
     def _check_buffer(self, name: str, array: np.ndarray) -> None:
@@ -99,7 +101,9 @@ class MaskExpander:
         # through the scratch buffer.
         pos = 0
         while nbytes - pos >= self._block_bytes + _AES_BLOCK - 1:
-            stream.update_into(self._zeros, raw[pos : pos + self._block_bytes + _AES_BLOCK - 1])
+            stream.update_into(
+                self._zeros, raw[pos : pos + self._block_bytes + _AES_BLOCK - 1].data
+            )
             pos += self._block_bytes
         while pos < nbytes:
             take = min(self._block_bytes, nbytes - pos)
@@ -172,7 +176,7 @@ _local = threading.local()
 
 
 def _expander(bits: int) -> MaskExpander:
-    cache = getattr(_local, "expanders", None)
+    cache: dict[int, MaskExpander] | None = getattr(_local, "expanders", None)
     if cache is None:
         cache = _local.expanders = {}
     if bits not in cache:

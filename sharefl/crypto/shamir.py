@@ -107,10 +107,11 @@ def _check_xs(xs: Sequence[int], prime: int) -> list[int]:
             raise ShamirError(
                 f"x-coordinate {x} out of range: use 1..{top} (x = 0 is where the secret lives)"
             )
-    if len(set(xs)) != len(xs):
-        seen: set[int] = set()
-        dup = next(x for x in xs if x in seen or seen.add(x))
-        raise ShamirError(f"duplicate x-coordinate {dup}: every share needs a distinct x")
+    seen: set[int] = set()
+    for x in xs:
+        if x in seen:
+            raise ShamirError(f"duplicate x-coordinate {x}: every share needs a distinct x")
+        seen.add(x)
     return xs
 
 
@@ -196,7 +197,8 @@ def _lagrange_rows(xs: Sequence[int], targets: Sequence[int], prime: int) -> lis
 
 
 def _dot(row: Sequence[int], ys: Sequence[int], prime: int) -> int:
-    return sum(map(operator.mul, row, ys)) % prime
+    total: int = sum(map(operator.mul, row, ys))
+    return total % prime
 
 
 def _solve(matrix: list[list[int]], n: int, prime: int) -> list[int] | None:
@@ -353,7 +355,8 @@ class Reconstructor:
         used = ys[: self.threshold]
         if not all(0 <= y < PRIME for y in used):
             raise ShamirError("a y-value is not a field element: need 0 <= y < PRIME")
-        return sum(map(operator.mul, self.coefficients, used)) % PRIME
+        total: int = sum(map(operator.mul, self.coefficients, used))
+        return total % PRIME
 
     def reconstruct_many(self, rows: Sequence[Sequence[int]]) -> list[int]:
         """:meth:`reconstruct` for each row of y-values."""

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from sharefl.crypto.errors import InvalidKeyError, SignatureError
+from sharefl.crypto.errors import CryptoParameterError, InvalidKeyError, SignatureError
 from sharefl.crypto.kdf import KEY_BYTES, KeyContext
 
 SIGNATURE_BYTES = 64
@@ -96,11 +96,11 @@ def client_list_message(context: KeyContext, client_ids: Iterable[int], label: s
     """Canonical bytes for a set of client ids (sorted, deduplicated check) under ``label``.
 
     ``label`` names the list (e.g. ``"survivors"``) so a signature on one list is never
-    valid for another. Raises ``ValueError`` on duplicate ids.
+    valid for another. Raises :class:`CryptoParameterError` on duplicate ids.
     """
     ids = sorted(client_ids)
     if len(set(ids)) != len(ids):
-        raise ValueError("a signed client list must not contain duplicates")
+        raise CryptoParameterError("a signed client list must not contain duplicates")
     tag = label.encode()
     return (
         b"sharefl/list\x00"

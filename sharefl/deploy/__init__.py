@@ -7,7 +7,8 @@
   transport-neutral :class:`~sharefl.protocol.coordinator.RoundCoordinator`;
 - :mod:`~sharefl.deploy.client` — a client process running the sans-IO
   :class:`~sharefl.protocol.client.ClientSession`;
-- :mod:`~sharefl.deploy.keygen` — TLS certificates and Ed25519 identities for a deployment.
+- :mod:`~sharefl.deploy.keygen` — TLS certificates and Ed25519 identities for a deployment;
+- :mod:`~sharefl.deploy.errors` — :class:`DeployError`, the base of the transport's own errors.
 
 This package imports :mod:`sharefl.protocol` and :mod:`sharefl.crypto`, never the simulator.
 """

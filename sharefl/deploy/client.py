@@ -45,6 +45,7 @@ from sharefl.crypto.encoding import encode
 from sharefl.crypto.signatures import IdentityKey
 from sharefl.deploy import wire
 from sharefl.deploy.config import is_loopback
+from sharefl.deploy.errors import DeployError
 from sharefl.deploy.server import (
     BUSY,
     MAX_MESSAGE_BYTES,
@@ -57,7 +58,13 @@ from sharefl.proto import sharefl_pb2 as pb
 from sharefl.proto import sharefl_pb2_grpc as pb_grpc
 from sharefl.protocol.client import ClientPolicy, ClientSession
 from sharefl.protocol.client_round import ClientRound
-from sharefl.protocol.errors import ClientRefusal, MalformedRequest, PlanRefused, ProtocolError
+from sharefl.protocol.errors import (
+    ClientRefusal,
+    ConfigurationError,
+    MalformedRequest,
+    PlanRefused,
+    ProtocolError,
+)
 from sharefl.protocol.messages import (
     ConsistencySignature,
     EncryptedShares,
@@ -66,6 +73,9 @@ from sharefl.protocol.messages import (
 )
 
 Trainer = Callable[..., np.ndarray]
+"""``f(model, round=r, client_id=i)`` → the update the server steps against:
+``model ← model − learning_rate · aggregate`` (:func:`~sharefl.deploy.server.descend`), so
+a trainer returns ``model − trained_model`` (or a gradient), never the trained model."""
 STAGES = ("advertise", "share", "mask", "consistency", "unmask")
 
 
@@ -91,11 +101,11 @@ def retryable(error: grpc.aio.AioRpcError) -> bool:
     return busy and (error.details() or "").startswith(BUSY)
 
 
-class ConnectionLost(ProtocolError):
+class ConnectionLost(DeployError):
     """The server could not be reached (or was lost) after all retries."""
 
 
-class ServerSilent(ProtocolError):
+class ServerSilent(DeployError):
     """The server sent nothing within a read deadline (it may be stopped or unreachable)."""
 
 
@@ -104,7 +114,7 @@ class TrainerFailed(Exception):
     dropped). The original exception is the ``__cause__``."""
 
 
-class ServerMisbehaved(ProtocolError):
+class ServerMisbehaved(DeployError):
     """The server's stream cannot be followed (no Challenge, a malformed or oversized model
     stream); the client closes it. Nothing of the protocol was revealed."""
 
@@ -144,25 +154,26 @@ class RoundGuard:
 
 
 def load_trainer(spec: str) -> Trainer:
-    """Import ``"module:function"``; raises ValueError with what to fix."""
+    """Import ``"module:function"``; raises :class:`ConfigurationError` with what to fix."""
     module_name, _, attribute = spec.partition(":")
     if not module_name or not attribute:
-        raise ValueError(f"trainer must be 'module:function', got {spec!r}")
+        raise ConfigurationError(f"trainer must be 'module:function', got {spec!r}")
     try:
         trainer = getattr(importlib.import_module(module_name), attribute)
     except (ImportError, AttributeError) as exc:
-        raise ValueError(f"cannot load trainer {spec!r}: {exc}") from exc
+        raise ConfigurationError(f"cannot load trainer {spec!r}: {exc}") from exc
     if not callable(trainer):
-        raise ValueError(f"trainer {spec!r} is not callable")
+        raise ConfigurationError(f"trainer {spec!r} is not callable")
     return trainer
 
 
 def demo_trainer(model: np.ndarray, *, round: int, client_id: int) -> np.ndarray:
-    """A deterministic stand-in for local training: an update that depends only on the client
-    id and the round, in multiples of 1/256 within [-1, 1) so fixed-point sums are exact."""
+    """A deterministic stand-in for local training: an update (the vector the server steps
+    against, :func:`~sharefl.deploy.server.descend`) that depends only on the client id and
+    the round, in multiples of 1/256 within [-1, 1) so fixed-point sums are exact."""
     rng = np.random.default_rng([client_id, round])
     steps = rng.integers(-256, 256, size=model.shape[0], dtype=np.int16)
-    return steps.astype(np.float32) * np.float32(1 / 256)
+    return np.asarray(steps.astype(np.float32) * np.float32(1 / 256))
 
 
 @dataclass
@@ -209,8 +220,9 @@ class ClientRuntime:
         read_timeout_s: the longest gap between two server messages of a run.
         insecure: allow a plaintext connection to a non-loopback address.
 
-    Raises ``ValueError`` for a client with a signing policy and no TLS; :meth:`run` raises
-    it for a plaintext client aimed at another machine without ``insecure``.
+    Raises :class:`ConfigurationError` for a client with a signing policy and no TLS;
+    :meth:`run` raises it for a plaintext client aimed at another machine without
+    ``insecure``.
     """
 
     def __init__(
@@ -230,11 +242,11 @@ class ClientRuntime:
         insecure: bool = False,
     ) -> None:
         if exit_before is not None and exit_before not in STAGES:
-            raise ValueError(f"exit_before must be one of {STAGES}")
+            raise ConfigurationError(f"exit_before must be one of {STAGES}")
         if server_timeout_s <= 0 or read_timeout_s <= 0:
-            raise ValueError("server_timeout_s and read_timeout_s must be > 0")
+            raise ConfigurationError("server_timeout_s and read_timeout_s must be > 0")
         if tls is None and policy is not None and policy.require_signed:
-            raise ValueError(
+            raise ConfigurationError(
                 f"client {client_id} has identity keys (signed mode) but no TLS: give it the "
                 "deployment's CA (ca.pem in the keygen folder)"
             )
@@ -278,11 +290,11 @@ class ClientRuntime:
         module docstring for the bound), :class:`ServerMisbehaved` when its stream cannot be
         followed, and ``grpc.aio.AioRpcError`` when the server refuses this client (wrong
         identity, certificate, malformed message, a run it stopped) — not retried;
-        ``ValueError`` before connecting in plaintext to a non-loopback address without
+        :class:`ConfigurationError` before connecting in plaintext to a non-loopback address without
         ``insecure``.
         """
         if self.tls is None and not self.insecure and not is_loopback(self.address):
-            raise ValueError(
+            raise ConfigurationError(
                 f"refusing plaintext gRPC to {self.address}: give --keys (TLS), or --insecure "
                 "to send updates unencrypted"
             )

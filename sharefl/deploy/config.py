@@ -17,7 +17,7 @@ A TOML file with five tables; every key is optional except where noted::
 
     [model]
     dim = 1000                # length of the model / update vector
-    learning_rate = 1.0       # model += learning_rate * aggregate
+    learning_rate = 1.0       # model -= learning_rate * aggregate (updates are descent vectors)
     aggregator = "mean"       # "sum" or "mean" (per client) of the released cluster sums
 
     [secure_aggregation]
@@ -162,7 +162,7 @@ class AggregatorSection:
     def __post_init__(self) -> None:
         _require(self.scale in ("mean", "total"), 'aggregator.scale must be "mean" or "total"')
         _require(
-            self.name or (not self.options and not self.pre),
+            bool(self.name) or (not self.options and not self.pre),
             "aggregator.options/pre need aggregator.name",
         )
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID, ObjectIdentifier
 
 from sharefl.crypto.signatures import IdentityKey
 
@@ -55,7 +55,7 @@ def _certificate(
     *,
     ca: bool = False,
     names: Sequence[str] = (),
-    usage: ExtendedKeyUsageOID | None = None,
+    usage: ObjectIdentifier | None = None,
 ) -> x509.Certificate:
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
     now = dt.datetime.now(dt.UTC)

@@ -31,13 +31,15 @@ from typing import Any
 
 import numpy as np
 
+from sharefl.deploy.errors import DeployError
+
 ROUNDS_FILE = "rounds.jsonl"
 MODEL_FILE = "model.npy"
 RESULT_FILE = "result.json"
 CHECKPOINT_FILE = "checkpoint.npz"
 
 
-class ResumeError(ValueError):
+class ResumeError(DeployError, ValueError):
     """A results folder that cannot be resumed (say what is wrong with it)."""
 
 

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import grpc
 import numpy as np
@@ -37,6 +37,7 @@ from sharefl.crypto.kdf import KEY_BYTES
 from sharefl.crypto.signatures import SIGNATURE_BYTES, verify
 from sharefl.deploy import wire
 from sharefl.deploy.config import DeploymentConfig, check_secure_deployment
+from sharefl.deploy.errors import DeployError
 from sharefl.deploy.results import Checkpoint
 from sharefl.proto import sharefl_pb2 as pb
 from sharefl.proto import sharefl_pb2_grpc as pb_grpc
@@ -91,7 +92,7 @@ def hello_statement(nonce: bytes, client_id: int) -> bytes:
     return HELLO_TAG + nonce + client_id.to_bytes(8, "big")
 
 
-class StreamError(Exception):
+class StreamError(DeployError):
     """Ends one client's stream with a gRPC status code and a message."""
 
     def __init__(self, code: grpc.StatusCode, message: str) -> None:
@@ -173,7 +174,10 @@ class RoundReport:
     def of(
         cls, result: RoundResult, excluded: list[int], seconds: float, total: np.ndarray | None
     ) -> RoundReport:
-        clusters, failed, withheld, corrupted = [], [], [], []
+        clusters: list[dict[str, Any]] = []
+        failed: list[dict[str, Any]] = []
+        withheld: list[dict[str, Any]] = []
+        corrupted: list[dict[str, Any]] = []
         contributors = 0
         for rec in result.reclusterings:
             for s in rec.clusters:
@@ -242,8 +246,19 @@ class ServerStrategy(Protocol):
     ) -> tuple[np.ndarray, np.ndarray, str]: ...
 
 
+def descend(model: np.ndarray, learning_rate: float, aggregate: np.ndarray) -> np.ndarray:
+    """``model − learning_rate · aggregate`` as float32: the one sign convention of sharefl.
+
+    Every loop steps against what the clients upload, w ← w − η·v: in simulation the
+    uploads are (pseudo-)gradients, and a deployment's trainer returns the same kind of
+    vector (``old model − trained model`` for local training; a gradient for one step).
+    """
+    return (model - learning_rate * aggregate).astype(np.float32)
+
+
 class AveragingStrategy:
-    """The default: ``model += learning_rate × aggregate``, where the aggregate is each
+    """The default: ``model ← model − learning_rate × aggregate`` (:func:`descend`), where
+    the aggregate is each
     reclustering's total (``aggregator = "sum"``) or per-client mean (``"mean"``), averaged
     over the reclusterings; the model starts at zero."""
 
@@ -262,8 +277,15 @@ class AveragingStrategy:
             members = sum(size for _, size in sums)
             aggregates.append(total / members if self.config.model.aggregator == "mean" else total)
         total = np.mean(aggregates, axis=0)
-        updated = (model + self.config.model.learning_rate * total).astype(np.float32)
+        updated = descend(model, self.config.model.learning_rate, total)
         return updated, total, ""
+
+
+def bound_address(address: str, port: int) -> str:
+    """``address`` (``host:port``, ``[v6]:port``) with its port replaced by ``port``, the
+    one the operating system bound (they differ for port 0)."""
+    host = address.rsplit(":", 1)[0] if ":" in address else address
+    return f"{host}:{port}"
 
 
 def _stderr(line: str) -> None:
@@ -320,9 +342,9 @@ def sample_participants(
     """The sorted participants of a round: ``per_round`` of the ``eligible`` clients drawn
     uniformly without replacement from ``rng`` (:func:`deployment_rng`: the operating
     system's randomness), or all of them when ``per_round`` is 0 or not below their number.
-    Raises ``ValueError`` for a negative ``per_round``."""
+    Raises :class:`ConfigurationError` for a negative ``per_round``."""
     if per_round < 0:
-        raise ValueError(f"per_round must be >= 0; got {per_round}")
+        raise ConfigurationError(f"per_round must be >= 0; got {per_round}")
     pool = sorted(eligible)
     if per_round == 0 or len(pool) <= per_round:
         return pool
@@ -599,7 +621,9 @@ class ServerRun:
             rc.close_reclustering()
         result = rc.result()
         self.round = None
-        released = [[(s.sum, len(s.members)) for s in rec.clusters] for rec in result.reclusterings]
+        released = [
+            [(s.float_sum, len(s.members)) for s in rec.clusters] for rec in result.reclusterings
+        ]
         released = [sums for sums in released if sums]
         total, note = None, ""
         if released:
@@ -968,14 +992,17 @@ async def serve(
     config: DeploymentConfig,
     *,
     log: Log = _stderr,
-    ready: asyncio.Event | None = None,
+    listening: Callable[[str], None] | None = None,
     strategy: ServerStrategy | None = None,
     on_round: Callable[[RoundReport, np.ndarray], None] | None = None,
     resume: Checkpoint | None = None,
 ) -> RunResult:
     """Run the server until the configured rounds are done.
 
-    ``ready`` is set once the port is bound (for in-process tests). ``strategy`` decides
+    The port is bound once: an address with port 0 gets a free port from the operating
+    system, and ``listening(address)`` is called with the address actually bound (host as
+    configured, the real port) once the server accepts connections; the log line says it
+    too. ``strategy`` decides
     the initial model and what the released sums do (default :class:`AveragingStrategy`;
     the simulator's robust training is :class:`sharefl.simulation_bridge.
     SimulationStrategy`). ``on_round(report, model)`` runs after each finished round (see
@@ -1023,11 +1050,12 @@ async def serve(
         raise ConfigurationError(f"cannot bind {address}: is another server using that port?")
     await server.start()
     mode = "TLS" if credentials else "plaintext"
-    log(f"sharefl server {__version__} listening on {address} ({mode})")
+    bound = bound_address(address, port)
+    log(f"sharefl server {__version__} listening on {bound} ({mode})")
     if run.insecure:
         log("WARNING: INSECURE DEPLOYMENT: " + "; ".join(run.insecure))
-    if ready is not None:
-        ready.set()
+    if listening is not None:
+        listening(bound)
     try:
         reports = await run.run()
         traffic = {

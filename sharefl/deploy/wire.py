@@ -9,19 +9,21 @@ it to ``INVALID_ARGUMENT``); no protocol logic lives here.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from sharefl.crypto.encoding import RingEncoding
 from sharefl.crypto.errors import EncodingError
 from sharefl.crypto.kdf import KEY_BYTES, KeyContext
 from sharefl.crypto.shamir import SHARE_BYTES
 from sharefl.crypto.signatures import SIGNATURE_BYTES
+from sharefl.deploy.errors import DeployError
 from sharefl.proto import sharefl_pb2 as pb
 from sharefl.protocol import messages as m
-from sharefl.protocol.bundles import SEALED_BYTES
-from sharefl.protocol.client import COMMITMENT_BYTES
+from sharefl.protocol.bundles import COMMITMENT_BYTES, SEALED_BYTES
 from sharefl.protocol.clustering import Clustering, ClusteringError
 from sharefl.protocol.errors import ConfigurationError
 from sharefl.protocol.plan import RoundPlan
@@ -29,12 +31,15 @@ from sharefl.protocol.plan import RoundPlan
 CHUNK_BYTES = 3 << 20
 """Payload bytes per VectorChunk (3 MiB, below gRPC's 4 MiB message limit with headroom)."""
 
-_DTYPES = {
+_DTYPES: dict[int, np.dtype[Any]] = {
     pb.DTYPE_FLOAT32: np.dtype("<f4"),
     pb.DTYPE_UINT32: np.dtype("<u4"),
     pb.DTYPE_UINT64: np.dtype("<u8"),
 }
-_CODES = {np.dtype(np.float32): pb.DTYPE_FLOAT32, np.dtype(np.uint32): pb.DTYPE_UINT32}
+_CODES: dict[np.dtype[Any], Any] = {  # numpy dtype -> the wire enum
+    np.dtype(np.float32): pb.DTYPE_FLOAT32,
+    np.dtype(np.uint32): pb.DTYPE_UINT32,
+}
 _CODES[np.dtype(np.uint64)] = pb.DTYPE_UINT64
 
 
@@ -50,7 +55,7 @@ MAX_REASON_BYTES = 1024
 """Refusal reasons are cut to this many UTF-8 bytes of printable characters."""
 
 
-class WireError(ValueError):
+class WireError(DeployError, ValueError):
     """A protobuf message is malformed: missing fields, values out of range, fields of the
     wrong size, repeated fields longer than their cap, vectors whose chunks arrive out of
     order or do not match their header's length or digest."""
@@ -92,7 +97,7 @@ class VectorAssembler:
     of order, too many bytes, or a digest mismatch at the end.
     """
 
-    def __init__(self, header: pb.VectorHeader, length: int, dtype: np.dtype) -> None:
+    def __init__(self, header: pb.VectorHeader, length: int, dtype: npt.DTypeLike) -> None:
         if header.dtype not in _DTYPES or _DTYPES[header.dtype] != np.dtype(dtype).newbyteorder(
             "<"
         ):
@@ -112,7 +117,9 @@ class VectorAssembler:
         self._next = 0
 
     @classmethod
-    def bounded(cls, header: pb.VectorHeader, max_length: int, dtype: np.dtype):
+    def bounded(
+        cls, header: pb.VectorHeader, max_length: int, dtype: npt.DTypeLike
+    ) -> VectorAssembler:
         """An assembler for a vector whose length the receiver does not know in advance
         (e.g. the model): the announced length is accepted up to ``max_length`` elements.
         Raises :class:`WireError` for a longer one (nothing is allocated)."""
@@ -499,7 +506,7 @@ def server_message_to_proto(message: m.ServerMessage) -> pb.ServerMessage:
 def server_message_from_proto(envelope: pb.ServerMessage) -> m.ServerMessage:
     """Unwrap a protocol stage request; raises :class:`WireError` for anything else."""
     kind = envelope.WhichOneof("body")
-    converters = {
+    converters: dict[str, Callable[[Any], m.ServerMessage]] = {
         "keys": keys_from_proto,
         "masking": masking_from_proto,
         "consistency": consistency_request_from_proto,

@@ -51,7 +51,7 @@ import struct
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -83,6 +83,10 @@ from sharefl.robust.base import Aggregator
 from sharefl.robust.coordinate import Mean
 from sharefl.robust.hierarchical import ClusterScale, HierarchicalAggregator
 
+if TYPE_CHECKING:
+    from flwr.common import FitRes
+    from flwr.server.client_proxy import ClientProxy
+
 try:  # flwr is the [flower] extra
     import flwr.compat.common.recorddict_compat as compat
     from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
@@ -106,9 +110,14 @@ _STATE = f"{PREFIX}.state"
 _ARRAYS = ".arrays"
 
 
-class FlowerIntegrationError(ProtocolError):
+Failures = list["tuple[ClientProxy, FitRes] | BaseException"]
+"""What Flower's ``Strategy.aggregate_fit`` takes as ``failures``."""
+
+
+class FlowerIntegrationError(ProtocolError, ValueError):
     """A Flower message or context lacks what the sharefl protocol needs (e.g. a stage
-    message without the sharefl mod, or fit instructions without parameters)."""
+    message without the sharefl mod, or fit instructions without parameters), or got
+    bad arguments (ids out of range, two clients routed to one node)."""
 
 
 # ---- records <-> Flower records -----------------------------------------------------------
@@ -129,7 +138,7 @@ def get_record(content: RecordDict, name: str) -> dict[str, Any]:
     :class:`~sharefl.protocol.records.RecordError` when there is none."""
     if name not in content.config_records:
         raise records.RecordError(f"the message has no {name!r} record")
-    record = dict(content.config_records[name])
+    record: dict[str, Any] = dict(content.config_records[name])
     if name + _ARRAYS in content.array_records:
         record.update({k: a.numpy() for k, a in content.array_records[name + _ARRAYS].items()})
     return record
@@ -155,12 +164,14 @@ def hello_statement(node_id: int, client_id: int, nonce: bytes) -> bytes:
     """The bytes a client signs in the ``hello`` stage: it is ``client_id`` of the directory,
     reachable as Flower node ``node_id``, answering the server's fresh ``nonce``. The node
     id (which Flower authenticates as the reply's sender) stops another node replaying it;
-    the nonce stops a replay in a later round. Raises ``ValueError`` for an id outside
-    [0, 2^64) or a nonce of the wrong size."""
+    the nonce stops a replay in a later round. Raises :class:`FlowerIntegrationError` for an
+    id outside [0, 2^64) or a nonce of the wrong size."""
     if len(nonce) != NONCE_BYTES:
-        raise ValueError(f"a hello nonce is {NONCE_BYTES} bytes, got {len(nonce)}")
+        raise FlowerIntegrationError(f"a hello nonce is {NONCE_BYTES} bytes, got {len(nonce)}")
     if not (0 <= node_id < 2**64 and 0 <= client_id < 2**64):
-        raise ValueError(f"node and client ids are in [0, 2^64), got {node_id}, {client_id}")
+        raise FlowerIntegrationError(
+            f"node and client ids are in [0, 2^64), got {node_id}, {client_id}"
+        )
     return HELLO_TAG + struct.pack(">QQ", node_id, client_id) + bytes(nonce)
 
 
@@ -247,7 +258,7 @@ class Route:
 
     def __post_init__(self) -> None:
         if len(set(self.nodes.values())) != len(self.nodes):
-            raise ValueError("two client ids routed to one node")
+            raise FlowerIntegrationError("two client ids routed to one node")
 
     @classmethod
     def identity(cls, node_ids: Iterable[int]) -> Route:
@@ -355,7 +366,7 @@ class ShareflWorkflow:
         if not isinstance(context, LegacyContext):
             raise TypeError(f"Expect a LegacyContext, but get {type(context).__name__}.")
         cfg = context.state.config_records[MAIN_CONFIGS_RECORD]
-        current_round = int(cfg[WorkflowKey.CURRENT_ROUND])
+        current_round = int(cast(int, cfg[WorkflowKey.CURRENT_ROUND]))
         parameters = compat.arrayrecord_to_parameters(
             context.state.array_records[MAIN_PARAMS_RECORD], keep_input=True
         )
@@ -367,7 +378,7 @@ class ShareflWorkflow:
             log.info("configure_fit: no clients selected, cancel")
             return
         proxies = {proxy.node_id: proxy for proxy, _ in instructions}
-        failures: list[BaseException] = []
+        failures: Failures = []
         self.last_node_culprits = {}
         if self.signed:
             route = self._hello(grid, current_round, sorted(proxies), failures)
@@ -436,9 +447,7 @@ class ShareflWorkflow:
             )
         )
 
-    def _hello(
-        self, grid, current_round: int, node_ids: list[int], failures: list[BaseException]
-    ) -> Route:
+    def _hello(self, grid, current_round: int, node_ids: list[int], failures: Failures) -> Route:
         """The hello stage of a signed round: a fresh nonce to every selected node, and the
         route of the client ids whose signed replies verify against the directory (the
         first node to prove an id gets it). Error replies are failures; replies that do not
@@ -496,7 +505,7 @@ class ShareflWorkflow:
         current_round: int,
         fitins: Mapping[int, RecordDict],
         fit_results: dict[int, Any],
-        failures: list[BaseException],
+        failures: Failures,
     ) -> None:
         first = rc.reclustering == 0
         group = str(current_round)
@@ -506,19 +515,21 @@ class ShareflWorkflow:
             content = RecordDict()
             put_record(content, STAGE_RECORD, {"stage": "assign", "max_weight": self.max_weight})
             put_record(content, f"{PREFIX}.assignment", records.to_record(assignment))
+            if rc.encoding is None:  # float updates always have one (settings.clip)
+                raise FlowerIntegrationError("the round has no fixed-point encoding: set clip")
             put_record(content, f"{PREFIX}.encoding", records.to_record(rc.encoding))
             if first:
                 put_record(content, f"{PREFIX}.plan", records.to_record(rc.plan))
             outgoing[route.nodes[cid]] = content
         while outgoing:
             for reply in self._send(grid, outgoing, group):
-                cid = clients.get(reply.metadata.src_node_id)
-                if cid is None:
+                sender = clients.get(reply.metadata.src_node_id)
+                if sender is None:
                     continue
                 if reply.has_error():
                     failures.append(Exception(reply.error))
                     continue
-                self._deliver(rc, cid, reply.content, fit_results)
+                self._deliver(rc, sender, reply.content, fit_results)
             outgoing = {}
             if rc.reclustering_done:
                 break
@@ -559,7 +570,9 @@ class ShareflWorkflow:
         for reclustering in result.reclusterings:
             if not reclustering.clusters:
                 continue
-            means, weights = codec.cluster_means(np.stack([c.sum for c in reclustering.clusters]))
+            means, weights = codec.cluster_means(
+                np.stack([c.float_sum for c in reclustering.clusters])
+            )
             keep = weights > 0
             if not keep.any():
                 continue

@@ -66,8 +66,8 @@ class DPSGDConfig:
             )
         if self.sample_rate is not None:
             check_sample_rate(self.sample_rate)
-        noisy = isinstance(self.noise_multiplier, NoiseSchedule)
-        if not noisy:
+        noisy = True
+        if not isinstance(self.noise_multiplier, NoiseSchedule):
             sigma = float(self.noise_multiplier)
             if not (math.isfinite(sigma) and sigma >= 0):
                 raise PrivacyConfigError(
@@ -213,16 +213,16 @@ class DPSGD:
                 max_norm = torch.fmax(max_norm, chunk_max)
             del grads  # free this chunk before the next one is computed
 
-        if not static:
+        if mode is not None and not static:
             sensitivity = mode.batch_sensitivity(float(max_norm), numels)
             if self._scratch is None or self._scratch.shape != out.shape:
                 self._scratch = torch.empty_like(out)
             add_gaussian_noise_(out, sigma * sensitivity, self.generator, scratch=self._scratch)
         out.div_(cfg.expected_batch_size)
 
-        if momentum_views is not None:
+        if momentum_views is not None and self._momentum is not None:
             self._momentum.copy_(out)  # Algorithm 1: the state is the last noisy upload
-        if self.accountant is not None:
+        if self.accountant is not None and cfg.sample_rate is not None:  # checked together
             self.accountant.step(sigma, cfg.sample_rate, 1)
         self.steps_taken += 1
         return PrivateGradient(
@@ -283,7 +283,7 @@ class DPSGD:
             not isinstance(momentum, torch.Tensor) or momentum.shape != (self.dim,)
         ):
             raise PrivacyConfigError(f"momentum state must be a tensor of shape ({self.dim},)")
-        self.steps_taken = int(state["steps_taken"])  # type: ignore[arg-type]
+        self.steps_taken = int(state["steps_taken"])  # type: ignore[call-overload]
         self._momentum = None if momentum is None else momentum.clone()
 
 

@@ -18,7 +18,7 @@ GENERATED = ("sharefl_pb2.py", "sharefl_pb2.pyi", "sharefl_pb2_grpc.py")
 def generate(out_dir: Path) -> None:
     """Write the generated modules for ``sharefl/proto/sharefl.proto`` under ``out_dir``
     (as ``out_dir/sharefl/proto/...``); raises RuntimeError if protoc fails."""
-    from grpc_tools import protoc
+    from grpc_tools import protoc  # type: ignore[import-untyped]
 
     out_dir.mkdir(parents=True, exist_ok=True)
     status = protoc.main(

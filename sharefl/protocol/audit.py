@@ -57,6 +57,7 @@ from sharefl.protocol.clustering import (
     as_generator,
     random_clustering,
 )
+from sharefl.protocol.errors import ProtocolError
 
 DEFAULT_SEARCH_BUDGET: Final = 1_000_000
 """Default cap on subsets (and fingerprint matches) examined by the small-sum search."""
@@ -68,13 +69,13 @@ FINGERPRINT_PRIME: Final = 2**61 - 1
 _FINGERPRINT_SEED: Final = 0x5EC0A6
 
 
-class AuditError(ValueError):
+class AuditError(ProtocolError, ValueError):
     """Inconsistent audit input: a clustering or dropout names a client outside
     ``client_ids``, ``dropouts`` does not have one entry per clustering, duplicate ids,
     nothing to audit, or ``min_sum_size < 1``."""
 
 
-class SafeSamplingError(RuntimeError):
+class SafeSamplingError(ProtocolError, RuntimeError):
     """No leak-free reclustering was found: either a single clustering already reveals a
     sum of fewer than ``min_sum_size`` clients (e.g. ``cluster_size = 1``), or ``max_tries``
     draws of some block all leaked (make blocks smaller, or allow more tries)."""

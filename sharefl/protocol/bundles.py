@@ -18,6 +18,7 @@ from sharefl.crypto.aead import OVERHEAD_BYTES
 from sharefl.crypto.errors import ShamirError
 from sharefl.crypto.kdf import KeyContext
 from sharefl.crypto.shamir import SHARE_BYTES, Share
+from sharefl.protocol.errors import ProtocolError
 
 COMMITMENT_BYTES = 32
 """Size of a seed commitment (SHA-256, :func:`seed_commitment`)."""
@@ -25,7 +26,7 @@ PLAINTEXT_BYTES = 16 + 2 * SHARE_BYTES
 SEALED_BYTES = PLAINTEXT_BYTES + OVERHEAD_BYTES
 
 
-class BundleError(ValueError):
+class BundleError(ProtocolError, ValueError):
     """A decrypted bundle does not parse or is addressed to somebody else."""
 
 

@@ -33,6 +33,7 @@ import os
 import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -62,6 +63,7 @@ from sharefl.protocol.errors import (
 )
 from sharefl.protocol.messages import (
     AdvertiseKeys,
+    ClientMessage,
     ClusterAssignment,
     ConsistencyRequest,
     ConsistencySignature,
@@ -98,11 +100,11 @@ def threshold_floor(holders: int, colluders: int = 0) -> int:
     different survivor lists needs t signatures (t − colluders honest ones) in each; with
     t > (holders + colluders)/2 two such groups cannot both exist among the
     holders − colluders honest ones. A threshold of 1 would hand every secret to any single
-    holder, and t <= colluders would hand it to the colluders. Raises ``ValueError`` for
-    negative counts.
+    holder, and t <= colluders would hand it to the colluders. Raises
+    :class:`ConfigurationError` for negative counts.
     """
     if holders < 0 or colluders < 0:
-        raise ValueError(f"holders and colluders must be >= 0; got {holders}, {colluders}")
+        raise ConfigurationError(f"holders and colluders must be >= 0; got {holders}, {colluders}")
     return max(2, colluders + 1, (holders + colluders) // 2 + 1)
 
 
@@ -330,13 +332,13 @@ class ClientSession:
         self.state = ClientState.ADVERTISED
         return self._advert
 
-    def handle(self, message: ServerMessage):
+    def handle(self, message: ServerMessage) -> ClientMessage:
         """Consume one server message and return the reply to send.
 
         Raises a :class:`ClientRefusal` (and aborts the session) when the message would
         hurt this client's privacy or contradicts what it saw before.
         """
-        handlers = {
+        handlers: dict[type, tuple[ClientState, Callable[[Any], ClientMessage]]] = {
             KeysBroadcast: (ClientState.ADVERTISED, self._on_keys),
             MaskingRequest: (ClientState.SHARED, self._on_masking),
             ConsistencyRequest: (ClientState.MASKED, self._on_consistency),

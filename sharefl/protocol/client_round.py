@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -48,7 +49,7 @@ from sharefl.protocol.errors import (
     ReclusteringReused,
     ReleaseLeaks,
 )
-from sharefl.protocol.messages import ClusterAssignment, ServerMessage, UnmaskRequest
+from sharefl.protocol.messages import ClientMessage, ClusterAssignment, ServerMessage, UnmaskRequest
 from sharefl.protocol.plan import RoundPlan
 
 Position = tuple[int, int]
@@ -208,7 +209,7 @@ class ClientRound:
         if report.leaks or not report.complete:
             raise ReleaseLeaks(f"client {self.id}: this release is unsafe: {_reason(report)}")
 
-    def handle(self, session: ClientSession, message: ServerMessage):
+    def handle(self, session: ClientSession, message: ServerMessage) -> ClientMessage:
         """Route one server message of ``session`` through the guard and return the reply;
         an unmask request is checked by :meth:`check_release` first (a refusal aborts the
         session). Raises what :meth:`ClientSession.handle` raises, and :class:`ReleaseLeaks`.
@@ -249,7 +250,9 @@ class ClientRound:
         return r
 
     @classmethod
-    def from_state(cls, record, policy: ClientPolicy | None = None) -> ClientRound:
+    def from_state(
+        cls, record: Mapping[str, Any], policy: ClientPolicy | None = None
+    ) -> ClientRound:
         """The guard :meth:`export_state` saved. The plan was audited when the guard was
         built and is not audited again: pass only records this client exported itself.
         Raises :class:`~sharefl.protocol.records.RecordError` for a malformed record."""

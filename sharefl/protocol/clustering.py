@@ -27,6 +27,8 @@ from typing import Final
 
 import numpy as np
 
+from sharefl.protocol.errors import ProtocolError
+
 RngLike = np.random.Generator | int | None
 """A numpy ``Generator`` (used and advanced in place), an integer seed, or ``None`` (fresh
 OS entropy, not reproducible)."""
@@ -35,7 +37,7 @@ MAX_GRAPH_RESTARTS: Final = 1_000
 """Restarts of the Steger–Wormald pairing before :func:`random_regular_graph` gives up."""
 
 
-class ClusteringError(ValueError):
+class ClusteringError(ProtocolError, ValueError):
     """Bad clustering parameters or an invalid partition: cluster size or degree out of
     range, empty or duplicate client ids, overlapping or empty clusters."""
 

@@ -44,6 +44,7 @@ import enum
 import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -160,8 +161,8 @@ class ReclusteringResult:
     Attributes:
         index: r.
         clustering: its planned clusters.
-        clusters: the released sums (decoded to float64 in ``sum`` when the round has an
-            encoding; ``ring_sum`` is always the exact sum in Z_2^b).
+        clusters: the released sums (``decoded`` holds the float64 sum when the round has
+            an encoding; ``ring_sum`` is always the exact sum in Z_2^b).
         failed: clusters that produced no sum (too few clients, a secret that could not be
             rebuilt, or withheld by the release check: ``stage == "release"``).
         corrupted: sums outside the honest range, left out of ``clusters``.
@@ -173,7 +174,7 @@ class ReclusteringResult:
     clusters: list[ClusterSum]
     failed: list[FailedCluster]
     corrupted: list[CorruptedCluster] = field(default_factory=list)
-    events: dict = field(default_factory=dict)
+    events: dict[int, Any] = field(default_factory=dict)
 
     @property
     def withheld(self) -> list[FailedCluster]:
@@ -199,11 +200,28 @@ class RoundResult:
 
     @property
     def clusters(self) -> list[ClusterSum]:
-        return self.reclusterings[0].clusters
+        """The released sums of a round with one clustering. A round with R > 1
+        reclusterings has R lists (``reclusterings[r].clusters``): then this raises
+        :class:`~sharefl.protocol.errors.StageError` instead of returning only the first."""
+        return self._only().clusters
 
     @property
     def failed(self) -> list[FailedCluster]:
-        return self.reclusterings[0].failed
+        """The failed clusters of a round with one clustering (see :attr:`clusters`)."""
+        return self._only().failed
+
+    @property
+    def all_clusters(self) -> list[ClusterSum]:
+        """The released sums of every reclustering, in order."""
+        return [c for rec in self.reclusterings for c in rec.clusters]
+
+    def _only(self) -> ReclusteringResult:
+        if len(self.reclusterings) != 1:
+            raise StageError(
+                f"this round has {len(self.reclusterings)} reclusterings: use "
+                "reclusterings[r].clusters / .failed, or all_clusters"
+            )
+        return self.reclusterings[0]
 
 
 def plan_round(
@@ -537,7 +555,7 @@ class RoundCoordinator:
             self._clear[index] = (
                 FailedCluster(index, members, "release", withheld)
                 if withheld is not None
-                else ClusterSum(index, members, ring, ring)
+                else ClusterSum(index, members, ring)
             )
 
     def close_reclustering(self) -> ReclusteringResult:
@@ -567,7 +585,7 @@ class RoundCoordinator:
             except SumOutOfRange as exc:
                 corrupted.append(CorruptedCluster(index, outcome.members, str(exc)))
                 continue
-            sums.append(replace(outcome, sum=values))
+            sums.append(replace(outcome, decoded=values))
         result = ReclusteringResult(r, self.plan.clusterings[r], sums, failed, corrupted)
         self._results.append(result)
         self._open = False

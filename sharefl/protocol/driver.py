@@ -356,8 +356,12 @@ def secure_sum(
                 guards[cid] = ClientRound(cid, coordinator.plan, policy)
             except ClientRefusal as exc:
                 plan_refusals[cid] = str(exc)
-    used = coordinator.encoding
-    vectors = {cid: encode(x, used, rng) for cid, x in sorted(arrays.items())} if floats else arrays
+    vectors = arrays
+    if floats:
+        used = coordinator.encoding
+        if used is None:  # the coordinator chooses one whenever settings.clip is set
+            raise ConfigurationError("float inputs need settings.clip (it fixes the encoding)")
+        vectors = {cid: encode(x, used, rng) for cid, x in sorted(arrays.items())}
     for cid, ring in (byzantine_inputs or {}).items():
         like = vectors.get(cid)
         if like is None or not isinstance(ring, np.ndarray) or ring.dtype != like.dtype:
@@ -381,7 +385,11 @@ def secure_sum(
         if protocol:
             cluster_of = {cid: a.context.cluster for cid, a in assignments.items()}
 
-            def events_of(cid: int, cluster_of=cluster_of, events=events) -> ClusterEvents:
+            def events_of(
+                cid: int,
+                cluster_of: dict[int, int] = cluster_of,
+                events: dict[int, ClusterEvents] = events,
+            ) -> ClusterEvents:
                 return events.setdefault(cluster_of[cid], ClusterEvents())
 
             for cid in assignments.keys() & plan_refusals.keys():

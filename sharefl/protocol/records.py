@@ -35,7 +35,7 @@ from sharefl.crypto.signatures import SIGNATURE_BYTES
 from sharefl.protocol import messages as m
 from sharefl.protocol.bundles import COMMITMENT_BYTES, SEALED_BYTES
 from sharefl.protocol.clustering import Clustering, ClusteringError
-from sharefl.protocol.errors import ConfigurationError
+from sharefl.protocol.errors import ConfigurationError, ProtocolError
 from sharefl.protocol.plan import RoundPlan
 
 RecordValue: TypeAlias = int | float | bool | str | bytes | list[int] | list[bytes] | np.ndarray
@@ -53,7 +53,7 @@ MAX_PLAN_IDS = 1 << 20
 _CONTEXT_HEAD = struct.calcsize(">IQII")
 
 
-class RecordError(ValueError):
+class RecordError(ProtocolError, ValueError):
     """A record is malformed: a missing key, a value of the wrong type, range or size, a
     list longer than its cap, duplicate ids, or an unknown ``type``. The message names the
     key; a receiver treats the sender as having sent something no honest peer sends."""
@@ -105,7 +105,7 @@ def get_bytes(record: Mapping[str, Any], key: str, sizes: tuple[int, ...] | None
     return bytes(value)
 
 
-def _list(record: Mapping[str, Any], key: str, cap: int = MAX_IDS) -> list:
+def _list(record: Mapping[str, Any], key: str, cap: int = MAX_IDS) -> list[Any]:
     value = _get(record, key)
     if isinstance(value, np.ndarray) and value.ndim == 1 and value.dtype.kind in "iu":
         value = value.tolist()
@@ -157,7 +157,7 @@ def nest(prefix: str, record: Mapping[str, RecordValue]) -> Record:
     return {f"{prefix}/{k}": v for k, v in record.items()}
 
 
-def unnest(prefix: str, record: Mapping[str, RecordValue]) -> Record:
+def unnest(prefix: str, record: Mapping[str, Any]) -> Record:
     """The keys of ``record`` under ``prefix + "/"``, without the prefix (empty if none)."""
     head = f"{prefix}/"
     return {k[len(head) :]: v for k, v in record.items() if k.startswith(head)}

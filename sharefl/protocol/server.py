@@ -31,8 +31,10 @@ final, before any unmask request is sent: a refusal ends the cluster as failed a
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping
+import functools
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -85,11 +87,13 @@ class ServerState(enum.Enum):
 class ClusterSum:
     """A successful cluster: the exact sum mod 2^b of the inputs of ``members``.
 
+    Two fields, never one that changes meaning: ``ring_sum`` is always the exact sum in
+    Z_2^b; ``decoded`` is the float64 sum only when the round encoded float inputs (the
+    round coordinator fills it), else ``None``.
+
     Attributes:
         cluster: the cluster id (``context.cluster``).
-        members: clients whose inputs are in ``sum`` (sorted).
-        sum: the sum in the inputs' domain: the ring sum for integer inputs, the decoded
-            float64 sum when the driver encoded float inputs.
+        members: clients whose inputs are in the sum (sorted).
         ring_sum: the exact sum in Z_2^b (1-D uint32/uint64 array).
         dropped: assigned clients whose inputs are not in the sum (any stage).
         excluded: clients left out because every neighbour complained about their share
@@ -97,16 +101,33 @@ class ClusterSum:
         complaints: (complainer, accused) pairs: the accused's share bundle did not decrypt
             for the complainer (both stay in the sum unless the accused is excluded).
         bad_shares: (holder, owner) pairs: shares that did not match the owner's secret.
+        decoded: the decoded float64 sum of float inputs; ``None`` for ring inputs.
     """
 
     cluster: int
     members: tuple[int, ...]
-    sum: np.ndarray
     ring_sum: np.ndarray
     dropped: tuple[int, ...] = ()
     excluded: tuple[int, ...] = ()
     complaints: tuple[tuple[int, int], ...] = ()
     bad_shares: tuple[tuple[int, int], ...] = ()
+    decoded: np.ndarray | None = None
+
+    @property
+    def sum(self) -> np.ndarray:
+        """The sum in the inputs' domain: :attr:`decoded` when the inputs were floats,
+        :attr:`ring_sum` when they were ring elements. Prefer the explicit fields."""
+        return self.ring_sum if self.decoded is None else self.decoded
+
+    @property
+    def float_sum(self) -> np.ndarray:
+        """:attr:`decoded`; raises :class:`~sharefl.protocol.errors.StageError` for a
+        cluster of ring inputs (there is no float sum to use)."""
+        if self.decoded is None:
+            raise StageError(
+                f"cluster {self.cluster} summed ring elements: use ring_sum (no encoding)"
+            )
+        return self.decoded
 
 
 @dataclass(frozen=True)
@@ -188,7 +209,7 @@ class ServerSession:
         Raises :class:`RejectedMessage` (naming the sender) for a message of the wrong
         stage, context, sender or shape; nothing is stored then.
         """
-        expected = {
+        expected: dict[ServerState, tuple[type, Collection[int], Callable[[Any], None]]] = {
             ServerState.ADVERTISE: (AdvertiseKeys, self.assignment.members, self._on_advert),
             ServerState.SHARE: (EncryptedShares, self._u1, self._on_shares),
             ServerState.MASK: (MaskedInput, self._u2, self._on_masked),
@@ -222,7 +243,7 @@ class ServerSession:
             )
         handler(message)
 
-    def _first(self, store: dict, sender: int) -> None:
+    def _first(self, store: Mapping[int, object], sender: int) -> None:
         if sender in store:
             raise RejectedMessage(f"duplicate message from client {sender}", sender)
 
@@ -369,13 +390,14 @@ class ServerSession:
 
     def waiting_for(self) -> frozenset[int]:
         """Expected senders of the current stage whose message has not arrived yet."""
-        received = {
+        stores: dict[ServerState, Mapping[int, object]] = {
             ServerState.ADVERTISE: self._got.adverts,
             ServerState.SHARE: self._got.bundles,
             ServerState.MASK: self._got.masked,
             ServerState.CONSISTENCY: self._got.signatures,
             ServerState.UNMASK: self._got.unmasked,
-        }.get(self.state, {})
+        }
+        received = stores.get(self.state, {})
         return frozenset(self.expected_senders()) - received.keys()
 
     def advance(self) -> dict[int, ServerMessage]:
@@ -524,7 +546,6 @@ class ServerSession:
         self.outcome = ClusterSum(
             cluster=self.context.cluster,
             members=self._u3,
-            sum=total,
             ring_sum=total,
             dropped=tuple(sorted(set(self.assignment.members) - survivors)),
             excluded=self._excluded,
@@ -596,7 +617,7 @@ class ServerSession:
                     continue
                 try:
                     verified = shamir.reconstruct_verified(
-                        shares[owner], t, lambda s, o=owner: check(o, s)
+                        shares[owner], t, functools.partial(check, owner)
                     )
                 except ShareVerificationError as exc:
                     lost[owner] = (f"cannot rebuild client {owner}'s {what}: {exc}", True)

@@ -63,7 +63,9 @@ def columnwise_torch(X: Tensor, reduce: Reduce) -> Tensor:
     n = X.shape[0]
     block = torch.sort(X.T.to(compute_dtype(X.dtype)), dim=1).values
     ranks = torch.arange(n, device=X.device)
-    return reduce(block, ranks).to(X.dtype)
+    result = reduce(block, ranks)
+    assert isinstance(result, Tensor)  # a Reduce keeps the kind of array it is given
+    return result.to(X.dtype)
 
 
 def _columnwise_numpy(A: np.ndarray, reduce: Reduce) -> np.ndarray:

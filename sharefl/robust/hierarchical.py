@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -139,7 +139,8 @@ class HierarchicalAggregator:
         s = _sizes(sizes, c, sums)
         means = (sums / s.to(sums.dtype)[:, None]).to(sums.dtype)
         if self.rule.accepts_weights:
-            return self.rule(means, weights=s, **rule_inputs)
+            weighted: Callable[..., Tensor] = self.rule  # a rule that takes weights=
+            return weighted(means, weights=s, **rule_inputs)
         return self.rule(means, **rule_inputs)
 
     @torch.no_grad()

@@ -42,9 +42,10 @@ import torch
 from torch import Tensor
 
 from sharefl.robust import rsa_sign
+from sharefl.simulator.errors import SimulatorError
 
 
-class AttackError(ValueError):
+class AttackError(SimulatorError, ValueError):
     """An attack is misconfigured, lacks the knowledge it needs, or does not exist for the
     given numbers of workers (OLMP's feasibility condition)."""
 

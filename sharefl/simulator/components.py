@@ -1,9 +1,11 @@
 """Builds the pieces of a run from its configuration: clipping, noise schedule, attack and
 robust rule. Names are the configuration's vocabulary; each factory raises
-:class:`~sharefl.simulator.config.ConfigError` naming the key when a value does not fit."""
+:class:`~sharefl.simulator.config.SimulationConfigError` naming the key when a value does not
+fit."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +28,7 @@ from sharefl.privacy.schedules import (
     StaircaseSchedule,
 )
 from sharefl.simulator import attacks
-from sharefl.simulator.config import ConfigError, PrivacyConfig
+from sharefl.simulator.config import PrivacyConfig, SimulationConfigError
 
 AGGREGATORS: dict[str, type] = {
     "mean": robust.Mean,
@@ -58,11 +60,11 @@ ATTACKS = (
 )
 
 
-def _construct(kind: str, name: str, cls: type, options: dict[str, Any]) -> Any:
+def _construct(kind: str, name: str, cls: Callable[..., Any], options: dict[str, Any]) -> Any:
     try:
         return cls(**options)
     except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{kind} {name!r} with options {options}: {exc}") from exc
+        raise SimulationConfigError(f"{kind} {name!r} with options {options}: {exc}") from exc
 
 
 def build_clipping(privacy: PrivacyConfig) -> ClippingMode | None:
@@ -91,7 +93,7 @@ def build_schedule(privacy: PrivacyConfig, sigma: float) -> float | NoiseSchedul
         "constant": ConstantSchedule,
     }
     if privacy.schedule not in kinds:
-        raise ConfigError(f"privacy.schedule must be one of {sorted(kinds)}")
+        raise SimulationConfigError(f"privacy.schedule must be one of {sorted(kinds)}")
     if privacy.schedule == "constant" and not privacy.schedule_options:
         return sigma
     options = dict(privacy.schedule_options)
@@ -125,12 +127,12 @@ def build_attack(name: str, options: dict[str, Any], *, noise_std: float) -> Att
     options = dict(options)
     batch_size = options.pop("batch_size", None)
     if name not in ATTACKS:
-        raise ConfigError(f"attack.name must be one of {ATTACKS}, got {name!r}")
+        raise SimulationConfigError(f"attack.name must be one of {ATTACKS}, got {name!r}")
     if name in ("none", "label_flipping"):
         return AttackPlan(name, name == "label_flipping", None, batch_size)
     if name == "gaussian" and options.get("std") == "dp":
         if noise_std <= 0:
-            raise ConfigError('attack std = "dp" needs a private run (privacy.enabled)')
+            raise SimulationConfigError('attack std = "dp" needs a private run (privacy.enabled)')
         options["std"] = noise_std
     if name == "ipm":
         attack = _construct("attack", name, attacks.inner_product_manipulation, options)
@@ -155,14 +157,14 @@ def build_rule(name: str, options: dict[str, Any], pre: list[str], generator: to
     aggregation, corrupted *clusters* with it (SHARE's Lemma 2).
     """
     if name not in AGGREGATORS:
-        raise ConfigError(
+        raise SimulationConfigError(
             f"aggregator.name must be one of {sorted(AGGREGATORS) + list(SERVER_RULES)}, "
             f"got {name!r}"
         )
     rule = _construct("aggregator", name, AGGREGATORS[name], options)
     if not pre:
         return rule
-    steps = []
+    steps: list[robust.PreAggregator] = []
     f = int(options.get("f", 0))
     for step in pre:
         if step == "nnm":
@@ -170,7 +172,9 @@ def build_rule(name: str, options: dict[str, Any], pre: list[str], generator: to
         elif step == "bucketing":
             steps.append(robust.Bucketing(generator=generator))
         else:
-            raise ConfigError(f'aggregator.pre entries must be "nnm" or "bucketing", not {step!r}')
+            raise SimulationConfigError(
+                f'aggregator.pre entries must be "nnm" or "bucketing", not {step!r}'
+            )
     return robust.Pipeline(aggregator=rule, pre=tuple(steps))
 
 

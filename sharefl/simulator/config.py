@@ -45,8 +45,9 @@ import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, get_origin, get_type_hints
+from typing import Any, Literal, get_args, get_origin, get_type_hints
 
+from sharefl.simulator.errors import SimulatorError
 from sharefl.toml_tables import build_dataclass
 
 _GREEK = str.maketrans(
@@ -54,13 +55,34 @@ _GREEK = str.maketrans(
 )
 
 
-class ConfigError(ValueError):
+class SimulationConfigError(SimulatorError, ValueError):
     """An invalid simulation configuration; the message names the key and what to change."""
+
+
+ConfigError = SimulationConfigError
+"""Deprecated alias of :class:`SimulationConfigError` (the name clashed with the protocol's
+:class:`~sharefl.protocol.errors.ConfigurationError`); removed in 0.3."""
 
 
 def _require(condition: bool, message: str) -> None:
     if not condition:
-        raise ConfigError(message)
+        raise SimulationConfigError(message)
+
+
+# The words a configuration may use where the library takes a Literal: the field is typed
+# with it, and _require_one_of is the one check (type checkers then accept the field
+# wherever the library's own Literal is expected, and flag a word it does not know).
+Upload = Literal["gradient", "delta"]
+Sampling = Literal["poisson", "shuffle", "replay"]
+AccountantName = Literal["rdp", "pld"]
+Conversion = Literal["improved", "classic"]
+
+
+def _require_one_of(value: object, words: Any, key: str) -> None:
+    """``value`` is one of the ``Literal`` type ``words``; else say which are allowed."""
+    allowed = [f'"{w}"' for w in get_args(words)]
+    choices = ", ".join(allowed[:-1]) + f" or {allowed[-1]}"
+    _require(value in get_args(words), f"{key} must be {choices}")
 
 
 @dataclass(frozen=True)
@@ -117,18 +139,15 @@ class TrainingConfig:
     batch_size: int = 16
     local_steps: int = 1
     learning_rate: float = 0.1  # the clients' step size (local steps)
-    upload: str = "gradient"  # "gradient" (one step) or "delta" (after local_steps)
-    sampling: str = "poisson"  # "poisson", "shuffle" or "replay" (seed000's code)
+    upload: Upload = "gradient"  # one step, or the change after local_steps
+    sampling: Sampling = "poisson"  # "replay": seed000's code
 
     def __post_init__(self) -> None:
         _require(self.batch_size >= 1, "training.batch_size must be >= 1")
         _require(self.local_steps >= 1, "training.local_steps must be >= 1")
         _require(self.learning_rate > 0, "training.learning_rate must be > 0")
-        _require(self.upload in ("gradient", "delta"), 'training.upload: "gradient" or "delta"')
-        _require(
-            self.sampling in ("poisson", "shuffle", "replay"),
-            'training.sampling must be "poisson", "shuffle" or "replay"',
-        )
+        _require_one_of(self.upload, Upload, "training.upload")
+        _require_one_of(self.sampling, Sampling, "training.sampling")
         _require(
             self.upload == "delta" or self.local_steps == 1,
             'training.upload = "gradient" needs local_steps = 1; use upload = "delta"',
@@ -169,8 +188,8 @@ class PrivacyConfig:
     momentum: float = 0.0  # seed000's per-example momentum β ("normalize")
     schedule: str = "constant"  # "constant", "linear", "staircase", "exponential", "cyclic"
     schedule_options: dict[str, Any] = field(default_factory=dict)
-    accountant: str = "rdp"  # "rdp" or "pld"
-    conversion: str = "improved"  # "improved" or "classic" (RDP only)
+    accountant: AccountantName = "rdp"
+    conversion: Conversion = "improved"  # "classic": RDP only
     level: str = "example"  # "example" (DP-SGD) or "client" (Fed-SDP)
     sample_rate: float = 0.0  # > 0: q of the accounting (the paper's); 0: computed
 
@@ -187,11 +206,8 @@ class PrivacyConfig:
             not self.enabled or self.epsilon > 0 or self.noise_multiplier > 0,
             "privacy.enabled needs privacy.epsilon (target) or privacy.noise_multiplier",
         )
-        _require(self.accountant in ("rdp", "pld"), 'privacy.accountant must be "rdp" or "pld"')
-        _require(
-            self.conversion in ("improved", "classic"),
-            'privacy.conversion must be "improved" or "classic"',
-        )
+        _require_one_of(self.accountant, AccountantName, "privacy.accountant")
+        _require_one_of(self.conversion, Conversion, "privacy.conversion")
         _require(
             self.accountant == "rdp" or self.conversion == "improved",
             'privacy.conversion = "classic" is an RDP bound: set privacy.accountant = "rdp"',
@@ -265,7 +281,16 @@ class ServerConfig:
 
 
 @dataclass(frozen=True)
-class DeploymentConfig:
+class LaunchConfig:
+    """The ``[deployment]`` table of a simulation file: how ``sharefl launch`` runs this one
+    simulation as local processes (the server section of the
+    :class:`~sharefl.deploy.config.DeploymentConfig` it builds).
+
+    Its defaults are for processes on one machine: the port is chosen by the operating
+    system, and the waits are longer than a deployment's because every client
+    process first loads the data set.
+    """
+
     address: str = "127.0.0.1:0"  # port 0: a free port (launch)
     connect_timeout_s: float = 120.0
     stage_timeout_s: float = 60.0
@@ -363,7 +388,7 @@ class RunConfig:
     secure_aggregation: SecureAggregationConfig = field(default_factory=SecureAggregationConfig)
     aggregator: AggregatorConfig = field(default_factory=AggregatorConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
-    deployment: DeploymentConfig = field(default_factory=DeploymentConfig)
+    deployment: LaunchConfig = field(default_factory=LaunchConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     paper: float | None = None  # the paper's accuracy for this run's label
 
@@ -482,7 +507,7 @@ def _lookup(table: dict[str, Any], dotted: str) -> Any:
     value: Any = table
     for part in dotted.split("."):
         if not isinstance(value, dict) or part not in value:
-            raise ConfigError(f"label refers to unknown key {{{dotted}}}")
+            raise SimulationConfigError(f"label refers to unknown key {{{dotted}}}")
         value = value[part]
     return value
 
@@ -507,7 +532,9 @@ def expand(data: dict[str, Any]) -> list[RunConfig]:
     data = copy.deepcopy(data)
     variants = data.pop("variant", [{}])
     paper = data.pop("paper", {})
-    _require(isinstance(variants, list) and variants, "[[variant]] must be an array of tables")
+    _require(
+        isinstance(variants, list) and bool(variants), "[[variant]] must be an array of tables"
+    )
     _require(isinstance(paper, dict), "[paper] must be a table of label = accuracy")
     runs: list[RunConfig] = []
     for v_index, variant in enumerate(variants):
@@ -524,19 +551,19 @@ def expand(data: dict[str, Any]) -> list[RunConfig]:
             resolved["label"] = _format_label(resolved.get("label", ""), resolved, names)
             if resolved.get("paper") is None and resolved["label"] in paper:
                 resolved["paper"] = paper[resolved["label"]]
-            runs.append(build_dataclass(RunConfig, resolved, "", ConfigError))
+            runs.append(build_dataclass(RunConfig, resolved, "", SimulationConfigError))
     ids = [r.run_id for r in runs]
     _require(len(set(ids)) == len(ids), "the grid has duplicate runs; remove repeated values")
     return runs
 
 
 def load_runs(path: str | Path, overrides: dict[str, Any] | None = None) -> list[RunConfig]:
-    """Read a simulation TOML file and expand its grid; raises :class:`ConfigError`."""
+    """Read a simulation TOML file and expand its grid; raises :class:`SimulationConfigError`."""
     path = Path(path)
     try:
         data = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"cannot read {path}: {exc}") from exc
+        raise SimulationConfigError(f"cannot read {path}: {exc}") from exc
     if overrides:
         data = _merge(data, overrides)
     return expand(data)

@@ -47,8 +47,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from sharefl.simulator.errors import SimulatorError
 
-class DatasetError(ValueError):
+
+class DatasetError(SimulatorError, ValueError):
     """A dataset cannot be loaded as asked; the message says what to change."""
 
 
@@ -203,15 +205,15 @@ def load_dataset(
     if key == "usps":
         return _load_usps(split, root_path, download, **_take(key, options, {"resize": None}))
     if key == "lfw":
-        defaults = {
+        lfw_defaults = {
             "min_faces": 20,
             "size": 32,
             "test_fraction": 0.25,
             "split_seed": 0,
             "crop": True,
         }
-        return _load_lfw(split, root_path, download, **_take(key, options, defaults))
-    defaults = {
+        return _load_lfw(split, root_path, download, **_take(key, options, lfw_defaults))
+    defaults: dict[str, Any] = {
         "num_examples": 1000 if split == "train" else 200,
         "num_classes": 10,
         "shape": (1, 28, 28),
@@ -679,14 +681,13 @@ def _read_lfw(
     for label, files in enumerate(people):
         for f in files:
             try:
-                with Image.open(f) as im:
-                    im = im.convert("RGB")
+                with Image.open(f) as decoded:
+                    im = decoded.convert("RGB")
                     w, h = im.size
-                    box = (
-                        tuple(c * s / 250 for c, s in zip(_LFW_CROP, (w, h, w, h), strict=True))
-                        if crop
-                        else (0, 0, w, h)
+                    x0, y0, x1, y1 = (
+                        c * s / 250 for c, s in zip(_LFW_CROP, (w, h, w, h), strict=True)
                     )
+                    box = (x0, y0, x1, y1) if crop else (0.0, 0.0, float(w), float(h))
                     im = im.resize((size, size), Image.Resampling.BILINEAR, box=box)
                     images.append(np.asarray(im, np.uint8).transpose(2, 0, 1))
             except OSError as exc:

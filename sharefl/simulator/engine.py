@@ -50,7 +50,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from sharefl.simulator.config import ConfigError, RunConfig
+from sharefl.simulator.config import RunConfig, SimulationConfigError
 from sharefl.simulator.datasets import Dataset
 from sharefl.simulator.populations import ByzantineClients, HonestClients, local_training
 from sharefl.simulator.results import RoundRecord
@@ -93,7 +93,7 @@ class Simulation(SteppedLoop):
         train, test: preloaded datasets (default: loaded from the configuration).
 
     Raises:
-        ConfigError: the configuration does not fit together (e.g. the noise filter with
+        SimulationConfigError: the configuration does not fit together (e.g. the noise filter with
             clusters, a schedule without privacy).
     """
 
@@ -106,7 +106,7 @@ class Simulation(SteppedLoop):
         test: Dataset | None = None,
     ) -> None:
         if run.algorithm.name != "federated":
-            raise ConfigError(
+            raise SimulationConfigError(
                 f"Simulation runs the federated loop; [algorithm] name = "
                 f"{run.algorithm.name!r} is built by sharefl.simulator.loops.build_loop"
             )

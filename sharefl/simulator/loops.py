@@ -17,9 +17,13 @@ from sharefl.simulator.results import RoundRecord
 
 
 class Loop(Protocol):
-    run: RunConfig
-    device: torch.device
     round: int
+
+    @property
+    def run(self) -> RunConfig: ...
+
+    @property
+    def device(self) -> torch.device: ...
 
     def run_rounds(self, callback: Callable[[RoundRecord], None] | None = None) -> RoundRecord: ...
 

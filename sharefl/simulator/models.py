@@ -43,10 +43,11 @@ import torch
 from torch import nn
 
 from sharefl.privacy.reference_models import seed000_mnist_cnn, seed002_cifar_cnn
+from sharefl.simulator.errors import SimulatorError
 from sharefl.simulator.names import model_name
 
 
-class ModelError(ValueError):
+class ModelError(SimulatorError, ValueError):
     """A model cannot be built as asked; the message says what to change."""
 
 

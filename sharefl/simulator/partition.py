@@ -29,10 +29,11 @@ from typing import Any
 
 import numpy as np
 
+from sharefl.simulator.errors import SimulatorError
 from sharefl.simulator.names import partition_name
 
 
-class PartitionError(ValueError):
+class PartitionError(SimulatorError, ValueError):
     """A partition cannot be made as asked; the message names the option to change."""
 
 

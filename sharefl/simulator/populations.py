@@ -14,7 +14,7 @@ from torch import Tensor
 from sharefl.privacy.client_level import ClientDPConfig, privatize_update_
 from sharefl.simulator import components
 from sharefl.simulator.attacks import AttackView, LabelFlipping
-from sharefl.simulator.config import ConfigError
+from sharefl.simulator.config import SimulationConfigError
 from sharefl.simulator.setup import RunSetup, upload_noise_std
 from sharefl.simulator.training import LocalTraining, VectorizedClients
 
@@ -172,10 +172,10 @@ class ByzantineClients:
         label flipping, or an attack on its own update.
 
         Raises:
-            ConfigError: the attack needs the other clients' uploads.
+            SimulationConfigError: the attack needs the other clients' uploads.
         """
         if self.clients is None:
-            raise ConfigError(
+            raise SimulationConfigError(
                 f"attack {self.attack.name!r} needs other clients' uploads; over gRPC only "
                 "label_flipping and attacks on the client's own update are possible"
             )

@@ -15,7 +15,7 @@ import torch
 
 from sharefl.robust.base import AggregationError
 from sharefl.simulator import components
-from sharefl.simulator.config import ConfigError, RunConfig
+from sharefl.simulator.config import RunConfig, SimulationConfigError
 from sharefl.simulator.datasets import DATASETS
 from sharefl.simulator.models import MODELS
 from sharefl.simulator.names import model_name, partition_name
@@ -28,21 +28,23 @@ def check_device(name: str) -> torch.device:
     """The torch device ``name`` (``cpu``, ``cuda`` or ``cuda:N``), usable on this machine.
 
     Raises:
-        ConfigError: another name (``gpu``, ``mps``...), or CUDA asked for and absent.
+        SimulationConfigError: another name (``gpu``, ``mps``...), or CUDA asked for and absent.
     """
     if not _DEVICE.match(name):
         hint = " (Apple's mps is not supported)" if name.startswith("mps") else ""
-        raise ConfigError(f"device {name!r} is not one of cpu, cuda, cuda:N{hint}: use cpu or cuda")
+        raise SimulationConfigError(
+            f"device {name!r} is not one of cpu, cuda, cuda:N{hint}: use cpu or cuda"
+        )
     device = torch.device(name)
     if device.type == "cuda":
         if not torch.cuda.is_available():
             build = "built without CUDA" if torch.version.cuda is None else "no GPU visible"
-            raise ConfigError(
+            raise SimulationConfigError(
                 f"device {name!r}: CUDA is not available here (torch {torch.__version__}, "
                 f"{build}); use --device cpu"
             )
         if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ConfigError(
+            raise SimulationConfigError(
                 f"device {name!r}: this machine has {torch.cuda.device_count()} CUDA device(s)"
             )
     return device
@@ -50,7 +52,9 @@ def check_device(name: str) -> torch.device:
 
 def _choose(key: str, value: str, names: Sequence[str]) -> None:
     if value not in names:
-        raise ConfigError(f"{key} = {value!r} is unknown; choose one of {', '.join(names)}")
+        raise SimulationConfigError(
+            f"{key} = {value!r} is unknown; choose one of {', '.join(names)}"
+        )
 
 
 def rows_per_round(run: RunConfig) -> int:
@@ -62,8 +66,8 @@ def rows_per_round(run: RunConfig) -> int:
 
 
 def check_run(run: RunConfig, device: str | None = None) -> None:
-    """Raise :class:`ConfigError` (naming the key) for anything in ``run`` that cannot work,
-    as far as it can be told without loading data."""
+    """Raise :class:`SimulationConfigError` (naming the key) for anything in ``run`` that
+    cannot work, as far as it can be told without loading data."""
     check_device(device or run.device)
     _choose("data.dataset", run.data.dataset, DATASETS)
     _choose("data.partition", partition_name(run.data.partition), SCHEMES)
@@ -86,7 +90,7 @@ def check_run(run: RunConfig, device: str | None = None) -> None:
             if run.secure_aggregation.cluster_size >= 2
             else f"{rows} uploads"
         )
-        raise ConfigError(
+        raise SimulationConfigError(
             f"aggregator {agg.name!r} with options {agg.options} cannot aggregate the {what} "
             f"of a round: {exc}; change aggregator.options.f, clients or "
             "secure_aggregation.cluster_size"
@@ -98,6 +102,6 @@ def check_runs(runs: Sequence[RunConfig], device: str | None = None) -> None:
     for run in runs:
         try:
             check_run(run, device)
-        except ConfigError as exc:
+        except SimulationConfigError as exc:
             prefix = f"run {run.label!r}: " if len(runs) > 1 else ""
-            raise ConfigError(f"{prefix}{exc}") from exc
+            raise SimulationConfigError(f"{prefix}{exc}") from exc

@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from sharefl.simulator.errors import SimulatorError
+
 SUMMARY_FILE = "summary.json"
 ROUNDS_FILE = "rounds.jsonl"
 CONFIG_FILE = "config.json"
@@ -45,7 +47,7 @@ ROUND_KEYS = ("round", "accuracy", "loss", "epsilon", "seconds")
 """The fixed keys of a ``rounds.jsonl`` line; any other key is a loop's ``extra`` value."""
 
 
-class ResultsError(ValueError):
+class ResultsError(SimulatorError, ValueError):
     """Results cannot be read: not a directory, or a malformed file (the message names it,
     and the line of a ``rounds.jsonl``)."""
 

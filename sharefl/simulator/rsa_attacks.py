@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from sharefl.simulator.attacks import rsa_messages
-from sharefl.simulator.config import ConfigError
+from sharefl.simulator.config import SimulationConfigError
 
 SIGN_ATTACKS = ("none", "gaussian", "sign_flipping", "sample_duplicating")
 
@@ -41,7 +41,7 @@ class SignAttack:
     """One of :data:`SIGN_ATTACKS` with its options (see the module table).
 
     Raises:
-        ConfigError: an unknown name, option or value.
+        SimulationConfigError: an unknown name, option or value.
     """
 
     name: str = "none"
@@ -53,20 +53,20 @@ class SignAttack:
 
     def __post_init__(self) -> None:
         if self.name not in SIGN_ATTACKS:
-            raise ConfigError(f"attack.name for the dp_rsa loop: one of {SIGN_ATTACKS}")
+            raise SimulationConfigError(f"attack.name for the dp_rsa loop: one of {SIGN_ATTACKS}")
         if not self.std > 0:
-            raise ConfigError("attack.options.std must be > 0")
+            raise SimulationConfigError("attack.options.std must be > 0")
         if self.message not in ("raw", "sent"):
-            raise ConfigError('attack.options.message must be "raw" or "sent"')
+            raise SimulationConfigError('attack.options.message must be "raw" or "sent"')
         if self.source < 0:
-            raise ConfigError("attack.options.source must be >= 0")
+            raise SimulationConfigError("attack.options.source must be >= 0")
 
     @classmethod
     def from_config(cls, name: str, options: dict[str, Any]) -> SignAttack:
         try:
             return cls(name=name, **options)
         except TypeError as exc:
-            raise ConfigError(f"attack {name!r} with options {options}: {exc}") from exc
+            raise SimulationConfigError(f"attack {name!r} with options {options}: {exc}") from exc
 
     def _gaussian(self, count: int, like: Tensor, generator: torch.Generator) -> Tensor:
         rows = 1 if self.shared else count
@@ -101,5 +101,7 @@ class SignAttack:
 
     def _source(self, regular: int) -> int:
         if self.source >= regular:
-            raise ConfigError(f"attack.options.source must be < {regular} regular workers")
+            raise SimulationConfigError(
+                f"attack.options.source must be < {regular} regular workers"
+            )
         return self.source

@@ -68,7 +68,7 @@ from sharefl.privacy.sign import SignFlip, SignGaussian, rsa_sensitivity
 from sharefl.privacy.sign_accounting import composed_epsilon
 from sharefl.protocol.driver import secure_sum
 from sharefl.robust import GeometricMedian, RSAMaster, rsa_sign, rsa_worker_step
-from sharefl.simulator.config import ConfigError, RunConfig
+from sharefl.simulator.config import RunConfig, SimulationConfigError
 from sharefl.simulator.datasets import Dataset
 from sharefl.simulator.models import build_model
 from sharefl.simulator.partition import partition
@@ -108,7 +108,7 @@ class RSALoop(SteppedLoop):
         train, test: preloaded datasets (default: loaded from the configuration).
 
     Raises:
-        ConfigError: an attack or option the loop does not know, privacy.enabled (DP here
+        SimulationConfigError: an attack or option the loop does not know, privacy.enabled (DP here
             is on the sign messages), secure aggregation for a gradient baseline.
     """
 
@@ -121,7 +121,7 @@ class RSALoop(SteppedLoop):
         test: Dataset | None = None,
     ) -> None:
         if run.algorithm.name != "dp_rsa":
-            raise ConfigError('RSALoop runs [algorithm] name = "dp_rsa"')
+            raise SimulationConfigError('RSALoop runs [algorithm] name = "dp_rsa"')
         self.run = run
         self.algo = algo = run.algorithm
         self.device = resolve_device(device or run.device)
@@ -136,7 +136,7 @@ class RSALoop(SteppedLoop):
         self.rsa_family = algo.method in RSA_FAMILY
         self.clustered = run.secure_aggregation.cluster_size >= 2
         if self.clustered and not self.rsa_family:
-            raise ConfigError(
+            raise SimulationConfigError(
                 f"algorithm.method = {algo.method!r} sends gradients: secure aggregation of "
                 "sign sums is for the RSA family; set secure_aggregation.cluster_size = 1"
             )

@@ -99,10 +99,10 @@ def run_one(
             summary["paper"] = run.paper
             writer.finish(summary)
         return RunOutcome(run, folder, summary, True)
-    created = folder  # the outermost folder this call creates, removed if the build fails
-    while not created.parent.exists():
-        created = created.parent
-    created = None if folder.exists() else created
+    outermost = folder  # the outermost folder this call creates, removed if the build fails
+    while not outermost.parent.exists():
+        outermost = outermost.parent
+    created = None if folder.exists() else outermost
     writer.start(run.to_dict())
     try:
         sim = simulation_factory(run, device=device)

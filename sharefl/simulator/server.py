@@ -21,7 +21,7 @@ from sharefl.privacy.accountant import PrivacyAccountant
 from sharefl.protocol.driver import secure_sum
 from sharefl.robust import ClusterScale, HierarchicalAggregator, NoiseAwareFilter
 from sharefl.simulator import components
-from sharefl.simulator.config import ConfigError
+from sharefl.simulator.config import SimulationConfigError
 from sharefl.simulator.setup import RunSetup, describe_privacy, server_learning_rate
 
 
@@ -65,7 +65,7 @@ class Server:
         generator: randomness of the rule (bucketing's shuffles).
 
     Raises:
-        ConfigError: the noise filter with clusters, or without auxiliary data or privacy;
+        SimulationConfigError: the noise filter with clusters, or without auxiliary data or privacy;
             an unknown rule or option.
     """
 
@@ -88,12 +88,14 @@ class Server:
         self.noise_filter, self.rule = None, None
         if agg.name == "noise_filter":
             if self.clustered:
-                raise ConfigError(
+                raise SimulationConfigError(
                     "the noise filter needs individual uploads: set secure_aggregation."
                     "cluster_size = 1 (its auxiliary-data scores cannot run on cluster sums)"
                 )
             if self.setup.auxiliary is None or not run.privacy.enabled:
-                raise ConfigError("the noise filter needs data.auxiliary_per_class and privacy")
+                raise SimulationConfigError(
+                    "the noise filter needs data.auxiliary_per_class and privacy"
+                )
             self.noise_filter = components.build_noise_filter(
                 agg.options,
                 noise_multiplier=self.setup.privacy.noise_multiplier,
@@ -133,7 +135,7 @@ class Server:
             protocol=sa.enabled,
         )
         released = [
-            [(s.sum, len(s.members)) for s in r.clusters]
+            [(s.float_sum, len(s.members)) for s in r.clusters]
             for r in result.reclusterings
             if r.clusters
         ]
@@ -146,7 +148,7 @@ class Server:
         (decoded sum, cluster size); the rule runs over cluster means, reclusterings are
         averaged."""
         if not isinstance(self.rule, HierarchicalAggregator):
-            raise ConfigError("cluster sums need secure_aggregation.cluster_size >= 2")
+            raise SimulationConfigError("cluster sums need secure_aggregation.cluster_size >= 2")
         rounds = [torch.as_tensor(np.stack([s for s, _ in sums])) for sums in released]
         sizes = [[size for _, size in sums] for sums in released]
         return self.rule.average(rounds, sizes).to(self.w.dtype).to(self.device)
@@ -176,6 +178,7 @@ class Server:
         if momentum:
             self.velocity.mul_(momentum).add_(aggregate)
             aggregate = self.velocity
+        # sharefl's one sign convention, as sharefl.deploy.server.descend: w ← w − η·v
         self.w = self.w - self.learning_rate * aggregate.to(self.w)
 
     def evaluate(self) -> tuple[float, float]:

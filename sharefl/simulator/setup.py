@@ -21,7 +21,7 @@ import torch
 from sharefl.privacy.calibration import calibrate_noise
 from sharefl.privacy.schedules import NoiseSchedule
 from sharefl.simulator import components
-from sharefl.simulator.config import ConfigError, RunConfig, default_delta
+from sharefl.simulator.config import RunConfig, SimulationConfigError, default_delta
 from sharefl.simulator.datasets import Dataset, load_dataset
 from sharefl.simulator.models import build_model
 from sharefl.simulator.partition import partition
@@ -76,10 +76,11 @@ def describe_privacy(plan: PrivacyPlan) -> dict[str, Any]:
 
 
 def resolve_device(name: str) -> torch.device:
-    """``cpu``, ``cuda`` or ``cuda:N``; :class:`ConfigError` if CUDA is asked for and absent."""
+    """``cpu``, ``cuda`` or ``cuda:N``; :class:`SimulationConfigError` if CUDA is asked for
+    and absent."""
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device cuda requested but torch.cuda.is_available() is False")
+        raise SimulationConfigError("device cuda requested but torch.cuda.is_available() is False")
     return device
 
 
@@ -206,8 +207,8 @@ def build_setup(
     auxiliary set and partitions come from the configuration's seeds only.
 
     Raises:
-        ConfigError: an unknown model, partition or device, a privacy setting that does not
-            fit (from :func:`privacy_plan`).
+        SimulationConfigError: an unknown model, partition or device, a privacy setting
+            that does not fit (from :func:`privacy_plan`).
     """
     where = resolve_device(device or run.device)
     if train is None or test is None:

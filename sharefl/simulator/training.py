@@ -33,12 +33,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
 from sharefl.privacy.clipping import ClippingMode, Normalization
 from sharefl.privacy.schedules import NoiseSchedule
+from sharefl.simulator.errors import SimulatorError
 
 Sampling = Literal["poisson", "shuffle", "replay"]
 SAMPLINGS: tuple[str, ...] = ("poisson", "shuffle", "replay")
@@ -50,7 +52,7 @@ CHUNK_BYTES = 256 * 2**20
 SPARSE_POISSON_KEYS = 2**20
 
 
-class TrainingError(ValueError):
+class TrainingError(SimulatorError, ValueError):
     """Inconsistent local-training parameters (what to change is in the message)."""
 
 
@@ -82,7 +84,7 @@ class FlatModel:
     def unflatten(self, flat: Tensor) -> dict[str, Tensor]:
         """Views of ``flat`` (shape ``[..., d]``) as a parameter dict (shapes ``[..., *p]``)."""
         lead = flat.shape[:-1]
-        parts = torch.split(flat, self.numels, dim=-1)
+        parts = torch.split(flat, list(self.numels), dim=-1)
         return {
             n: part.reshape(*lead, *shape)
             for n, part, shape in zip(self.names, parts, self.shapes, strict=True)
@@ -176,7 +178,7 @@ class VectorizedClients:
         model: FlatModel,
         inputs: Tensor,
         targets: Tensor,
-        partitions: Sequence[Sequence[int]],
+        partitions: Sequence[Sequence[int] | np.ndarray],
         training: LocalTraining,
         *,
         label_map: LabelMap | None = None,
@@ -380,7 +382,7 @@ class VectorizedClients:
         layers = [per_example[n].reshape(len(owner), -1) for n in self.model.names]
         if isinstance(mode, Normalization) and mode.momentum > 0 and momentum is not None:
             beta = mode.momentum
-            state = torch.split(momentum.index_select(0, owner), self.model.numels, dim=1)
+            state = torch.split(momentum.index_select(0, owner), list(self.model.numels), dim=1)
             for g, m in zip(layers, state, strict=True):
                 g.mul_(1 - beta).add_(m, alpha=beta)
         norms = torch.stack([torch.linalg.vector_norm(g, dim=1) for g in layers])  # [L, M]

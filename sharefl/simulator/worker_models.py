@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
@@ -38,7 +39,10 @@ class EpochSampler:
     """
 
     def __init__(
-        self, partitions: Sequence[Sequence[int]], batch_size: int, device: torch.device
+        self,
+        partitions: Sequence[Sequence[int] | np.ndarray],
+        batch_size: int,
+        device: torch.device,
     ) -> None:
         sizes = [len(p) for p in partitions]
         if not sizes or min(sizes) == 0:

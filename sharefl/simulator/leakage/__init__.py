@@ -11,7 +11,9 @@
   :data:`DEFAULT_SUCCESS_MSE` = 0.01, see :mod:`.metrics` for why).
 - :func:`run_leakage_trials` → :class:`LeakageSummary`: Table III cells on real data.
 
-Every bad argument raises :class:`LeakageError` (a ``ValueError``) saying what to change.
+Every bad argument raises :class:`GradientLeakageError` (a
+:class:`~sharefl.simulator.errors.SimulatorError` and a ``ValueError``) saying what to
+change.
 """
 
 from .attacks import (
@@ -23,7 +25,7 @@ from .attacks import (
     infer_label,
     reconstruct,
 )
-from .errors import LeakageError
+from .errors import GradientLeakageError
 from .leak import (
     ATTACK_TYPES,
     DEFAULT_CLIP,
@@ -55,7 +57,7 @@ __all__ = [
     "DEFAULT_TOLERANCE",
     "CPLAttackNetwork",
     "Defence",
-    "LeakageError",
+    "GradientLeakageError",
     "LeakageSummary",
     "LeakageTrial",
     "LeakedGradient",

@@ -43,7 +43,7 @@ from torch import nn
 from sharefl.machine import torch_threads
 from sharefl.privacy.per_example import trainable_parameters
 
-from .errors import LeakageError, enum_member
+from .errors import GradientLeakageError, enum_member
 from .leak import LeakedGradient
 from .metrics import DEFAULT_SUCCESS_MSE, match_reconstructions, reconstruction_mse
 from .network import check_input_shape
@@ -73,7 +73,7 @@ class StopReason(enum.StrEnum):
 
 
 def check_method(method: str | Method) -> Method:
-    """``method`` as a :class:`Method`, or :class:`LeakageError` naming the valid ones."""
+    """``method`` as a :class:`Method`, or :class:`GradientLeakageError` naming the valid ones."""
     return enum_member(Method, method, "attack method")
 
 
@@ -140,18 +140,18 @@ def infer_label(grads: Sequence[torch.Tensor] | LeakedGradient) -> int:
             parameter is the final linear layer's ``[num_classes, features]`` weight.
 
     Raises:
-        LeakageError: a :class:`LeakedGradient` of more than one example, or no 2-D tensor.
+        GradientLeakageError: a :class:`LeakedGradient` of more than one example, or no 2-D tensor.
     """
     if isinstance(grads, LeakedGradient):
         if grads.batch_size != 1:
-            raise LeakageError(
+            raise GradientLeakageError(
                 f"iDLG label inference needs one example's gradient, this one averages "
                 f"{grads.batch_size}: pass label= (one per example) or use method='dlg'"
             )
         grads = grads.grads
     weights = [g for g in grads if g.dim() == 2]
     if not weights:
-        raise LeakageError(
+        raise GradientLeakageError(
             "no 2-D gradient found: iDLG needs the model to end with a linear layer whose "
             "weight gradient is [num_classes, features]"
         )
@@ -211,7 +211,7 @@ def reconstruct(
             fastest: with two threads on two busy cores it ran 5-30× slower.
 
     Raises:
-        LeakageError: unknown method; gradients whose count or shapes differ from the
+        GradientLeakageError: unknown method; gradients whose count or shapes differ from the
             model's trainable parameters; a label inference asked for a batch gradient;
             labels out of range; bad numbers.
     """
@@ -235,7 +235,7 @@ def reconstruct(
         soft.requires_grad_(True)
     ref = None if reference is None else _check_reference(reference, batch, shape, dummy)
     if num_threads is not None and (not isinstance(num_threads, int) or num_threads < 1):
-        raise LeakageError(f"num_threads must be None or an int ≥ 1, got {num_threads!r}")
+        raise GradientLeakageError(f"num_threads must be None or an int ≥ 1, got {num_threads!r}")
     with torch_threads(num_threads):
         result = _Optimiser(net, params, target, dummy, labels, soft, line_search).run(
             lbfgs_max_iter,
@@ -278,7 +278,7 @@ class _Optimiser:
     def __init__(
         self,
         net: nn.Module,
-        params: list[torch.Tensor],
+        params: Sequence[torch.Tensor],
         target: list[torch.Tensor],
         dummy: torch.Tensor,
         labels: torch.Tensor | None,
@@ -294,12 +294,16 @@ class _Optimiser:
     def distance(self, create_graph: bool) -> torch.Tensor:
         logits = self.net(self.dummy)
         if self.soft is None:
+            assert self.labels is not None  # hard labels whenever there are no soft ones
             loss = F.cross_entropy(logits, self.labels)
         else:
             probs = F.softmax(self.soft, dim=-1)
             loss = -(probs * F.log_softmax(logits, dim=-1)).sum(dim=-1).mean()
         grads = torch.autograd.grad(loss, self.params, create_graph=create_graph)
-        return sum(((g - t) ** 2).sum() for g, t in zip(grads, self.target, strict=True))
+        distance: torch.Tensor = sum(  # type: ignore[assignment]  # a sum of tensors
+            ((g - t) ** 2).sum() for g, t in zip(grads, self.target, strict=True)
+        )
+        return distance
 
     def closure(self) -> torch.Tensor:
         value = self.distance(create_graph=True)
@@ -396,12 +400,12 @@ def _check_forward(net: nn.Module, dummy: torch.Tensor, classes: int) -> None:
         with torch.no_grad():
             out = net(dummy)
     except RuntimeError as error:
-        raise LeakageError(
+        raise GradientLeakageError(
             f"the model does not accept inputs of shape {tuple(dummy.shape[1:])}: pass the "
             f"input_shape of its training examples ({error})"
         ) from None
     if tuple(out.shape) != (dummy.shape[0], classes):
-        raise LeakageError(
+        raise GradientLeakageError(
             f"the model's output has shape {tuple(out.shape)}, expected "
             f"{(dummy.shape[0], classes)} logits"
         )
@@ -413,34 +417,34 @@ def _check_leaked(
     if isinstance(leaked, LeakedGradient):
         grads, default = list(leaked.grads), leaked.batch_size
     elif isinstance(leaked, torch.Tensor) or not isinstance(leaked, Sequence):
-        raise LeakageError(
+        raise GradientLeakageError(
             "leaked must be a LeakedGradient or a sequence of tensors, one per trainable "
             "parameter of the model (a flat vector is not accepted: split it per parameter)"
         )
     else:
         grads, default = list(leaked), 1
     if not all(isinstance(g, torch.Tensor) for g in grads):
-        raise LeakageError("every leaked gradient must be a torch tensor")
+        raise GradientLeakageError("every leaked gradient must be a torch tensor")
     batch = default if batch_size is None else batch_size
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-        raise LeakageError(f"batch_size must be an int ≥ 1, got {batch_size!r}")
+        raise GradientLeakageError(f"batch_size must be an int ≥ 1, got {batch_size!r}")
     return grads, batch
 
 
-def _check_against_model(grads: list[torch.Tensor], params: list[torch.Tensor]) -> None:
+def _check_against_model(grads: list[torch.Tensor], params: Sequence[torch.Tensor]) -> None:
     if len(grads) != len(params):
-        raise LeakageError(
+        raise GradientLeakageError(
             f"got {len(grads)} gradients but the model has {len(params)} trainable parameter "
             "tensors: pass one gradient per parameter of model.parameters(), in order"
         )
     for i, (g, p) in enumerate(zip(grads, params, strict=True)):
         if g.shape != p.shape:
-            raise LeakageError(
+            raise GradientLeakageError(
                 f"gradient {i} has shape {tuple(g.shape)} but parameter {i} of the model has "
                 f"shape {tuple(p.shape)}: the gradients must come from this model"
             )
         if not g.is_floating_point() or not bool(torch.isfinite(g).all()):
-            raise LeakageError(f"gradient {i} must be a finite floating-point tensor")
+            raise GradientLeakageError(f"gradient {i} must be a finite floating-point tensor")
 
 
 def _num_classes(target: list[torch.Tensor], num_classes: int | None) -> int:
@@ -448,12 +452,14 @@ def _num_classes(target: list[torch.Tensor], num_classes: int | None) -> int:
     inferred = weights[-1].shape[0] if weights else None
     if num_classes is None:
         if inferred is None:
-            raise LeakageError("pass num_classes: the gradients have no 2-D last-layer weight")
+            raise GradientLeakageError(
+                "pass num_classes: the gradients have no 2-D last-layer weight"
+            )
         return inferred
     if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
-        raise LeakageError(f"num_classes must be an int ≥ 2, got {num_classes!r}")
+        raise GradientLeakageError(f"num_classes must be an int ≥ 2, got {num_classes!r}")
     if inferred is not None and inferred != num_classes:
-        raise LeakageError(
+        raise GradientLeakageError(
             f"num_classes={num_classes} but the last-layer weight gradient has {inferred} rows"
         )
     return num_classes
@@ -473,7 +479,7 @@ def _labels(
         if method == Method.DLG:
             return None
         if batch != 1:
-            raise LeakageError(
+            raise GradientLeakageError(
                 f"{method.value} infers the label from one example's gradient, but the "
                 f"gradient averages {batch} examples: pass label= (one per example) or use "
                 "method='dlg'"
@@ -482,9 +488,11 @@ def _labels(
         return torch.tensor([infer_label(source)], dtype=torch.int64, device=device)
     labels = torch.as_tensor(label, dtype=torch.int64).reshape(-1).to(device)
     if labels.numel() != batch:
-        raise LeakageError(f"got {labels.numel()} labels for a gradient of {batch} examples")
+        raise GradientLeakageError(
+            f"got {labels.numel()} labels for a gradient of {batch} examples"
+        )
     if bool(((labels < 0) | (labels >= classes)).any()):
-        raise LeakageError(f"labels must lie in [0, {classes}), got {labels.tolist()}")
+        raise GradientLeakageError(f"labels must lie in [0, {classes}), got {labels.tolist()}")
     return labels
 
 
@@ -492,15 +500,15 @@ def _check_run(
     max_iterations: int, tolerance: float, patience: int | None, min_improvement: float
 ) -> None:
     if isinstance(max_iterations, bool) or not isinstance(max_iterations, int):
-        raise LeakageError(f"max_iterations must be an int ≥ 1, got {max_iterations!r}")
+        raise GradientLeakageError(f"max_iterations must be an int ≥ 1, got {max_iterations!r}")
     if max_iterations < 1:
-        raise LeakageError(f"max_iterations must be ≥ 1, got {max_iterations}")
+        raise GradientLeakageError(f"max_iterations must be ≥ 1, got {max_iterations}")
     if not (math.isfinite(tolerance) and tolerance >= 0):
-        raise LeakageError(f"tolerance must be a finite number ≥ 0, got {tolerance!r}")
+        raise GradientLeakageError(f"tolerance must be a finite number ≥ 0, got {tolerance!r}")
     if patience is not None and (not isinstance(patience, int) or patience < 1):
-        raise LeakageError(f"patience must be None or an int ≥ 1, got {patience!r}")
+        raise GradientLeakageError(f"patience must be None or an int ≥ 1, got {patience!r}")
     if not (math.isfinite(min_improvement) and 0 <= min_improvement < 1):
-        raise LeakageError(f"min_improvement must be in [0, 1), got {min_improvement!r}")
+        raise GradientLeakageError(f"min_improvement must be in [0, 1), got {min_improvement!r}")
 
 
 def _check_reference(
@@ -508,7 +516,7 @@ def _check_reference(
 ) -> torch.Tensor:
     if not isinstance(reference, torch.Tensor) or tuple(reference.shape) != (batch, *shape):
         got = tuple(reference.shape) if isinstance(reference, torch.Tensor) else reference
-        raise LeakageError(f"reference must have shape {(batch, *shape)}, got {got}")
+        raise GradientLeakageError(f"reference must have shape {(batch, *shape)}, got {got}")
     return reference.detach().to(dtype=like.dtype, device=like.device)
 
 

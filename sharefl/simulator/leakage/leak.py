@@ -64,7 +64,7 @@ from sharefl.privacy.clipping import FlatClipping, L2MaxClipping
 from sharefl.privacy.noise import gaussian_
 from sharefl.privacy.per_example import per_example_gradients, trainable_parameters
 
-from .errors import LeakageError, enum_member
+from .errors import GradientLeakageError, enum_member
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -88,14 +88,14 @@ ATTACK_TYPES = (0, 1, 2)
 
 
 def check_defence(defence: str | Defence) -> Defence:
-    """``defence`` as a :class:`Defence`, or :class:`LeakageError` naming the valid ones."""
+    """``defence`` as a :class:`Defence`, or :class:`GradientLeakageError` naming the valid ones."""
     return enum_member(Defence, defence, "defence")
 
 
 def check_attack_type(attack_type: int) -> int:
-    """``attack_type`` if it is 0, 1 or 2, else :class:`LeakageError`."""
+    """``attack_type`` if it is 0, 1 or 2, else :class:`GradientLeakageError`."""
     if isinstance(attack_type, bool) or attack_type not in ATTACK_TYPES:
-        raise LeakageError(
+        raise GradientLeakageError(
             f"unknown attack type {attack_type!r}: use 0 (server reads the update), 1 (client "
             "reads its update) or 2 (client reads per-example gradients)"
         )
@@ -167,13 +167,13 @@ def leaked_gradient(
         A :class:`LeakedGradient` (see the module docstring for the formula per case).
 
     Raises:
-        LeakageError: bad arguments (message says what to change), a type-2 view asked for
+        GradientLeakageError: bad arguments (message says what to change), a type-2 view asked for
             a batch of more than one example, or a missing generator.
     """
     defence, attack_type = check_defence(defence), check_attack_type(attack_type)
     batch = _check_batch(inputs, targets)
     if attack_type == 2 and batch != 1:
-        raise LeakageError(
+        raise GradientLeakageError(
             f"a type-2 view is one example's gradient but the batch has {batch} examples: "
             "pass one example, or call leaked_per_example_gradients for every example"
         )
@@ -302,7 +302,7 @@ def _batch_gradient(
 ) -> tuple[torch.Tensor, ...]:
     params = [p for _, p in trainable_parameters(model)]
     if not params:
-        raise LeakageError("the model has no parameter with requires_grad=True")
+        raise GradientLeakageError("the model has no parameter with requires_grad=True")
     with torch.enable_grad():
         loss = loss_fn(model(inputs), targets)
         grads = torch.autograd.grad(loss, params)
@@ -316,7 +316,7 @@ def _add_noise(
     if std == 0.0:
         return tuple(g.clone() for g in grads)
     if generator is None:
-        raise LeakageError(
+        raise GradientLeakageError(
             "this view carries noise: pass generator=torch.Generator().manual_seed(seed) "
             "(on the model's device) so that the noise is reproducible"
         )
@@ -326,24 +326,24 @@ def _add_noise(
 def _check_noise(noise_multiplier: float, clip: float) -> tuple[float, float]:
     sigma, bound = float(noise_multiplier), float(clip)
     if not (math.isfinite(sigma) and sigma >= 0):
-        raise LeakageError(
+        raise GradientLeakageError(
             f"noise_multiplier must be a finite number ≥ 0, got {noise_multiplier!r}"
         )
     if not (math.isfinite(bound) and bound > 0):
-        raise LeakageError(f"clip must be a positive finite number, got {clip!r}")
+        raise GradientLeakageError(f"clip must be a positive finite number, got {clip!r}")
     return sigma, bound
 
 
 def _check_batch(inputs: torch.Tensor, targets: torch.Tensor) -> int:
     if not isinstance(inputs, torch.Tensor) or not isinstance(targets, torch.Tensor):
-        raise LeakageError("inputs and targets must be torch tensors")
+        raise GradientLeakageError("inputs and targets must be torch tensors")
     if inputs.dim() < 2 or targets.dim() != 1 or inputs.shape[0] != targets.shape[0]:
-        raise LeakageError(
+        raise GradientLeakageError(
             "inputs must be [B, ...] and targets [B] with the same B, got shapes "
             f"{tuple(inputs.shape)} and {tuple(targets.shape)}"
         )
     if inputs.shape[0] == 0:
-        raise LeakageError("the batch is empty: pass at least one example")
+        raise GradientLeakageError("the batch is empty: pass at least one example")
     if targets.dtype != torch.int64:
-        raise LeakageError(f"targets must be int64 class labels, got {targets.dtype}")
+        raise GradientLeakageError(f"targets must be int64 class labels, got {targets.dtype}")
     return int(inputs.shape[0])

@@ -31,7 +31,7 @@ from collections.abc import Iterable
 import torch
 import torch.nn.functional as F
 
-from .errors import LeakageError
+from .errors import GradientLeakageError
 
 #: Default success threshold on the reconstruction MSE of images in [0, 1].
 DEFAULT_SUCCESS_MSE = 0.01
@@ -40,11 +40,13 @@ DEFAULT_SUCCESS_MSE = 0.01
 def _as_images(name: str, x: torch.Tensor) -> torch.Tensor:
     if not isinstance(x, torch.Tensor) or x.dim() not in (3, 4):
         got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-        raise LeakageError(f"{name} must be an image [C, H, W] or a batch [N, C, H, W], got {got}")
+        raise GradientLeakageError(
+            f"{name} must be an image [C, H, W] or a batch [N, C, H, W], got {got}"
+        )
     if not x.is_floating_point():
-        raise LeakageError(f"{name} must be a floating-point tensor, got {x.dtype}")
+        raise GradientLeakageError(f"{name} must be a floating-point tensor, got {x.dtype}")
     if not bool(torch.isfinite(x).all()):
-        raise LeakageError(
+        raise GradientLeakageError(
             f"{name} has non-finite values: clamp a reconstruction to the pixel range first "
             "(Reconstruction.image)"
         )
@@ -54,7 +56,7 @@ def _as_images(name: str, x: torch.Tensor) -> torch.Tensor:
 def _pair(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     x, y = _as_images("reconstruction", a), _as_images("original", b)
     if x.shape != y.shape:
-        raise LeakageError(
+        raise GradientLeakageError(
             f"reconstruction and original differ in shape: {tuple(a.shape)} vs {tuple(b.shape)}"
         )
     return x.double(), y.to(device=x.device).double()
@@ -68,7 +70,7 @@ def reconstruction_mse(reconstruction: torch.Tensor, original: torch.Tensor) -> 
         reconstruction, original: ``[C, H, W]`` or ``[N, C, H, W]`` of the same shape.
 
     Raises:
-        LeakageError: shapes differ, not images, not floating point, or non-finite values.
+        GradientLeakageError: shapes differ, not images, not floating point, or non-finite values.
     """
     x, y = _pair(reconstruction, original)
     return float(((x - y) ** 2).mean())
@@ -80,7 +82,7 @@ def match_reconstructions(reconstruction: torch.Tensor, original: torch.Tensor) 
     is arbitrary). Identity for N = 1.
 
     Raises:
-        LeakageError: as :func:`reconstruction_mse`.
+        GradientLeakageError: as :func:`reconstruction_mse`.
     """
     x, y = _pair(reconstruction, original)
     if x.shape[0] == 1:
@@ -96,9 +98,9 @@ def match_reconstructions(reconstruction: torch.Tensor, original: torch.Tensor) 
 def gaussian_window(size: int = 11, sigma: float = 1.5) -> torch.Tensor:
     """The normalised 1-D Gaussian ``[size]`` (float64) of the SSIM window."""
     if not (isinstance(size, int) and size >= 1 and size % 2 == 1):
-        raise LeakageError(f"window_size must be an odd int ≥ 1, got {size!r}")
+        raise GradientLeakageError(f"window_size must be an odd int ≥ 1, got {size!r}")
     if not (math.isfinite(sigma) and sigma > 0):
-        raise LeakageError(f"sigma must be a positive finite number, got {sigma!r}")
+        raise GradientLeakageError(f"sigma must be a positive finite number, got {sigma!r}")
     coords = torch.arange(size, dtype=torch.float64) - size // 2
     g = torch.exp(-(coords**2) / (2 * sigma**2))
     return g / g.sum()
@@ -126,14 +128,16 @@ def ssim_per_image(
     """``[N]`` float64 SSIM of each image pair (mean over channels of the mean SSIM map).
 
     Raises:
-        LeakageError: as :func:`ssim`.
+        GradientLeakageError: as :func:`ssim`.
     """
     x, y = _pair(a, b)
     if not (math.isfinite(data_range) and data_range > 0):
-        raise LeakageError(f"data_range must be a positive finite number, got {data_range!r}")
+        raise GradientLeakageError(
+            f"data_range must be a positive finite number, got {data_range!r}"
+        )
     window = gaussian_window(window_size, sigma)
     if min(x.shape[-2:]) < window_size:
-        raise LeakageError(
+        raise GradientLeakageError(
             f"images of {x.shape[-2]}×{x.shape[-1]} are smaller than the {window_size}×"
             f"{window_size} SSIM window: pass a smaller odd window_size"
         )
@@ -168,7 +172,7 @@ def ssim(
         k1, k2: the stabilising constants; C1 = (k1·data_range)², C2 = (k2·data_range)².
 
     Raises:
-        LeakageError: shapes differ, images smaller than the window, non-finite values,
+        GradientLeakageError: shapes differ, images smaller than the window, non-finite values,
             or bad parameters.
     """
     values = ssim_per_image(
@@ -180,7 +184,9 @@ def ssim(
 def _check_threshold(threshold: float) -> float:
     value = float(threshold)
     if not (math.isfinite(value) and value > 0):
-        raise LeakageError(f"the success threshold must be a positive MSE, got {threshold!r}")
+        raise GradientLeakageError(
+            f"the success threshold must be a positive MSE, got {threshold!r}"
+        )
     return value
 
 
@@ -193,9 +199,9 @@ def attack_success_rate(mses: Iterable[float], threshold: float = DEFAULT_SUCCES
     """ASR: the fraction of trials whose reconstruction MSE is at most ``threshold``.
 
     Raises:
-        LeakageError: no trial, or a bad threshold.
+        GradientLeakageError: no trial, or a bad threshold.
     """
     values = [float(m) for m in mses]
     if not values:
-        raise LeakageError("attack_success_rate needs at least one trial")
+        raise GradientLeakageError("attack_success_rate needs at least one trial")
     return sum(attack_succeeded(m, threshold) for m in values) / len(values)

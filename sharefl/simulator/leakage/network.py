@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from .errors import LeakageError
+from .errors import GradientLeakageError
 
 #: Channels of every convolution.
 CHANNELS = 12
@@ -30,13 +30,13 @@ def _conv_out(size: int, stride: int) -> int:
 
 def check_input_shape(input_shape: Sequence[int]) -> tuple[int, int, int]:
     """``input_shape`` as a ``(channels, height, width)`` tuple of positive ints, or
-    :class:`LeakageError`."""
+    :class:`GradientLeakageError`."""
     shape = tuple(input_shape)
     if len(shape) != 3 or not all(isinstance(s, int) and s > 0 for s in shape):
-        raise LeakageError(
+        raise GradientLeakageError(
             f"input_shape must be (channels, height, width) of positive ints, got {input_shape!r}"
         )
-    return shape  # type: ignore[return-value]
+    return shape
 
 
 class CPLAttackNetwork(nn.Module):
@@ -49,7 +49,7 @@ class CPLAttackNetwork(nn.Module):
         shape = check_input_shape(input_shape)
         channels, height, width = shape
         if not (isinstance(num_classes, int) and num_classes >= 2):
-            raise LeakageError(f"num_classes must be an int ≥ 2, got {num_classes!r}")
+            raise GradientLeakageError(f"num_classes must be an int ≥ 2, got {num_classes!r}")
         layers: list[nn.Module] = []
         c_in = channels
         for stride in STRIDES:
@@ -81,10 +81,10 @@ def cpl_attack_network(
     32×32 (CIFAR10, LFW), as in the authors' notebooks.
 
     Raises:
-        LeakageError: a malformed shape, fewer than 2 classes or a non-positive range.
+        GradientLeakageError: a malformed shape, fewer than 2 classes or a non-positive range.
     """
     if not init_range > 0:
-        raise LeakageError(f"init_range must be > 0, got {init_range!r}")
+        raise GradientLeakageError(f"init_range must be > 0, got {init_range!r}")
     model = CPLAttackNetwork(input_shape, num_classes)
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from .attacks import DEFAULT_MAX_ITERATIONS, DEFAULT_TOLERANCE, Method, check_method, reconstruct
-from .errors import LeakageError
+from .errors import GradientLeakageError
 from .leak import (
     DEFAULT_CLIP,
     DEFAULT_NOISE_MULTIPLIER,
@@ -163,13 +163,13 @@ class LeakageSummary:
         """One summary of the trials of ``parts`` (same configuration; e.g. chunks of trials
         run in parallel with different ``first_trial``), ordered by trial index."""
         if not parts:
-            raise LeakageError("combine needs at least one summary")
+            raise GradientLeakageError("combine needs at least one summary")
         head = parts[0]
         config = {k: v for k, v in asdict(head).items() if k != "trials"}
         for part in parts[1:]:
             other = {k: v for k, v in asdict(part).items() if k != "trials"}
             if other != config:
-                raise LeakageError(f"cannot combine summaries of different cells: {other}")
+                raise GradientLeakageError(f"cannot combine summaries of different cells: {other}")
         trials = sorted((t for p in parts for t in p.trials), key=lambda t: t.trial)
         return cls(**config, trials=tuple(trials))
 
@@ -222,7 +222,7 @@ def run_leakage_trials(
         seed: seeds the batch selection, the networks, the noise and the initialisations.
 
     Raises:
-        LeakageError: bad arguments, or fewer than (first_trial + trials)·batch_size
+        GradientLeakageError: bad arguments, or fewer than (first_trial + trials)·batch_size
             examples.
     """
     defence, attack_type = check_defence(defence), check_attack_type(attack_type)
@@ -230,12 +230,12 @@ def run_leakage_trials(
     x_all, y_all = _check_dataset(dataset_inputs, dataset_targets, num_classes)
     for name, value, low in (("trials", trials, 1), ("first_trial", first_trial, 0)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise LeakageError(f"{name} must be an int ≥ {low}, got {value!r}")
+            raise GradientLeakageError(f"{name} must be an int ≥ {low}, got {value!r}")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise LeakageError(f"batch_size must be an int ≥ 1, got {batch_size!r}")
+        raise GradientLeakageError(f"batch_size must be an int ≥ 1, got {batch_size!r}")
     needed = (first_trial + trials) * batch_size
     if needed > x_all.shape[0]:
-        raise LeakageError(
+        raise GradientLeakageError(
             f"{trials} trials from trial {first_trial} with batch_size {batch_size} need "
             f"{needed} examples but the dataset has {x_all.shape[0]}: use fewer trials"
         )
@@ -366,13 +366,19 @@ def _check_dataset(
     inputs: torch.Tensor, targets: torch.Tensor, num_classes: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     if not isinstance(inputs, torch.Tensor) or inputs.dim() != 4:
-        raise LeakageError("dataset_inputs must be a [N, C, H, W] tensor of images")
+        raise GradientLeakageError("dataset_inputs must be a [N, C, H, W] tensor of images")
     if not inputs.is_floating_point():
-        raise LeakageError(f"dataset_inputs must be floating point in [0, 1], got {inputs.dtype}")
+        raise GradientLeakageError(
+            f"dataset_inputs must be floating point in [0, 1], got {inputs.dtype}"
+        )
     if not isinstance(targets, torch.Tensor) or targets.shape != (inputs.shape[0],):
-        raise LeakageError(f"dataset_targets must be a [{inputs.shape[0]}] tensor of labels")
+        raise GradientLeakageError(
+            f"dataset_targets must be a [{inputs.shape[0]}] tensor of labels"
+        )
     if targets.dtype != torch.int64:
-        raise LeakageError(f"dataset_targets must be int64, got {targets.dtype}")
+        raise GradientLeakageError(f"dataset_targets must be int64, got {targets.dtype}")
     if bool(((targets < 0) | (targets >= num_classes)).any()):
-        raise LeakageError(f"dataset_targets must lie in [0, {num_classes}): set num_classes")
+        raise GradientLeakageError(
+            f"dataset_targets must lie in [0, {num_classes}): set num_classes"
+        )
     return inputs, targets

@@ -1,0 +1,67 @@
+"""Scaffolding shared by the tests: the CLI command, and servers started with their port
+bound once.
+
+A server is never given a port picked beforehand (check-then-bind races with every other
+test and process on the machine): it binds port 0, the operating system chooses a free
+port, and the server reports the address it bound — through ``--port-file`` for a
+process, through ``listening=`` for an in-process :func:`sharefl.deploy.server.serve`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+PYTHON = [sys.executable, "-m", "sharefl.cli"]
+"""``sharefl`` as a command, run by this interpreter."""
+
+LOOPBACK_ANY_PORT = "127.0.0.1:0"
+
+
+class ServerStartFailed(RuntimeError):
+    """The server process ended before it listened (its stderr is the message)."""
+
+
+def start_server(
+    config: Path | str,
+    *args: str,
+    folder: Path,
+    address: str = LOOPBACK_ANY_PORT,
+    **popen: Any,
+) -> tuple[subprocess.Popen, str]:
+    """``sharefl serve --config config --address address *args`` as a process (``address``
+    with port 0: the OS picks the port); returns it and the address it listens on, once it
+    does. ``folder`` holds the port file; ``popen`` goes to :class:`subprocess.Popen`."""
+    from sharefl.launch import wait_for_address
+
+    port_file = Path(folder) / f"address-{uuid.uuid4().hex}"
+    command = [*PYTHON, "serve", "--config", str(config), "--address", address]
+    server = subprocess.Popen([*command, "--port-file", str(port_file), *args], **popen)
+    bound = wait_for_address(port_file, server)
+    if bound is None:
+        _, err = server.communicate()
+        raise ServerStartFailed(f"the server exited {server.returncode} before listening: {err}")
+    return server, bound
+
+
+async def serving(start: Any, config: Any, **kwargs: Any) -> tuple[asyncio.Task[Any], str]:
+    """Run ``start(config, listening=..., **kwargs)`` (:func:`sharefl.deploy.server.serve`)
+    as a task with ``config.server.address`` at port 0; return the task and the address it
+    bound, once it listens. Raises what the server raised if it stopped first."""
+    config = dataclasses.replace(
+        config, server=dataclasses.replace(config.server, address=LOOPBACK_ANY_PORT)
+    )
+    bound: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    task: asyncio.Task[Any] = asyncio.create_task(
+        start(config, listening=bound.set_result, **kwargs)
+    )
+    done, _ = await asyncio.wait({task, bound}, return_when=asyncio.FIRST_COMPLETED)
+    if bound not in done:
+        task.result()  # raises what the server raised
+        raise RuntimeError("the server finished without listening")
+    return task, bound.result()
