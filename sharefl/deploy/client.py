@@ -109,7 +109,7 @@ class ServerSilent(DeployError):
     """The server sent nothing within a read deadline (it may be stopped or unreachable)."""
 
 
-class TrainerFailed(Exception):
+class TrainerFailed(DeployError):
     """The user's trainer raised; the client leaves the run (the server counts it as
     dropped). The original exception is the ``__cause__``."""
 
