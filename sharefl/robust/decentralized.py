@@ -191,3 +191,115 @@ class IOS:
         weights = torch.zeros(models.shape[0], dtype=torch.float64, device=models.device)
         weights[members] = w / total
         return weighted_sum(models, weights)
+
+
+# ---------------------------------------------------------------------------------------------
+# Batched over receiving agents
+#
+# The decentralized loop aggregates for every honest agent at once. ``own`` is ``[R, d]``
+# (row r: agent r's own noisy model), ``received`` is ``[R, N, d]`` (row r, slot m: what
+# agent m sent to agent r; slots of non-neighbours are ignored), ``weights`` is ``[R, N]``
+# (w'_rm on neighbours, 0 elsewhere; the own weight is 1 − Σ_m w'_rm), ``mask`` is ``[R, N]``
+# boolean (the neighbours) and ``q`` is ``[R]`` (each receiver's trimming count). Each
+# function computes, row by row, what its per-agent rule above computes; the messages must
+# be finite (the per-agent rules also handle non-finite ones).
+
+
+def _check_batch(own: Tensor, received: Tensor, mask: Tensor) -> None:
+    if received.dim() != 3 or own.shape != (received.shape[0], received.shape[2]):
+        raise AggregationError(
+            f"own must be [R, d] and received [R, N, d], got {tuple(own.shape)} and "
+            f"{tuple(received.shape)}"
+        )
+    if mask.shape != received.shape[:2]:
+        raise AggregationError(f"mask must be [R, N] = {tuple(received.shape[:2])}")
+
+
+def _finite(out: Tensor) -> Tensor:
+    """``out``, or :class:`AggregationError` when a message was not finite (checked on the
+    ``[R, d]`` result: a non-finite message always reaches it here)."""
+    if not bool(torch.isfinite(out).all()):
+        raise AggregationError("the batched rules need finite messages")
+    return out
+
+
+def _sq_distances(models: Tensor, sq_norms: Tensor, point: Tensor) -> Tensor:
+    """``[R, K]`` squared distances from each ``models[r, k]`` to ``point[r]``, from the
+    precomputed ``sq_norms`` = ‖models[r, k]‖² (no ``[R, K, d]`` temporary)."""
+    cross = torch.einsum("rkd,rd->rk", models, point)
+    return (sq_norms - 2 * cross + (point * point).sum(dim=1, keepdim=True)).clamp_min(0.0)
+
+
+def batched_weighted_mean(own: Tensor, received: Tensor, weights: Tensor) -> Tensor:
+    """DSGD's mixing: ``(1 − Σ_m w_rm) own_r + Σ_m w_rm received_rm`` for every row r."""
+    _check_batch(own, received, weights != 0)
+    w = weights.to(own.dtype)
+    mixed = own * (1.0 - w.sum(dim=1, keepdim=True)) + torch.einsum("rn,rnd->rd", w, received)
+    return _finite(mixed)
+
+
+def batched_trimmed_mean(own: Tensor, received: Tensor, mask: Tensor, q: Tensor) -> Tensor:
+    """:class:`DecentralizedTrimmedMean` of every row: per coordinate, drop the ``q_r``
+    largest and ``q_r`` smallest neighbour values and average the rest with the own value.
+
+    Raises:
+        AggregationError: a row with fewer than ``2 q_r`` neighbours.
+    """
+    _check_batch(own, received, mask)
+    k = mask.sum(dim=1)
+    if bool((k < 2 * q).any()):
+        raise AggregationError("every receiver needs at least 2q neighbours: lower q")
+    values = torch.where(mask[:, :, None], received, torch.inf)
+    ordered = torch.sort(values, dim=1).values  # the k_r valid values come first
+    slot = torch.arange(received.shape[1], device=received.device)[None, :]
+    keep = (slot >= q[:, None]) & (slot < (k - q)[:, None])  # [R, N]
+    kept_sum = torch.where(keep[:, :, None], ordered, 0.0).sum(dim=1)
+    count = (k - 2 * q + 1).to(own.dtype)[:, None]
+    return _finite((kept_sum + own) / count)
+
+
+def batched_self_centered_clipping(
+    own: Tensor, received: Tensor, weights: Tensor, tau: float
+) -> Tensor:
+    """:class:`SelfCenteredClipping` of every row: ``own_r + Σ_m w_rm clip(received_rm −
+    own_r, τ)``."""
+    check_positive(tau, "tau")
+    _check_batch(own, received, weights != 0)
+    sq_norms = torch.einsum("rnd,rnd->rn", received, received)
+    norms = _sq_distances(received, sq_norms, own).sqrt()
+    factor = (tau / norms.clamp_min(1e-300)).clamp_max(1.0)
+    pull = weights.to(own.dtype) * factor
+    out = own * (1.0 - pull.sum(dim=1, keepdim=True)) + torch.einsum("rn,rnd->rd", pull, received)
+    return _finite(out)
+
+
+def batched_ios(own: Tensor, received: Tensor, weights: Tensor, mask: Tensor, q: Tensor) -> Tensor:
+    """:class:`IOS` of every row: ``q_r`` times, drop the neighbour farthest from the
+    weighted mean of what is left (ties to the lower slot); return that weighted mean.
+
+    Raises:
+        AggregationError: a row with ``q_r`` larger than its number of neighbours.
+    """
+    _check_batch(own, received, mask)
+    if bool((q > mask.sum(dim=1)).any()):
+        raise AggregationError("IOS removes q of the received models: lower q")
+    R = own.shape[0]
+    models = torch.cat([own[:, None, :], received], dim=1)  # slot 0 is the agent itself
+    w = weights.to(own.dtype)
+    weight = torch.cat([(1.0 - w.sum(dim=1, keepdim=True)).clamp_min(0.0), w], dim=1)
+    members = torch.cat([torch.ones(R, 1, dtype=torch.bool, device=mask.device), mask], dim=1)
+    rows = torch.arange(R, device=own.device)
+
+    def mean() -> Tensor:
+        mw = torch.where(members, weight, 0.0)
+        return torch.einsum("rn,rnd->rd", mw, models) / mw.sum(dim=1, keepdim=True)
+
+    sq_norms = torch.einsum("rnd,rnd->rn", models, models)
+    for t in range(int(q.max()) if q.numel() else 0):
+        dist = _sq_distances(models, sq_norms, mean())
+        candidates = members.clone()
+        candidates[:, 0] = False
+        drop = torch.argmax(torch.where(candidates, dist, -1.0), dim=1)
+        active = t < q
+        members[rows[active], drop[active]] = False
+    return _finite(mean())

@@ -19,8 +19,10 @@ Layout (every key optional unless noted; defaults in the dataclasses below)::
     [aggregator]  name, options, pre
     [server]      learning_rate, momentum
     [deployment]  address, stage_timeout_s, connect_timeout_s (for ``sharefl launch``)
-    [algorithm]   name ("federated" or "dp_rsa"), method, lr, penalty, epsilon, ... (the
-                  DP-RSA loop of seed002, :class:`AlgorithmConfig`)
+    [algorithm]   name ("federated", "dp_rsa" or "decentralized"), method, lr, penalty,
+                  epsilon, ... (the DP-RSA loop of seed002, :class:`AlgorithmConfig`)
+    [decentralized]  graph, rule, noise, clip, ... (the decentralized loop of seed004,
+                  :class:`DecentralizedConfig`)
     [paper]       "<label>" = accuracy reported by the paper for that label
 
     [[variant]]   # optional: each variant overrides keys of the base (deep merge)
@@ -296,7 +298,7 @@ class LaunchConfig:
     stage_timeout_s: float = 60.0
 
 
-ALGORITHMS = ("federated", "dp_rsa")
+ALGORITHMS = ("federated", "dp_rsa", "decentralized")
 RSA_METHODS = ("rsa", "dp_rsa_f", "dp_rsa_g", "sgd", "signsgd", "sgd_gm")
 SIGMA_RULES = ("coordinate", "scalar", "code")
 WORKER_SIGNS = ("sent", "true")
@@ -369,6 +371,78 @@ class AlgorithmConfig:
             _require(self.epsilon < 8, "Theorem 2 (dp_rsa_g) holds for epsilon in (0, 8)")
 
 
+# --- decentralized loop (seed004) -------------------------------------------------------------
+
+DECENTRALIZED_RULES = ("mean", "trimmed_mean", "scc", "ios")
+DECENTRALIZED_GRAPHS = ("erdos_renyi", "edges")
+DECENTRALIZED_SPLITS = ("iid", "blocks", "by_label")
+DECENTRALIZED_ADJACENCIES = ("add_remove", "replace_one")
+
+
+@dataclass(frozen=True)
+class DecentralizedConfig:
+    """The decentralized loop of Ye, Zhu and Ling (``[algorithm] name = "decentralized"``,
+    :class:`~sharefl.simulator.decentralized.loop.DecentralizedLoop`). Agents are
+    ``clients.honest + clients.byzantine``; the attack is ``[attack]``.
+
+    Attributes:
+        graph: ``erdos_renyi`` (G(N, p) from ``random.Random(graph_seed)``, redrawn until
+            connected, Byzantine agents drawn after it: the authors' code) or ``edges``.
+        edge_probability, graph_seed: p and the seed of ``erdos_renyi`` (0.7, 300).
+        edges, byzantine_agents: the ``edges`` graph, ``[[a, b], …]``, and its Byzantine
+            agents (as many as ``clients.byzantine``).
+        rule: the aggregation of every honest agent: ``mean`` (DSGD, Metropolis-Hastings
+            weights), ``trimmed_mean``, ``scc``, ``ios`` (q_n = |B_n|).
+        noise: C, the broadcast noise std C·α_k (0: no noise).
+        clip: M, the per-example gradient clipping norm.
+        lr: α_0 of α_k = lr / √(k + 1).
+        weight_decay: λ of the λ‖x‖²/2 term (added to the clipped mean gradient).
+        scc_tau: SCC's τ (0.1 i.i.d., 0.3 non-i.i.d. in the code).
+        init_scale: x_n^0 = init_scale · N(0, I), a generator per agent (model.init_seed + n).
+        split: ``iid`` (a random even split over the honest agents), ``blocks``
+            (contiguous blocks in dataset order, the code) or ``by_label`` (agent i holds
+            the labels ≡ i mod |R|: digit i on MNIST with 10 honest agents).
+
+        With ``attack.name = "none"`` the Byzantine agents and their links are deleted (the
+        paper's no-attack setting): the honest agents run on the remaining graph.
+        delta, adjacency: δ and the neighbouring-dataset notion of the reported ε.
+        dtype: ``float64`` (the code) or ``float32``.
+    """
+
+    graph: str = "erdos_renyi"
+    edge_probability: float = 0.7
+    graph_seed: int = 300
+    edges: list[list[int]] = field(default_factory=list)
+    byzantine_agents: list[int] = field(default_factory=list)
+    rule: str = "ios"
+    noise: float = 0.0
+    clip: float = 10.0
+    lr: float = 0.9
+    weight_decay: float = 0.01
+    scc_tau: float = 0.1
+    init_scale: float = 6.0
+    split: str = "iid"
+    delta: float = 1e-4
+    adjacency: str = "add_remove"
+    dtype: str = "float64"
+
+    def __post_init__(self) -> None:
+        _require(self.graph in DECENTRALIZED_GRAPHS, f"decentralized.graph: {DECENTRALIZED_GRAPHS}")
+        _require(0 < self.edge_probability < 1, "decentralized.edge_probability in (0, 1)")
+        _require(self.rule in DECENTRALIZED_RULES, f"decentralized.rule: {DECENTRALIZED_RULES}")
+        _require(self.noise >= 0, "decentralized.noise (C) must be >= 0")
+        _require(self.clip > 0, "decentralized.clip (M) must be > 0")
+        _require(self.lr > 0 and self.scc_tau > 0, "decentralized.lr and scc_tau must be > 0")
+        _require(self.weight_decay >= 0 and self.init_scale >= 0, "decentralized: bad value")
+        _require(self.split in DECENTRALIZED_SPLITS, f"decentralized.split: {DECENTRALIZED_SPLITS}")
+        _require(0 < self.delta < 1, "decentralized.delta must be in (0, 1)")
+        _require(
+            self.adjacency in DECENTRALIZED_ADJACENCIES,
+            f"decentralized.adjacency: {DECENTRALIZED_ADJACENCIES}",
+        )
+        _require(self.dtype in ("float64", "float32"), "decentralized.dtype: float64 or float32")
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """One fully resolved run (an element of the grid)."""
@@ -390,6 +464,7 @@ class RunConfig:
     server: ServerConfig = field(default_factory=ServerConfig)
     deployment: LaunchConfig = field(default_factory=LaunchConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    decentralized: DecentralizedConfig = field(default_factory=DecentralizedConfig)
     paper: float | None = None  # the paper's accuracy for this run's label
 
     def __post_init__(self) -> None:
@@ -401,11 +476,11 @@ class RunConfig:
         )
         if self.privacy.enabled and self.privacy.level == "client":
             _check_client_level(self)
-        if self.algorithm.name == "dp_rsa":
+        if self.algorithm.name in ("dp_rsa", "decentralized"):
             _require(
                 not self.privacy.enabled,
-                "the dp_rsa loop privatises sign messages (algorithm.method, "
-                "algorithm.epsilon): set privacy.enabled = false",
+                f"the {self.algorithm.name} loop adds its own noise (dp_rsa: algorithm.method "
+                "and epsilon; decentralized: decentralized.noise): set privacy.enabled = false",
             )
 
     def to_dict(self) -> dict[str, Any]:
@@ -423,6 +498,8 @@ class RunConfig:
         settings = {k: v for k, v in self.to_dict().items() if k != "paper"}
         if self.algorithm == AlgorithmConfig():  # ids of runs from before the section
             del settings["algorithm"]
+        if self.decentralized == DecentralizedConfig():  # likewise
+            del settings["decentralized"]
         blob = json.dumps(settings, sort_keys=True, default=str).encode()
         readable = f"{self.name}-{self.label}".translate(_GREEK)
         slug = re.sub(r"[^A-Za-z0-9]+", "-", readable).strip("-")[:60]

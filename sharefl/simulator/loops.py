@@ -32,9 +32,15 @@ class Loop(Protocol):
 
 def build_loop(run: RunConfig, *, device: str | None = None) -> Loop:
     """The loop of ``run``: :class:`~sharefl.simulator.engine.Simulation` for
-    ``"federated"``, :class:`~sharefl.simulator.rsa_loop.RSALoop` for ``"dp_rsa"``."""
+    ``"federated"``, :class:`~sharefl.simulator.rsa_loop.RSALoop` for ``"dp_rsa"``,
+    :class:`~sharefl.simulator.decentralized.loop.DecentralizedLoop` for
+    ``"decentralized"``."""
     if run.algorithm.name == "dp_rsa":
         from sharefl.simulator.rsa_loop import RSALoop
 
         return RSALoop(run, device=device)
+    if run.algorithm.name == "decentralized":
+        from sharefl.simulator.decentralized.loop import DecentralizedLoop
+
+        return DecentralizedLoop(run, device=device)
     return Simulation(run, device=device)

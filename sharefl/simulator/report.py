@@ -8,7 +8,12 @@
     <run>/summary.json   written when the run finished:
                          {"run_id", "name", "label", "seed", "final_accuracy", "best_accuracy",
                           "epsilon", "delta", "rounds", "wall_seconds", "device", "paper",
-                          "config"}
+                          "config", "plot_metrics" (optional)}
+
+A loop may list, in ``summary.json``'s ``"plot_metrics"``, numeric keys of its
+``rounds.jsonl`` lines beyond accuracy and loss (the decentralized loop's
+``consensus_error``): the report draws one more plot per listed metric and experiment,
+``DIR/<name>_<metric>.png`` (:func:`plot_metric`).
 
 A folder with ``rounds.jsonl`` but no ``summary.json`` is an *unfinished* run: it is drawn
 in the plots and counted as unfinished in the tables, but it never enters the final-accuracy
@@ -60,6 +65,7 @@ __all__ = [
     "load_runs",
     "markdown_table",
     "plot_accuracy",
+    "plot_metric",
     "sanitize_filename",
     "summarize",
     "write_report",
@@ -424,6 +430,57 @@ def plot_accuracy(runs: Iterable[RunRecord], path: str | os.PathLike[str], *, na
     return out
 
 
+def plot_metric(
+    runs: Iterable[RunRecord], path: str | os.PathLike[str], *, name: str, metric: str
+) -> Path:
+    """Draw the per-round ``metric`` (a key of the runs' ``rounds.jsonl`` lines) of
+    experiment ``name`` as a PNG at ``path``: one line per label, the mean over the runs
+    that logged it, min-max band; a logarithmic y axis when every value is positive.
+
+    Raises :class:`ReportError` when no run of ``name`` logged ``metric`` or matplotlib is
+    missing.
+    """
+    selected = [r for r in runs if r.name == name and any(metric in x.extra for x in r.rounds)]
+    if not selected:
+        raise ReportError(f"no run of experiment {name!r} logged {metric!r}")
+    Figure, FigureCanvasAgg, MaxNLocator = _matplotlib()
+    fig = Figure(figsize=(7.5, 4.5), dpi=120, layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    positive = True
+    for (_, label), members in _group_runs(selected).items():
+        per_round: dict[int, list[float]] = {}
+        for run in members:
+            for rec in run.rounds:
+                value = rec.extra.get(metric)
+                if isinstance(value, int | float) and math.isfinite(value):
+                    per_round.setdefault(rec.round, []).append(float(value))
+        xs = sorted(per_round)
+        positive = positive and all(v > 0 for x in xs for v in per_round[x])
+        means = [statistics.fmean(per_round[x]) for x in xs]
+        (line,) = ax.plot(xs, means, label=f"{label} (n={len(members)})", linewidth=1.6)
+        ax.fill_between(
+            xs,
+            [min(per_round[x]) for x in xs],
+            [max(per_round[x]) for x in xs],
+            color=line.get_color(),
+            alpha=0.18,
+            linewidth=0,
+        )
+    if positive:
+        ax.set_yscale("log")
+    ax.set_title(f"{name}: {metric}")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("round")
+    ax.set_ylabel(metric)
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="best", fontsize="small")
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, format="png")
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # Report
 
@@ -452,6 +509,17 @@ def _unique_stems(names: Iterable[str], reserved: Iterable[str]) -> dict[str, st
 
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def _metric_plots(runs: Sequence[RunRecord], name: str, stem: Path) -> list[str]:
+    """Draw every metric the runs of ``name`` list; the Markdown lines embedding them."""
+    metrics = dict.fromkeys(m for r in runs if r.name == name for m in r.plot_metrics)
+    lines = []
+    for metric in metrics:
+        png = stem.with_name(f"{stem.name}_{sanitize_filename(metric)}.png")
+        plot_metric(runs, png, name=name, metric=metric)
+        lines += [f"![{metric}]({png.name})", ""]
+    return lines
 
 
 def write_report(
@@ -508,6 +576,7 @@ def write_report(
             else:
                 alt = name.replace("[", "(").replace("]", ")")
                 lines += [f"![{alt}]({png.name})", ""]
+                lines += _metric_plots(runs, name, report.parent / stems[name])
     if plots_missing is not None:
         lines += [f"_Plots were not drawn: {plots_missing}._", ""]
 

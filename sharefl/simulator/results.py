@@ -143,6 +143,7 @@ def run_summary(
         "paper": run.paper,
         "privacy": privacy,
         "config": run.to_dict(),
+        "plot_metrics": list(getattr(loop, "plot_metrics", ())),  # a loop's extra curves
     }
 
 
@@ -221,6 +222,7 @@ class RunRecord:
     paper: float | None
     rounds: tuple[RoundRecord, ...] = ()
     config: Mapping[str, Any] = field(default_factory=dict, hash=False, repr=False)
+    plot_metrics: tuple[str, ...] = ()  # keys of ``extra`` the run's loop asks to plot
 
 
 def _natural_key(path: Path) -> tuple[Any, ...]:
@@ -347,6 +349,14 @@ def _load_rounds(path: Path) -> tuple[RoundRecord, ...]:
     return tuple(records)
 
 
+def _metric_names(summary: Mapping[str, Any], where: str) -> tuple[str, ...]:
+    """The summary's ``"plot_metrics"`` (absent: none)."""
+    names = summary.get("plot_metrics", [])
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise ResultsError(f"{where}: 'plot_metrics' must be a list of strings")
+    return tuple(names)
+
+
 def _load_run(folder: Path, root: Path) -> RunRecord:
     summary_path = folder / SUMMARY_FILE
     rounds_path = folder / ROUNDS_FILE
@@ -412,6 +422,7 @@ def _load_run(folder: Path, root: Path) -> RunRecord:
         paper=_number(summary, "paper", where, unit_interval=True),
         rounds=rounds,
         config=config,
+        plot_metrics=_metric_names(summary, where),
     )
 
 
