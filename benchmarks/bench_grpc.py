@@ -103,7 +103,7 @@ def main() -> None:
     in_process = min(in_process_times)
     best = min(grpc_times)
     ring_bytes = args.d * 4
-    sent = [t["in"] / args.rounds for t in result["traffic"].values()]
+    sent = [t["bytes_in"] / args.rounds for t in result["traffic_total"].values()]
     # Key/share traffic: the protocol's messages besides the masked vector itself.
     vector_traffic = ring_bytes * 1.05
     record = {

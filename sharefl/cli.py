@@ -10,15 +10,37 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import traceback
 from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
 
 from sharefl import __version__
+from sharefl.exit_status import ExitStatus, UserError, epilog
 from sharefl.machine import machine_info
 
 
+def _torch_info() -> dict[str, str | bool]:
+    """torch's version and what it can run on (absent if torch is not installed)."""
+    try:
+        import torch
+    except ModuleNotFoundError:
+        return {"torch": 'not installed (pip install "sharefl[sim]")'}
+    cuda = torch.cuda.is_available()
+    info: dict[str, str | bool] = {
+        "torch": torch.__version__,
+        "torch_cuda_build": torch.version.cuda or "none (CPU-only build)",
+        "cuda_available": cuda,
+    }
+    if cuda:
+        info["cuda_device"] = torch.cuda.get_device_name(0)
+    return info
+
+
 def _cmd_info(args: argparse.Namespace) -> int:
-    info = {"sharefl": __version__, **machine_info()}
+    info = {"sharefl": __version__, **machine_info(), **_torch_info()}
     if args.json:
         print(json.dumps(info))
     else:
@@ -30,7 +52,13 @@ def _cmd_info(args: argparse.Namespace) -> int:
 def _cmd_keygen(args: argparse.Namespace) -> int:
     from sharefl.deploy.keygen import keygen
 
-    folder = keygen(args.out, range(args.clients), args.hosts.split(","))
+    out = Path(args.out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UserError(
+            f"--out {out} is {'not empty' if out.is_dir() else 'a file'}: keygen writes "
+            "a new CA and keys only into a new or empty folder (never over a deployment's keys)"
+        )
+    folder = keygen(out, range(args.clients), args.hosts.split(","))
     print(f"wrote keys for {args.clients} clients to {folder}")
     return 0
 
@@ -68,52 +96,54 @@ def _cmd_client(args: argparse.Namespace) -> int:
 def _cmd_launch(args: argparse.Namespace) -> int:
     from sharefl.launch import launch
 
-    return launch(args.config, args.clients, trainer=args.trainer, out=args.out)
+    config = args.file or args.config
+    if not config or (args.file and args.config and args.file != args.config):
+        raise UserError("give one configuration file: sharefl launch FILE (or --config FILE)")
+    if args.out:
+        _check_out(args.out)
+    return launch(config, args.clients, trainer=args.trainer, out=args.out)
+
+
+def _check_out(out: str) -> None:
+    if Path(out).exists() and not Path(out).is_dir():
+        raise UserError(f"--out {out} is a file: give a folder (it is created if missing)")
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
     from sharefl.launch import sigterm_interrupts
     from sharefl.machine import keep_freed_memory
     from sharefl.simulator.config import SimulationConfigError, load_runs
+    from sharefl.simulator.preflight import check_runs
     from sharefl.simulator.runner import Progress, run_grid
 
     keep_freed_memory()  # per-example gradients: ~2× faster without a page fault per page
     sigterm_interrupts()  # SIGTERM stops like Ctrl-C: exit 130, finished runs kept
-    overrides = {"rounds": args.rounds} if args.rounds else None
+    _check_out(args.out)
+    overrides = {"rounds": args.rounds} if args.rounds is not None else None
+    runs = load_runs(args.config, overrides)
+    if args.seeds:
+        runs = [r for r in runs if r.seed in args.seeds]
+    if args.match:
+        runs = [r for r in runs if args.match in r.label]
+    if not runs:
+        raise SimulationConfigError("no run of the file matches --seeds/--match")
+    check_runs(runs, args.device)  # every name and option, before any data loads
     try:
-        runs = load_runs(args.config, overrides)
-        if args.seeds:
-            runs = [r for r in runs if r.seed in args.seeds]
-        if args.match:
-            runs = [r for r in runs if args.match in r.label]
-        if not runs:
-            raise SimulationConfigError("no run of the file matches --seeds/--match")
         outcomes = run_grid(runs, args.out, device=args.device, progress=Progress())
-    except SimulationConfigError as exc:
-        print(f"sharefl simulate: {exc}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print("\nsharefl simulate: interrupted; finished runs are kept", file=sys.stderr)
-        return 130
+        return ExitStatus.INTERRUPTED
     for outcome in outcomes:
         s = outcome.summary
-        print(
-            json.dumps(
-                {k: s[k] for k in ("label", "seed", "final_accuracy", "epsilon", "wall_seconds")}
-                | {"folder": str(outcome.folder)}
-            )
-        )
+        line = {k: s[k] for k in ("label", "seed", "final_accuracy", "epsilon", "wall_seconds")}
+        print(json.dumps(line | {"folder": str(outcome.folder)}, ensure_ascii=False))
     return 0
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from sharefl.simulator.report import ReportError, write_report
+    from sharefl.simulator.report import write_report
 
-    try:
-        path = write_report(args.directory, args.out)
-    except ReportError as exc:
-        print(f"sharefl report: {exc}", file=sys.stderr)
-        return 2
+    path = write_report(args.directory, args.out)
     print(f"wrote {path}")
     return 0
 
@@ -122,8 +152,8 @@ def _add_simulation_commands(sub) -> None:
     simulate = sub.add_parser("simulate", help="run a simulation TOML (a grid of runs)")
     simulate.add_argument("config", help="simulation TOML (see README, experiments/)")
     simulate.add_argument("--out", default="runs", help="results folder (default: runs)")
-    simulate.add_argument("--device", help="cpu, cuda or cuda:N (overrides the config)")
-    simulate.add_argument("--rounds", type=int, help="override the number of rounds")
+    simulate.add_argument("--device", help="cpu, cuda or cuda:N (overrides the file's)")
+    simulate.add_argument("--rounds", type=_positive, help="override the number of rounds (>= 1)")
     simulate.add_argument("--seeds", type=int, nargs="+", help="only the runs with these seeds")
     simulate.add_argument("--match", help="only the runs whose label contains this text")
     simulate.set_defaults(func=_cmd_simulate)
@@ -137,7 +167,7 @@ def _add_simulation_commands(sub) -> None:
 def _add_deployment_commands(sub) -> None:
     keygen = sub.add_parser("keygen", help="write a CA, server/client certificates, identities")
     keygen.add_argument("--out", required=True, help="folder to create (must not hold keys)")
-    keygen.add_argument("--clients", type=int, required=True, help="client ids 0..N-1")
+    keygen.add_argument("--clients", type=_positive, required=True, help="client ids 0..N-1")
     keygen.add_argument("--hosts", default="127.0.0.1,localhost", help="server names/IPs")
     keygen.set_defaults(func=_cmd_keygen)
 
@@ -196,36 +226,73 @@ def _add_deployment_commands(sub) -> None:
     client.set_defaults(func=_cmd_client)
 
     launch = sub.add_parser("launch", help="start a server and N clients on loopback")
+    launch.add_argument("file", nargs="?", help="simulation TOML (one run) or deployment TOML")
+    launch.add_argument("--config", help="the same file (older spelling of FILE)")
     launch.add_argument(
-        "--config", required=True, help="deployment TOML, or a simulation TOML (one run)"
-    )
-    launch.add_argument(
-        "--clients", type=int, help="client processes (default for a simulation: all clients)"
+        "--clients",
+        type=_positive,
+        help="client processes (default: the file's clients.honest + clients.byzantine, "
+        "or [server] clients)",
     )
     launch.add_argument("--trainer", default="sharefl.deploy.client:demo_trainer")
     launch.add_argument(
-        "--out", help="folder for result.json and model.npy (a simulation: rounds, summary)"
+        "--out",
+        help="folder for result.json and model.npy (a simulation: rounds, summary); "
+        "without it the results are not kept",
     )
     launch.set_defaults(func=_cmd_launch)
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``sharefl`` command (one sub-parser per subcommand)."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="sharefl",
         description="Private and Byzantine-robust federated learning: secure aggregation "
         "inside random clusters, robust aggregation of cluster sums, differential privacy.",
+        epilog=epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"sharefl {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser.add_argument("--debug", action="store_true", help="print the traceback behind an error")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     info = sub.add_parser(
-        "info", help="print versions and the machine (CPU, cores, AES-NI) used for benchmarks"
+        "info", help="print versions (torch, CUDA) and the machine (CPU, cores, AES-NI)"
     )
     info.add_argument("--json", action="store_true", help="one JSON object instead of a table")
     info.set_defaults(func=_cmd_info)
     _add_simulation_commands(sub)
     _add_deployment_commands(sub)
     return parser
+
+
+def _positive(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (status 2) instead of the usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(ExitStatus.CONFIG, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+USER_ERRORS: tuple[tuple[str, tuple[str, ...], ExitStatus], ...] = (
+    ("sharefl.simulator.datasets", ("MissingDataError",), ExitStatus.DATA_MISSING),
+    ("sharefl.simulator.errors", ("SimulatorError",), ExitStatus.CONFIG),
+    ("sharefl.robust.base", ("AggregationError",), ExitStatus.CONFIG),
+    ("sharefl.privacy.errors", ("PrivacyError",), ExitStatus.CONFIG),
+    ("sharefl.protocol.errors", ("ConfigurationError", "LeakageError"), ExitStatus.CONFIG),
+    ("sharefl.deploy.results", ("ResumeError",), ExitStatus.CONFIG),
+)
+"""(module, exception class names, status): the errors a user causes and can fix. The
+first match wins, so a subclass comes before its base."""
 
 
 EXTRA_OF_MODULE = {
@@ -241,26 +308,53 @@ EXTRA_OF_MODULE = {
 """Top-level module → the extra of ``pyproject.toml`` that installs it."""
 
 
+def _user_error_status(exc: BaseException) -> ExitStatus | None:
+    """The exit status of an error the user can fix, or None for a bug. Only modules
+    already imported are consulted (``info`` does not import torch to classify an error)."""
+    if isinstance(exc, UserError):
+        return exc.status
+    for module, names, status in USER_ERRORS:
+        loaded = sys.modules.get(module)
+        classes = tuple(getattr(loaded, name) for name in names) if loaded else ()
+        if classes and isinstance(exc, classes):
+            return status
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``sharefl`` console script; returns the process exit status (2,
-    with the install command to run, when the command needs an extra that is missing)."""
+    """Entry point of the ``sharefl`` console script; returns the process exit status
+    (:class:`~sharefl.exit_status.ExitStatus`). A user-caused error prints one line (the
+    command and what to change); ``--debug`` adds the traceback; a bug raises."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
-        return 2
+        return ExitStatus.CONFIG
+    if args.debug:
+        os.environ["SHAREFL_DEBUG"] = "1"  # processes started by launch inherit it
+    error: BaseException
     try:
         return int(args.func(args))
     except ModuleNotFoundError as exc:
+        error = exc
         extra = EXTRA_OF_MODULE.get((exc.name or "").split(".")[0])
         if extra is None:
             raise
-        print(
-            f"sharefl: `sharefl {args.command}` needs {exc.name}, which is not installed: "
-            f'pip install "sharefl[{extra}]" (or "sharefl[all]")',
-            file=sys.stderr,
+        message = (
+            f"needs {exc.name}, which is not installed: "
+            f'pip install "sharefl[{extra}]" (or "sharefl[all]")'
         )
-        return 2
+        status = ExitStatus.CONFIG
+    except Exception as exc:
+        error = exc
+        user_status = _user_error_status(exc)
+        if user_status is None:
+            raise
+        message, status = str(exc), user_status
+    if args.debug:
+        traceback.print_exception(error)
+    print(f"sharefl {args.command}: {' '.join(message.split())}", file=sys.stderr)
+    return status
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from sharefl.deploy.client import (
     SERVER_TIMEOUT_S,
     ClientRuntime,
     ConnectionLost,
+    TrainerFailed,
     load_trainer,
     read_tls,
 )
@@ -40,6 +42,7 @@ from sharefl.deploy.config import DeploymentConfig, load_config
 from sharefl.deploy.keygen import load_identity
 from sharefl.deploy.results import ResultsWriter, load_checkpoint
 from sharefl.deploy.server import RunResult, load_directory, serve
+from sharefl.exit_status import ExitStatus
 from sharefl.machine import keep_freed_memory
 from sharefl.protocol.client import ClientPolicy
 from sharefl.protocol.errors import ConfigurationError, LeakageError, ProtocolError
@@ -88,7 +91,10 @@ def _run_cancellable(coroutine: Coroutine[Any, Any, Any]) -> Any:
 
 
 def _error(message: str) -> None:
-    print(f"sharefl: {message}", file=sys.stderr, flush=True)
+    """One line on stderr (and the traceback being handled, under ``sharefl --debug``)."""
+    if os.environ.get("SHAREFL_DEBUG") == "1":
+        traceback.print_exc()
+    print(f"sharefl: {' '.join(message.split())}", file=sys.stderr, flush=True)
 
 
 def write_results(out: str | Path, result: RunResult) -> Path:
@@ -244,6 +250,9 @@ def run_client(client_id: int, address: str, **kwargs: Any) -> int:
     except ConnectionLost as exc:
         _error(str(exc))
         return 3
+    except TrainerFailed as exc:
+        _error(f"{exc} (fix the trainer; --debug shows its traceback)")
+        return ExitStatus.USER_CODE_FAILED
     except ProtocolError as exc:  # ServerMisbehaved: nothing was revealed
         _error(f"client {client_id}: leaving the server: {exc}")
         return 5
@@ -311,10 +320,11 @@ def _stop(procs: list[subprocess.Popen], grace: float, term_wait: float = 10) ->
 def launch(config_path: str, clients: int | None, *, trainer: str, out: str | None = None) -> int:
     """``sharefl launch``: a server and ``clients`` client processes on loopback.
 
-    With a simulation file, ``clients`` defaults to the run's ``clients.total`` and every
-    client process trains its own client of the run. The server's progress goes to stderr
-    as it happens; returns the server's exit status (clients still running when it ends
-    are terminated).
+    ``clients`` defaults to the file's: a simulation's ``clients.total`` (every client
+    process trains its own client of the run) or a deployment's ``server.clients``. The
+    server's progress goes to stderr as it happens; returns the server's exit status
+    (clients still running when it ends are terminated). Without ``out`` a warning says
+    that the results are not kept.
     """
     from sharefl.simulator.config import SimulationConfigError, is_simulation_config
 
@@ -333,11 +343,16 @@ def launch(config_path: str, clients: int | None, *, trainer: str, out: str | No
             config = DeploymentConfig()
         else:
             config = load_config(config_path)
-            if not clients:
-                raise ConfigurationError("--clients is required with a deployment file")
+            clients = clients or config.server.clients
     except (ConfigurationError, SimulationConfigError) as exc:
         _error(str(exc))
         return 2
+    if not out:
+        print(
+            "sharefl launch: no --out: the results are not kept (give --out DIR to keep "
+            "rounds.jsonl, result.json and the model)",
+            file=sys.stderr,
+        )
     keys = str(Path(config.tls.cert).parent) if config.tls.enabled else None
     python = [sys.executable, "-m", "sharefl.cli"]
     port_dir = tempfile.TemporaryDirectory(prefix="sharefl-launch-")
@@ -376,4 +391,6 @@ def launch(config_path: str, clients: int | None, *, trainer: str, out: str | No
         f"launch: server exited {status}; {clients - failed} of {clients} clients exited cleanly",
         file=sys.stderr,
     )
+    if any(p.returncode == ExitStatus.USER_CODE_FAILED for p in procs):
+        return ExitStatus.USER_CODE_FAILED  # a client's trainer raised (its line above)
     return status

@@ -40,11 +40,13 @@ from sharefl.robust.hierarchical import ClusterScale, HierarchicalAggregator
 from sharefl.simulator.components import build_rule
 from sharefl.simulator.config import RunConfig, SimulationConfigError, load_runs
 from sharefl.simulator.engine import Simulation
+from sharefl.simulator.preflight import check_run
 from sharefl.simulator.results import RoundRecord, RunWriter, device_description, run_summary
 
 
 def single_run(path: str | Path, seed: int | None = None) -> RunConfig:
-    """The one run of a simulation file to deploy (a grid must be narrowed by ``seed``)."""
+    """The one run of a simulation file to deploy (a grid must be narrowed by ``seed``),
+    checked before any data loads (:func:`~sharefl.simulator.preflight.check_run`)."""
     runs = load_runs(path)
     if seed is not None:
         runs = [r for r in runs if r.seed == seed]
@@ -53,6 +55,7 @@ def single_run(path: str | Path, seed: int | None = None) -> RunConfig:
             f"{path} describes {len(runs)} runs; a deployment runs exactly one "
             "(remove the lists, or pick a seed)"
         )
+    check_run(runs[0])
     return runs[0]
 
 

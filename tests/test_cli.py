@@ -51,3 +51,13 @@ def test_torch_threads_sets_and_restores_the_thread_count_even_on_error():
     assert torch.get_num_threads() == before
     with torch_threads(None):
         assert torch.get_num_threads() == before
+
+
+def test_info_shows_torch_and_cuda(capsys):
+    import torch
+
+    assert main(["info", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["torch"] == torch.__version__
+    assert info["cuda_available"] is torch.cuda.is_available()
+    assert "torch_cuda_build" in info

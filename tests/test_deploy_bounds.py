@@ -236,13 +236,14 @@ def test_launch_samples_k_clients_a_round_and_the_others_sit_out(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     rows = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
-    assert [row["round"] for row in rows] == [0, 1, 2]
+    assert [row["round"] for row in rows] == [1, 2, 3]
     for row in rows:
         assert len(row["participants"]) == 4, row
         assert sorted(row["participants"] + row["sampled_out"]) == list(range(6))
         assert row["failed"] == [] and row["contributors"] == 4
         total = np.load(out / f"round-{row['round']}-aggregate.npy")
-        np.testing.assert_array_equal(total, expected_total(row["round"], row["participants"]))
+        expected = expected_total(row["round"] - 1, row["participants"])  # the wire's index
+        np.testing.assert_array_equal(total, expected)
     sat_out = {c: sum(c in row["sampled_out"] for row in rows) for c in range(6)}
     for c in range(6):
         line = f"client {c}: 3 rounds" + (f" ({sat_out[c]} not sampled)" if sat_out[c] else "")

@@ -528,7 +528,7 @@ def test_sigterm_to_launch_stops_every_process_and_keeps_finished_rounds(tmp_pat
     assert not [pid for pid in server_pids if _exists(pid)]
     lines = rounds.read_text().splitlines()
     finished = [json.loads(line) for line in lines]  # every line whole
-    assert [r["round"] for r in finished] == list(range(len(finished)))
+    assert [r["round"] for r in finished] == list(range(1, len(finished) + 1))
     result = json.loads((out / "result.json").read_text())
     assert result["interrupted"] and len(result["rounds"]) == len(finished)
     assert np.load(out / "model.npy").shape == (16,)
@@ -684,7 +684,7 @@ def test_a_robust_rule_over_cluster_sums_resists_two_byzantine_clients(tmp_path)
     sums = [sum(update(c) for c in cluster["members"]) for cluster in record["clusters"]]
     rule = HierarchicalAggregator(rule=TrimmedMean(f=1), scale="mean")
     expected = rule(torch_tensor(np.stack(sums)), [3] * 4).numpy()
-    aggregate = np.load(out / "round-0-aggregate.npy")
+    aggregate = np.load(out / "round-1-aggregate.npy")
     np.testing.assert_allclose(aggregate, expected, atol=1e-6)
     # With f = 1 >= the one corrupted cluster, every coordinate of the result lies within
     # the honest clusters' means, whatever the attackers sent; a plain mean does not.
@@ -770,7 +770,7 @@ def test_a_server_killed_in_round_k_resumes_from_k_with_earlier_rounds_intact(tm
     assert f"resuming at round {k + 1}/{rounds}" in (tmp_path / "server.log").read_text()
     after = (out / "rounds.jsonl").read_text().splitlines()
     assert after[:k] == before  # rounds 0..k-1 untouched
-    assert [json.loads(x)["round"] for x in after] == list(range(rounds))
+    assert [json.loads(x)["round"] for x in after] == list(range(1, rounds + 1))
     result = json.loads((out / "result.json").read_text())
     assert len(result["rounds"]) == rounds and "interrupted" not in result
     # The demo updates depend only on (round, client): the resumed model is minus the whole
@@ -797,7 +797,7 @@ def test_a_checkpoint_ahead_of_its_line_is_repaired_and_a_torn_folder_refused(tm
     assert checkpoint.next_round == 2 and checkpoint.model[0] == 2.0
     assert len((tmp_path / "rounds.jsonl").read_text().splitlines()) == 2
     (tmp_path / "rounds.jsonl").write_text("")
-    with pytest.raises(ResumeError, match="checkpoint is of round 1"):
+    with pytest.raises(ResumeError, match="checkpoint is of round 2"):
         load_checkpoint(tmp_path / "")
     with pytest.raises(ResumeError, match="missing"):
         load_checkpoint(tmp_path / "nothing")

@@ -19,6 +19,7 @@ import pytest
 import sharefl
 from sharefl.crypto.errors import CryptoError
 from sharefl.deploy.errors import DeployError
+from sharefl.exit_status import UserError
 from sharefl.privacy.errors import PrivacyError
 from sharefl.protocol.errors import ProtocolError
 from sharefl.robust.base import AggregationError
@@ -32,6 +33,7 @@ BASES: dict[str, type[BaseException]] = {
     "sharefl.robust": AggregationError,
     "sharefl.privacy": PrivacyError,
     "sharefl.simulator": SimulatorError,
+    "sharefl.exit_status": UserError,  # the CLI's own errors (with their exit status)
 }
 
 

@@ -74,7 +74,7 @@ class Deployment:
         return json.loads((self.out / "result.json").read_text())
 
     def aggregate(self, round_index: int) -> np.ndarray:
-        return np.load(self.out / f"round-{round_index}-aggregate.npy")
+        return np.load(self.out / f"round-{round_index + 1}-aggregate.npy")
 
 
 def clear_sum(ids, round_index: int, dim: int) -> np.ndarray:
@@ -196,7 +196,7 @@ def test_launch_runs_a_server_and_clients_and_reports(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert "round 1/1" in done.stderr and "4 of 4 clients exited cleanly" in done.stderr
-    aggregate = np.load(out / "round-0-aggregate.npy")
+    aggregate = np.load(out / "round-1-aggregate.npy")
     np.testing.assert_array_equal(aggregate, clear_sum(range(4), 0, 50))
 
 

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from needs import needs
 
 from sharefl.machine import torch_threads
 from sharefl.privacy.per_example import per_example_gradients
@@ -379,7 +380,7 @@ def test_ssim_matches_scikit_image(shape):
 
 
 def test_ssim_matches_scikit_image_live_when_installed():
-    metrics = pytest.importorskip("skimage.metrics")
+    metrics = needs("skimage.metrics")
     g = torch.Generator().manual_seed(0)
     x = torch.rand(3, 24, 24, generator=g, dtype=torch.float64)
     y = (x + 0.2 * torch.randn(3, 24, 24, generator=g, dtype=torch.float64)).clamp(0, 1)

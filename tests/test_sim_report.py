@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from needs import needs
 
 from sharefl.simulator.report import (
     GroupSummary,
@@ -190,6 +191,43 @@ def test_summarize_rejects_duplicate_seed_and_conflicting_paper(tmp_path: Path) 
         summarize(load_runs(other))
 
 
+def test_a_trial_beside_the_full_run_is_named_as_differing_in_rounds(tmp_path: Path) -> None:
+    write_run(tmp_path / "full", name="x", label="y", seed=1, final=0.9, rounds=150)
+    write_run(tmp_path / "trial", name="x", label="y", seed=1, final=0.3, rounds=3)
+    with pytest.raises(ReportError, match=r"\(150 rounds\).*\(3 rounds\).*differ in rounds"):
+        summarize(load_runs(tmp_path))
+
+
+def test_plot_has_an_epsilon_panel_for_private_runs_and_a_descriptive_title(
+    tmp_path: Path,
+) -> None:
+    needs("matplotlib")
+    from matplotlib.figure import Figure
+
+    write_run(tmp_path / "p" / "a", name="private", label="ε=2", seed=1, final=0.9, epsilon=2.0)
+    write_run(tmp_path / "c" / "a", name="clear", label="none", seed=1, final=0.9)
+    runs = load_runs(tmp_path)
+    saved: list[Figure] = []
+    original = Figure.savefig
+
+    def keep(self: Figure, *args: object, **kwargs: object) -> None:
+        saved.append(self)
+        original(self, *args, **kwargs)
+
+    import unittest.mock
+
+    with unittest.mock.patch.object(Figure, "savefig", keep):
+        plot_accuracy(runs, tmp_path / "p.png", name="private")
+        plot_accuracy(runs, tmp_path / "c.png", name="clear")
+    private, clear = saved
+    assert [a.get_ylabel() for a in private.axes] == ["test accuracy (%)", "ε spent"]
+    assert [a.get_ylabel() for a in clear.axes] == ["test accuracy (%)"]
+    accuracy_line = private.axes[0].get_lines()[0]
+    assert accuracy_line.get_marker() == "o" and len(accuracy_line.get_xdata()) == 4
+    assert list(private.axes[1].get_lines()[0].get_ydata()) == [0.5, 1.0, 1.5, 2.0]
+    assert private.axes[0].get_title() == "private\n4 rounds, seed 1"
+
+
 def test_label_order_is_first_appearance(tmp_path: Path) -> None:
     # Natural path order: run2 before run10, so "b" appears first.
     write_run(tmp_path / "run10", name="x", label="a", seed=0, final=0.5)
@@ -242,7 +280,7 @@ def assert_png(path: Path) -> None:
 
 
 def test_plot_accuracy_writes_png(runs_dir: Path, tmp_path: Path) -> None:
-    pytest.importorskip("matplotlib")
+    needs("matplotlib")
     runs = load_runs(runs_dir)
     out = plot_accuracy(runs, tmp_path / "plots" / "mnist.png", name="mnist")
     assert out == tmp_path / "plots" / "mnist.png"
@@ -265,7 +303,7 @@ def test_plot_without_matplotlib_says_pip_install(
 
 
 def test_write_report(runs_dir: Path) -> None:
-    pytest.importorskip("matplotlib")
+    needs("matplotlib")
     report = write_report(runs_dir)
     assert report == runs_dir / "report.md"
     text = report.read_text(encoding="utf-8")
@@ -290,7 +328,7 @@ def test_write_report(runs_dir: Path) -> None:
 
 
 def test_write_report_custom_out(runs_dir: Path, tmp_path: Path) -> None:
-    pytest.importorskip("matplotlib")
+    needs("matplotlib")
     out = tmp_path / "docs" / "results.md"
     assert write_report(runs_dir, out) == out
     assert (tmp_path / "docs" / "results.json").is_file()

@@ -25,7 +25,7 @@ from sharefl.simulation_bridge import SimulationStrategy, SimulationTrainer, dep
 from sharefl.simulator import training as training_module
 from sharefl.simulator.config import SimulationConfigError, expand, load_runs
 from sharefl.simulator.engine import Simulation, load_data
-from sharefl.simulator.models import build_model
+from sharefl.simulator.models import ModelError, build_model
 from sharefl.simulator.runner import run_grid
 from sharefl.simulator.training import FlatModel, LocalTraining, TrainingError, VectorizedClients
 
@@ -407,6 +407,27 @@ def test_runner_writes_results_and_skips_finished_runs(tmp_path):
     assert corrected[0].summary["paper"] == 0.9
 
 
+def test_progress_shows_elapsed_time_and_eta(tmp_path):
+    import io
+
+    from sharefl.simulator.runner import Progress
+
+    stream = io.StringIO()
+    progress = Progress(stream)
+    progress.last = -1e9  # not a terminal: a line every 10 s; show the first one
+    run_grid(expand(base_config(rounds=2)), tmp_path, progress=progress)
+    first, *_, last = stream.getvalue().splitlines()
+    assert "round 1/2" in first and "elapsed, ETA 0:0" in first
+    assert "accuracy" in last
+
+
+def test_a_run_that_cannot_be_built_leaves_no_folder(tmp_path):
+    run = expand(base_config(rounds=2, model={"name": "seed000_cn"}))[0]
+    with pytest.raises(ModelError):
+        run_grid([run], tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_simulate_command_runs_the_matching_part_of_a_grid(tmp_path):
     config = base_config(rounds=2, label="lr={training.learning_rate}")
     config["training"]["learning_rate"] = [0.1, 0.5]
@@ -417,6 +438,16 @@ def test_simulate_command_runs_the_matching_part_of_a_grid(tmp_path):
     (summary,) = [json.loads(p.read_text()) for p in out.glob("*/summary.json")]
     assert summary["label"] == "lr=0.5"
     assert cli_main(["simulate", str(path), "--out", str(out), "--match", "lr=9"]) == 2
+
+
+def test_simulate_prints_its_final_json_lines_readably(tmp_path, capsys):
+    config = base_config(rounds=2, label="ε-free run, lr={training.learning_rate}")
+    path = tmp_path / "run.toml"
+    path.write_text(_toml(config), encoding="utf-8")
+    assert cli_main(["simulate", str(path), "--out", str(tmp_path / "out")]) == 0
+    (line,) = capsys.readouterr().out.splitlines()
+    assert "ε-free run" in line and "\\u03b5" not in line
+    assert json.loads(line)["label"] == "ε-free run, lr=0.5"
 
 
 def _toml(config: dict) -> str:

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from needs import needs
 
 from sharefl.crypto.encoding import choose_encoding
 from sharefl.crypto.kdf import KeyContext
@@ -32,7 +33,7 @@ SHARE = b"a" * SHARE_BYTES
 
 
 def test_generated_modules_match_the_proto(tmp_path):
-    pytest.importorskip("grpc_tools")
+    needs("grpc_tools")
     from sharefl.proto.generate import GENERATED, generate
 
     generate(tmp_path)

@@ -109,6 +109,11 @@ class ServerSilent(DeployError):
     """The server sent nothing within a read deadline (it may be stopped or unreachable)."""
 
 
+class TrainerFailed(DeployError):
+    """The user's trainer raised; the client leaves the run (the server counts it as
+    dropped). The original exception is the ``__cause__``."""
+
+
 class ServerMisbehaved(DeployError):
     """The server's stream cannot be followed (no Challenge, a malformed or oversized model
     stream); the client closes it. Nothing of the protocol was revealed."""
@@ -373,10 +378,7 @@ class ClientRuntime:
                     break
                 session, started = None, True
                 round_guard = RoundGuard.start(self.client_id, envelope.round_start, self.policy)
-                update = await asyncio.to_thread(
-                    self.trainer, model, round=envelope.round_start.round, client_id=self.client_id
-                )
-                update = np.asarray(update, dtype=np.float32)
+                update = await self._train(model, envelope.round_start.round)
             elif kind == "assignment":
                 session = await self._start_cluster(call, envelope.assignment, update, round_guard)
             elif kind == "round_end":
@@ -392,6 +394,22 @@ class ClientRuntime:
             # it; grpc aio then fails the write (grpc/grpc#24758, #36066). Nothing is lost.
             if not finished:
                 raise
+
+    async def _train(self, model: np.ndarray, round_index: int) -> np.ndarray:
+        """The trainer's update as float32; :class:`TrainerFailed` if the trainer raises."""
+        try:
+            update = await asyncio.to_thread(
+                self.trainer, model, round=round_index, client_id=self.client_id
+            )
+            return np.asarray(update, dtype=np.float32)
+        except Exception as exc:
+            trainer = self.trainer
+            name = getattr(trainer, "__qualname__", type(trainer).__name__)
+            name = f"{getattr(trainer, '__module__', '?')}:{name}"
+            raise TrainerFailed(
+                f"client {self.client_id}: the trainer {name} raised in round {round_index + 1}: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
 
     async def _read_vector(self, call, header: pb.VectorHeader) -> np.ndarray:
         """The model that follows ``header``: at most ``max_model_length`` elements, and the

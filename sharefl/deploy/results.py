@@ -3,14 +3,16 @@
 Under the results folder:
 
 - ``rounds.jsonl``: one JSON object per finished round (the :class:`~sharefl.deploy.server.
-  RoundReport` without its aggregate), appended, flushed and fsynced before the next round;
-- ``round-R-aggregate.npy``: the aggregate of round R, and ``model.npy``: the model after
+  RoundReport` without its aggregate, its ``round`` numbered from 1 as the log prints it),
+  appended, flushed and fsynced before the next round;
+- ``round-R-aggregate.npy``: the aggregate of round R (from 1), and ``model.npy``: the model after
   the last finished round, each replaced atomically (write a temporary file, then rename);
 - ``checkpoint.npz``: the model after the last finished round with that round's JSON
   object, replaced atomically *before* the line is appended, so that
   :func:`load_checkpoint` can always tell which model goes with which rounds;
-- ``result.json``: at the end (or on interruption) every round and the traffic per client,
-  also written atomically.
+- ``result.json``: at the end (or on interruption) every round (as in ``rounds.jsonl``,
+  each with its own ``traffic``: bytes per client in that round) and ``traffic_total``
+  (bytes per client over the whole run), also written atomically.
 
 A server killed at any moment leaves the rounds it finished intact and a model that is
 that of its last finished round, never a torn file; ``sharefl serve --resume DIR``
@@ -73,16 +75,16 @@ def load_checkpoint(out: str | Path) -> Checkpoint:
         rows = [json.loads(line) for line in lines if line.strip()]
     except (OSError, ValueError, KeyError) as exc:
         raise ResumeError(f"cannot read the results in {folder}: {exc}") from exc
-    if [r["round"] for r in rows] != list(range(len(rows))):
-        raise ResumeError(f"{folder / ROUNDS_FILE} does not hold rounds 0, 1, ... in order")
-    if last["round"] == len(rows):  # killed between the checkpoint and its line
+    if [r["round"] for r in rows] != list(range(1, len(rows) + 1)):
+        raise ResumeError(f"{folder / ROUNDS_FILE} does not hold rounds 1, 2, ... in order")
+    if last["round"] == len(rows) + 1:  # killed between the checkpoint and its line
         with (folder / ROUNDS_FILE).open("a") as log:
             log.write(json.dumps(last) + "\n")
         rows.append(last)
-    elif last["round"] != len(rows) - 1:
+    elif last["round"] != len(rows):
         raise ResumeError(
             f"the checkpoint is of round {last['round']} but {ROUNDS_FILE} ends with round "
-            f"{len(rows) - 1}"
+            f"{len(rows)}"
         )
     return Checkpoint(rows, model)
 
@@ -109,8 +111,11 @@ def atomic_save_npy(path: Path, array: np.ndarray) -> None:
 
 
 def report_row(report: Any) -> dict:
-    """The JSON object of one round report (every field but the aggregate)."""
-    return {k: v for k, v in dataclasses.asdict(report).items() if k != "total"}
+    """The JSON object of one round report: every field but the aggregate, and ``round``
+    numbered from 1 (the report's index is from 0, as on the wire)."""
+    row = {k: v for k, v in dataclasses.asdict(report).items() if k != "total"}
+    row["round"] = report.round + 1
+    return row
 
 
 class ResultsWriter:
@@ -130,7 +135,7 @@ class ResultsWriter:
     def round(self, report: Any, model: np.ndarray) -> None:
         """Record one finished round: its aggregate, the model after it, its JSON line."""
         if report.total is not None:
-            atomic_save_npy(self.folder / f"round-{report.round}-aggregate.npy", report.total)
+            atomic_save_npy(self.folder / f"round-{report.round + 1}-aggregate.npy", report.total)
         row = report_row(report)
         buffer = io.BytesIO()
         np.savez(buffer, model=model, row=np.frombuffer(json.dumps(row).encode(), np.uint8))
@@ -144,9 +149,10 @@ class ResultsWriter:
     def finish(
         self, traffic: dict | None = None, *, interrupted: bool = False, error: str = ""
     ) -> Path:
-        """Write ``result.json`` (every round so far, the traffic; ``"interrupted": true``
+        """Write ``result.json`` (every round so far, ``traffic_total``: bytes per client
+        over the run; ``"interrupted": true``
         after a signal, ``"error"`` for a run the server stopped); returns the folder."""
-        summary: dict[str, Any] = {"rounds": self.rows, "traffic": traffic or {}}
+        summary: dict[str, Any] = {"rounds": self.rows, "traffic_total": traffic or {}}
         if interrupted:
             summary["interrupted"] = True
         if error:

@@ -134,7 +134,7 @@ class RoundReport:
     """What one round did, as written to ``result.json``.
 
     Attributes:
-        round: the round index (from 0).
+        round: the round index (from 0, as on the wire; files and logs number it from 1).
         participants: the clients planned into the round.
         clusters: the released sums of every reclustering (reclustering, cluster, members,
             dropped, excluded, complaints).
@@ -150,6 +150,8 @@ class RoundReport:
         seconds: the round's wall time.
         sampled_out: connected, eligible clients that ``server.clients_per_round`` left out
             of this round (they only got its RoundEnd).
+        traffic: client id → ``bytes_in`` (received from it) and ``bytes_out`` (sent to it)
+            during this round only (the run's totals are ``RunResult.traffic``).
         total: the aggregate over the reclusterings (see :class:`AveragingStrategy`;
             ``None`` when nothing was released). Not written to JSON.
     """
@@ -166,6 +168,7 @@ class RoundReport:
     seconds: float
     total: np.ndarray | None = None
     sampled_out: list[int] = field(default_factory=list)
+    traffic: dict[int, dict[str, int]] = field(default_factory=dict)
 
     @classmethod
     def of(
@@ -211,7 +214,8 @@ class RoundReport:
 @dataclass
 class RunResult:
     """The outcome of a server run: one report per round, the final model, and the bytes
-    received from (``in``) and sent to (``out``) each client, as protobuf message sizes."""
+    received from (``bytes_in``) and sent to (``bytes_out``) each client over the whole run,
+    as protobuf message sizes (each report has its round's share)."""
 
     reports: list[RoundReport]
     model: np.ndarray
@@ -574,6 +578,7 @@ class ServerRun:
 
     async def _round(self, round_index: int) -> RoundReport:
         start = time.monotonic()
+        before = {cid: (link.bytes_in, link.bytes_out) for cid, link in self.links.items()}
         eligible = self.exclusions.eligible(self.alive())
         participants = sample_participants(eligible, self.config.server.clients_per_round, self.rng)
         if len(participants) < max(2, self.settings.min_sum_size):
@@ -628,6 +633,13 @@ class ServerRun:
             result, sorted(self.exclusions.excluded), time.monotonic() - start, total
         )
         report.sampled_out = sorted(set(eligible) - set(participants))
+        report.traffic = {
+            cid: {
+                "bytes_in": link.bytes_in - before.get(cid, (0, 0))[0],
+                "bytes_out": link.bytes_out - before.get(cid, (0, 0))[1],
+            }
+            for cid, link in sorted(self.links.items())
+        }
         for cid in self.alive():
             self.links[cid].send(
                 pb.ServerMessage(
@@ -1047,7 +1059,7 @@ async def serve(
     try:
         reports = await run.run()
         traffic = {
-            cid: {"in": link.bytes_in, "out": link.bytes_out}
+            cid: {"bytes_in": link.bytes_in, "bytes_out": link.bytes_out}
             for cid, link in sorted(run.links.items())
         }
         return RunResult(reports, run.model, traffic)

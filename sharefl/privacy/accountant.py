@@ -21,6 +21,7 @@ SciPy) are imported on first use, so importing :mod:`sharefl.privacy` stays chea
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -62,6 +63,24 @@ class AccountantStep:
         if self.sample_rate < 1.0:
             one = dp_accounting.PoissonSampledDpEvent(self.sample_rate, one)
         return dp_accounting.SelfComposedDpEvent(one, self.steps)
+
+
+class _ExcludedOrderFilter(logging.Filter):
+    """Drops dp-accounting's ``WARNING:absl`` line about an RDP order α whose bound did not
+    converge ("Excluding this order from the epsilon computation"): expected for large α at
+    small q, one line per order and composition (136 for README's simulator example), and
+    harmless, since ε is the minimum over the remaining orders and so still an upper bound."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "failed to converge" not in str(record.msg)
+
+
+def quiet_excluded_orders() -> None:
+    """Install :class:`_ExcludedOrderFilter` on the ``absl`` logger (once; after absl is
+    imported, so that absl keeps its own logger class)."""
+    logger = logging.getLogger("absl")
+    if not any(isinstance(f, _ExcludedOrderFilter) for f in logger.filters):
+        logger.addFilter(_ExcludedOrderFilter())
 
 
 def check_delta(delta: float) -> float:
@@ -174,6 +193,8 @@ class PrivacyAccountant:
 
     def _composed(self) -> dp_accounting.PrivacyAccountant:
         import dp_accounting
+
+        quiet_excluded_orders()
 
         if self._pending:
             events = [entry.event() for entry in self._pending]

@@ -54,6 +54,11 @@ class DatasetError(SimulatorError, ValueError):
     """A dataset cannot be loaded as asked; the message says what to change."""
 
 
+class MissingDataError(DatasetError):
+    """A dataset's files are neither on disk nor downloadable; the message (one line) says
+    where they were looked for and how to provide them."""
+
+
 @dataclass(frozen=True, eq=False)
 class Dataset:
     """An in-memory labelled dataset.
@@ -315,7 +320,7 @@ def _download(urls: Sequence[str], dest: Path) -> str | None:
 def _missing(
     name: str, what: str, looked: Sequence[Path], how: str, download: bool, err: str | None
 ) -> DatasetError:
-    where = "\n  ".join(str(p) for p in looked) or "(nowhere)"
+    where = ", ".join(str(p) for p in looked) or "(nowhere)"
     reason = (
         f"the download failed ({err})"
         if err
@@ -323,9 +328,9 @@ def _missing(
         if not download
         else "the downloaded archive did not hold them"
     )
-    return DatasetError(
-        f"{name}: {what} not found; looked in:\n  {where}\n{reason}. {how} "
-        f"Pass root=FOLDER or set SHAREFL_DATA to use another folder."
+    return MissingDataError(
+        f"{name}: {what} not found (looked in {where}; {reason}). {how} "
+        f"Or set data.root (root=FOLDER) or SHAREFL_DATA to use another folder."
     )
 
 

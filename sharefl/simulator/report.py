@@ -155,8 +155,16 @@ def summarize(runs: Iterable[RunRecord]) -> list[GroupSummary]:
             if run.seed is None:
                 continue
             if run.seed in seen:
+                other = seen[run.seed]
+                if other.total_rounds != run.total_rounds:
+                    raise ReportError(
+                        f"runs {other.path} ({other.total_rounds} rounds) and {run.path} "
+                        f"({run.total_rounds} rounds) are both seed {run.seed} of {name!r} / "
+                        f"{label!r} but differ in rounds (a --rounds trial beside the full "
+                        "run?); move one of them to another folder"
+                    )
                 raise ReportError(
-                    f"runs {seen[run.seed].path} and {run.path} are both seed {run.seed} of "
+                    f"runs {other.path} and {run.path} are both seed {run.seed} of "
                     f"{name!r} / {label!r}; remove one"
                 )
             seen[run.seed] = run
@@ -301,16 +309,39 @@ def _matplotlib() -> tuple[Any, Any, Any]:
     return Figure, FigureCanvasAgg, MaxNLocator
 
 
-def plot_accuracy(runs: Iterable[RunRecord], path: str | os.PathLike[str], *, name: str) -> Path:
-    """Draw the accuracy curves of experiment ``name`` and save them as a PNG at ``path``.
+def _title(name: str, runs: Sequence[RunRecord]) -> str:
+    """``name`` and what the runs share: dataset, model, clients, rounds, seeds."""
+    config = next((r.config for r in runs if r.config), {})
+    facts = []
+    data, model, clients = (config.get(k) or {} for k in ("data", "model", "clients"))
+    if isinstance(data, dict) and data.get("dataset"):
+        facts.append(str(data["dataset"]))
+    if isinstance(model, dict) and model.get("name"):
+        facts.append(str(model["name"]))
+    if isinstance(clients, dict) and "honest" in clients:
+        byz = clients.get("byzantine") or 0
+        facts.append(f"{clients['honest']} honest + {byz} Byzantine clients")
+    totals = sorted({r.total_rounds for r in runs if r.total_rounds})
+    if totals:
+        facts.append(f"{'/'.join(map(str, totals))} rounds")
+    seeds = sorted({r.seed for r in runs if r.seed is not None})
+    if seeds:
+        facts.append(f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}")
+    return name + ("\n" + ", ".join(facts) if facts else "")
 
-    One line per label (labels in order of first appearance): at each round, the mean
-    accuracy (percent) over the runs of the label that reached it, with the min-max band
-    over those runs shaded; unfinished runs are included and counted in the legend. A
-    label's paper accuracy, when known, is a dotted horizontal line of the same colour.
-    The title is ``name``; runs without per-round data only appear in the legend. Parent
-    folders are created. Uses matplotlib's Agg canvas directly (no pyplot, no global
-    backend switch). Returns ``Path(path)``.
+
+def plot_accuracy(runs: Iterable[RunRecord], path: str | os.PathLike[str], *, name: str) -> Path:
+    """Draw the curves of experiment ``name`` and save them as a PNG at ``path``.
+
+    Accuracy panel: one line per label (labels in order of first appearance): at each
+    evaluated round (a marker), the mean accuracy (percent) over the runs of the label that
+    reached it, with the min-max band over those runs shaded; unfinished runs are included
+    and counted in the legend. A label's paper accuracy, when known, is a dotted horizontal
+    line of the same colour. When any run is private, a second panel shows the mean ε spent
+    by each evaluated round, in the same colours. The title is ``name`` and what the runs
+    share (dataset, model, clients, rounds, seeds); runs without per-round data only appear
+    in the legend. Parent folders are created. Uses matplotlib's Agg canvas directly (no
+    pyplot, no global backend switch). Returns ``Path(path)``.
 
     Raises :class:`ReportError` when no run is named ``name`` or matplotlib is missing.
     """
@@ -319,26 +350,31 @@ def plot_accuracy(runs: Iterable[RunRecord], path: str | os.PathLike[str], *, na
         raise ReportError(f"no runs of experiment {name!r} to plot")
     Figure, FigureCanvasAgg, MaxNLocator = _matplotlib()
 
-    fig = Figure(figsize=(7.5, 4.5), dpi=120, layout="constrained")
+    private = any(rec.epsilon is not None for r in selected for rec in r.rounds)
+    fig = Figure(figsize=(7.5, 6.5 if private else 4.5), dpi=120, layout="constrained")
     FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
+    if private:
+        ax, ax_eps = fig.subplots(2, 1, sharex=True, height_ratios=[2, 1])
+    else:
+        ax, ax_eps = fig.add_subplot(), None
     any_paper = False
     any_points = False
     for (_, label), members in _group_runs(selected).items():
         per_round: dict[int, list[float]] = {}
+        eps_round: dict[int, list[float]] = {}
         for run in members:
             for rec in run.rounds:
                 if rec.accuracy is not None:  # the reader keeps evaluated rounds only
                     per_round.setdefault(rec.round, []).append(100 * rec.accuracy)
+                if rec.epsilon is not None:
+                    eps_round.setdefault(rec.round, []).append(rec.epsilon)
         xs = sorted(per_round)
         unfinished = sum(not r.finished for r in members)
         legend = f"{label} (n={len(members)}" + (
             f", {unfinished} unfinished)" if unfinished else ")"
         )
         means = [statistics.fmean(per_round[x]) for x in xs]
-        (line,) = ax.plot(
-            xs, means, label=legend, linewidth=1.6, marker="o" if len(xs) == 1 else None
-        )
+        (line,) = ax.plot(xs, means, label=legend, linewidth=1.6, marker="o", markersize=3.5)
         any_points = any_points or bool(xs)
         color = line.get_color()
         if xs:
@@ -349,6 +385,16 @@ def plot_accuracy(runs: Iterable[RunRecord], path: str | os.PathLike[str], *, na
                 color=color,
                 alpha=0.18,
                 linewidth=0,
+            )
+        if ax_eps is not None and eps_round:
+            ex = sorted(eps_round)
+            ax_eps.plot(
+                ex,
+                [statistics.fmean(eps_round[x]) for x in ex],
+                color=color,
+                linewidth=1.4,
+                marker="o",
+                markersize=3,
             )
         paper = next((r.paper for r in members if r.paper is not None), None)
         if paper is not None:
@@ -366,12 +412,17 @@ def plot_accuracy(runs: Iterable[RunRecord], path: str | os.PathLike[str], *, na
             va="center",
             color="gray",
         )
-    ax.set_title(name)
+    ax.set_title(_title(name, selected), fontsize="medium")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("round")
     ax.set_ylabel("test accuracy (%)")
     ax.grid(True, alpha=0.3)
     ax.legend(loc="lower right", fontsize="small")
+    bottom = ax
+    if ax_eps is not None:
+        ax_eps.set_ylabel("ε spent")
+        ax_eps.grid(True, alpha=0.3)
+        bottom = ax_eps
+    bottom.set_xlabel("round (markers: evaluated rounds)")
 
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -506,8 +557,9 @@ def write_report(
         f"unfinished) in {_count(len(groups), 'setting')} of "
         f"{_count(len(by_name), 'experiment')}. Accuracies are final test "
         "accuracies of the finished runs in percent (mean ± sample std over seeds); Δ is the "
-        "difference to the paper in percentage points. Plots show the mean accuracy per round "
-        "over all runs, with the min–max band.",
+        "difference to the paper in percentage points. Plots show the mean accuracy at each "
+        "evaluated round (markers) over all runs, with the min–max band, and for private runs "
+        "the ε spent.",
         "",
     ]
     plots_missing: str | None = None

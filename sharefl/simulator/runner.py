@@ -9,6 +9,7 @@ A run whose ``summary.json`` exists is skipped; an unfinished one starts again.
 
 from __future__ import annotations
 
+import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -63,6 +64,19 @@ def _bar(done: int, total: int, width: int = 24) -> str:
     return "[" + "#" * filled + "." * (width - filled) + "]"
 
 
+def _clock(seconds: float) -> str:
+    """``m:ss`` or ``h:mm:ss``."""
+    s = round(seconds)
+    if s >= 3600:
+        return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+    return f"{s // 60}:{s % 60:02d}"
+
+
+def _remaining(elapsed: float, done: int, total: int) -> float:
+    """Seconds left if the remaining rounds take as long as the finished ones on average."""
+    return elapsed / max(1, done) * max(0, total - done)
+
+
 def run_one(
     run: RunConfig,
     out: Path,
@@ -85,8 +99,17 @@ def run_one(
             summary["paper"] = run.paper
             writer.finish(summary)
         return RunOutcome(run, folder, summary, True)
+    outermost = folder  # the outermost folder this call creates, removed if the build fails
+    while not outermost.parent.exists():
+        outermost = outermost.parent
+    created = None if folder.exists() else outermost
     writer.start(run.to_dict())
-    sim = simulation_factory(run, device=device)
+    try:
+        sim = simulation_factory(run, device=device)
+    except Exception:  # data, model or rule unusable: leave no folder holding only config.json
+        if created is not None:
+            shutil.rmtree(created, ignore_errors=True)
+        raise
     last_line = ""
 
     def on_round(record: RoundRecord) -> None:
@@ -95,10 +118,12 @@ def run_one(
             eps = "" if record.epsilon is None else f" ε {record.epsilon:.3g}"
             last_line = f" acc {record.accuracy:.4f}{eps}"
         if progress is not None:
+            elapsed = record.seconds or 0.0
             progress.update(
                 f"{position}{run.label or run.name} seed {run.seed} "
                 f"{_bar(record.round, run.rounds)} round {record.round}/{run.rounds}"
-                f"{last_line} {record.seconds or 0.0:.0f} s"
+                f"{last_line} {_clock(elapsed)} elapsed, "
+                f"ETA {_clock(_remaining(elapsed, record.round, run.rounds))}"
             )
 
     last = sim.run_rounds(on_round)
@@ -108,7 +133,7 @@ def run_one(
         progress.update(
             f"{position}{run.label or run.name} seed {run.seed}: accuracy "
             f"{last.accuracy:.4f}{'' if last.epsilon is None else f', ε {last.epsilon:.3g}'}"
-            f", {last.seconds:.0f} s",
+            f", {_clock(last.seconds or 0.0)}",
             final=True,
         )
     return RunOutcome(run, folder, summary, False)

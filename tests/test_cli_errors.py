@@ -1,0 +1,251 @@
+"""Every error a user can cause, played through the real ``sharefl`` command (a subprocess
+with ``PYTHONPATH``): the documented exit status, one line on stderr naming what to change,
+no traceback (``--debug`` shows it), and nothing left behind."""
+
+from __future__ import annotations
+
+import glob
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from sharefl.cli import USER_ERRORS, build_parser, main
+from sharefl.exit_status import MEANING, ExitStatus
+from sharefl.simulator.config import SimulationConfigError, load_runs
+from sharefl.simulator.preflight import check_runs
+
+ROOT = Path(__file__).resolve().parent.parent
+QUICKSTART = (ROOT / "experiments" / "quickstart.toml").read_text()
+
+
+def sharefl(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(cwd)])}
+    env.pop("SHAREFL_DEBUG", None)
+    return subprocess.run(
+        [sys.executable, "-m", "sharefl.cli", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def in_process(
+    *args: str, cwd: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> subprocess.CompletedProcess:
+    """``sharefl.cli.main`` in this process, for the cases whose process start (importing
+    torch) would only slow the default run: the same result object as :func:`sharefl`."""
+    monkeypatch.chdir(cwd)
+    try:
+        status = main(list(args))
+    except SystemExit as exc:  # argparse
+        status = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(args, status, out, err)
+
+
+def one_line(result: subprocess.CompletedProcess, status: int, command: str, *words: str) -> str:
+    """Assert the exit status and a one-line message that contains ``words``."""
+    assert result.returncode == status, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    prefix = f"sharefl {command}: " if command else "sharefl: "  # "": argparse's top level
+    assert lines[0].startswith(prefix), lines[0]
+    for word in words:
+        assert word in lines[0], lines[0]
+    return lines[0]
+
+
+def quickstart(tmp_path: Path, old: str, new: str) -> str:
+    assert old in QUICKSTART
+    (tmp_path / "run.toml").write_text(QUICKSTART.replace(old, new))
+    return "run.toml"
+
+
+@pytest.mark.parametrize(
+    "old, new, words",
+    [
+        ('dataset = "mnist"', 'dataset = "mnsit"', ["data.dataset", "'mnsit'", "mnist"]),
+        ('name = "trimmed_mean"', 'name = "trimed_mean"', ["aggregator.name", "trimmed_mean"]),
+        ("options = { f = 1 }", "options = { f = 3 }", ["f", "6 cluster means", "at most 2"]),
+    ],
+    ids=["dataset", "aggregator", "f-too-large"],
+)
+def test_a_wrong_name_fails_at_load_time_and_writes_nothing(tmp_path, old, new, words):
+    config = quickstart(tmp_path, old, new)
+    result = sharefl("simulate", config, "--out", "out", cwd=tmp_path)
+    one_line(result, ExitStatus.CONFIG, "simulate", *words)
+    assert not (tmp_path / "out").exists()  # no folder with only config.json
+
+
+@pytest.mark.parametrize(
+    "old, new, words",
+    [
+        ('name = "label_flipping"', 'name = "label_flip"', ["attack.name", "label_flipping"]),
+        ('name = "dp_filter_cnn"', 'name = "dp_filter_cn"', ["model.name", "dp_filter_cnn"]),
+        ("options = { f = 1 }", "options = { f = 1, g = 2 }", ["aggregator", "'g'"]),
+        ('partition = "iid"', 'partition = "idd"', ["data.partition", "iid"]),
+        ("cluster_size = 3", "cluster_size = 3\nbits = 33", ["bits"]),
+    ],
+    ids=["attack", "model", "option", "partition", "bits"],
+)
+def test_more_wrong_names_in_process(tmp_path, capsys, monkeypatch, old, new, words):
+    config = quickstart(tmp_path, old, new)
+    result = in_process("simulate", config, "--out", "out", cwd=tmp_path, capsys=capsys,
+                        monkeypatch=monkeypatch)  # fmt: skip
+    one_line(result, ExitStatus.CONFIG, "simulate", *words)
+    assert not (tmp_path / "out").exists()
+
+
+def test_missing_dataset_files_exit_6_and_write_nothing(tmp_path):
+    config = quickstart(
+        tmp_path,
+        'dataset = "mnist"',
+        'dataset = "fashion_mnist"\nroot = "data"\ndownload = false',
+    )
+    result = sharefl("simulate", config, "--out", "out", cwd=tmp_path)
+    one_line(result, ExitStatus.DATA_MISSING, "simulate", "not found", "SHAREFL_DATA")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("device", ["gpu", "mps"])
+def test_an_unknown_device_is_refused(tmp_path, device):
+    result = sharefl("simulate", str(ROOT / "experiments/quickstart.toml"), "--device", device,
+                     cwd=tmp_path)  # fmt: skip
+    one_line(result, ExitStatus.CONFIG, "simulate", repr(device), "cpu")
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")
+def test_cuda_without_cuda_is_refused(tmp_path):
+    result = sharefl("simulate", str(ROOT / "experiments/quickstart.toml"), "--device", "cuda",
+                     cwd=tmp_path)  # fmt: skip
+    one_line(result, ExitStatus.CONFIG, "simulate", "CUDA is not available", "--device cpu")
+
+
+def test_out_pointing_at_a_file_is_refused(tmp_path):
+    (tmp_path / "results").write_text("mine")
+    result = sharefl("simulate", str(ROOT / "experiments/quickstart.toml"), "--out", "results",
+                     cwd=tmp_path)  # fmt: skip
+    one_line(result, ExitStatus.CONFIG, "simulate", "--out results is a file")
+    assert (tmp_path / "results").read_text() == "mine"
+
+
+@pytest.mark.parametrize(
+    "args, command, words",
+    [
+        (["simulate", "FILE", "--rounds", "0"], "simulate", ["--rounds", ">= 1"]),
+        (["launch", "FILE", "--clients", "0"], "launch", ["--clients", ">= 1"]),
+        (["simulate", "FILE", "--rounds", "many"], "simulate", ["--rounds", "'many'"]),
+        (["keygen", "--out", "k", "--clients", "0"], "keygen", ["--clients"]),
+        (["simulate", "FILE", "--bogus", "1"], "", ["--bogus"]),
+        (["simulate", "FILE", "--device", "cuda:x"], "simulate", ["'cuda:x'"]),
+        (["launch"], "launch", ["FILE"]),
+        (["launch", "a.toml", "--config", "b.toml"], "launch", ["FILE"]),
+    ],
+)
+def test_a_bad_command_line_is_one_line(tmp_path, capsys, monkeypatch, args, command, words):
+    args = [str(ROOT / "experiments/quickstart.toml") if a == "FILE" else a for a in args]
+    result = in_process(*args, cwd=tmp_path, capsys=capsys, monkeypatch=monkeypatch)
+    one_line(result, ExitStatus.CONFIG, command, *words)
+
+
+def test_a_bad_command_line_through_the_process(tmp_path):
+    result = sharefl("simulate", "x.toml", "--rounds", "0", cwd=tmp_path)
+    one_line(result, ExitStatus.CONFIG, "simulate", "--rounds", ">= 1")
+
+
+def test_a_file_that_does_not_exist(tmp_path):
+    one_line(sharefl("simulate", "nope.toml", cwd=tmp_path), 2, "simulate", "nope.toml")
+
+
+def test_no_run_matches(tmp_path):
+    result = sharefl("simulate", str(ROOT / "experiments/quickstart.toml"), "--seeds", "7",
+                     cwd=tmp_path)  # fmt: skip
+    one_line(result, ExitStatus.CONFIG, "simulate", "--seeds")
+
+
+def test_keygen_into_a_used_folder_is_refused_and_touches_nothing(tmp_path):
+    (tmp_path / "keys").mkdir()
+    (tmp_path / "keys" / "notes.txt").write_text("mine")
+    result = sharefl("keygen", "--out", "keys", "--clients", "2", cwd=tmp_path)
+    one_line(result, ExitStatus.CONFIG, "keygen", "--out keys is not empty")
+    assert [p.name for p in (tmp_path / "keys").iterdir()] == ["notes.txt"]
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    config = quickstart(tmp_path, 'dataset = "mnist"', 'dataset = "mnsit"')
+    result = sharefl("--debug", "simulate", config, cwd=tmp_path)
+    assert result.returncode == ExitStatus.CONFIG
+    assert "Traceback" in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("sharefl simulate: data.dataset")
+
+
+def test_launch_takes_clients_from_the_file_and_a_raising_trainer_exits_7(tmp_path):
+    (tmp_path / "fails.py").write_text(
+        "def train(model, *, round, client_id):\n    raise RuntimeError('no data here')\n"
+    )
+    (tmp_path / "deploy.toml").write_text(
+        "[server]\nclients = 3\nrounds = 1\nstage_timeout_s = 10.0\n"
+        "[model]\ndim = 10\n[secure_aggregation]\ncluster_size = 3\n"
+    )
+    result = sharefl("launch", "deploy.toml", "--trainer", "fails:train", cwd=tmp_path)
+    assert result.returncode == ExitStatus.USER_CODE_FAILED, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "client 0: the trainer fails:train raised in round 1: RuntimeError: no data here" in (
+        result.stderr
+    )
+    assert "3 clients" in result.stderr or "0 of 3 clients" in result.stderr
+    assert "no --out: the results are not kept" in result.stderr
+
+
+def test_launch_file_is_positional_and_config_is_its_alias():
+    parser = build_parser()
+    assert parser.parse_args(["launch", "a.toml"]).file == "a.toml"
+    assert parser.parse_args(["launch", "--config", "a.toml"]).config == "a.toml"
+
+
+def test_every_status_is_documented_in_help_and_readme():
+    readme = (ROOT / "README.md").read_text()
+    help_text = build_parser().format_help()
+    for status in ExitStatus:
+        assert f"| {int(status)} | {MEANING[status]} |" in readme.replace("`", "")
+        assert f"{int(status):>3}  {MEANING[status]}" in help_text
+
+
+def test_the_user_error_table_names_classes_that_exist():
+    import importlib
+
+    for module, names, _ in USER_ERRORS:
+        loaded = importlib.import_module(module)
+        for name in names:
+            assert issubclass(getattr(loaded, name), Exception), f"{module}.{name}"
+
+
+def test_every_experiment_passes_the_load_time_checks():
+    files = sorted(glob.glob(str(ROOT / "experiments" / "*.toml")))
+    for file in files:
+        if "[data]" in Path(file).read_text() or "[clients]" in Path(file).read_text():
+            check_runs(load_runs(file))
+
+
+def test_old_codenames_pass_the_load_time_checks():
+    (run,) = load_runs(
+        ROOT / "experiments" / "quickstart.toml",
+        {"model": {"name": "seed000_cnn"}, "data": {"partition": "seed000"}},
+    )
+    check_runs([run])
+
+
+def test_f_is_checked_against_the_sampled_clients():
+    (run,) = load_runs(
+        ROOT / "experiments" / "quickstart.toml",
+        {"clients": {"per_round": 12}, "aggregator": {"options": {"f": 2}}},
+    )
+    with pytest.raises(SimulationConfigError, match="4 cluster means"):
+        check_runs([run])
