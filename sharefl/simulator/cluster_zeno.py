@@ -37,6 +37,28 @@ from sharefl.simulator.training import FlatModel
 ZENO_OPTIONS = ("n_s", "rho", "epsilon", "lr")
 
 
+def check_zeno_options(options: dict[str, Any], *, lr: float = 1.0) -> tuple[ZenoPlusPlus, int]:
+    """(the Zeno++ rule, n_s) of ``aggregator.options``; raises
+    :class:`SimulationConfigError` naming a bad option (``lr`` defaults to the server's η)."""
+    unknown = sorted(set(options) - set(ZENO_OPTIONS))
+    if unknown:
+        raise SimulationConfigError(
+            f"aggregator zeno: unknown options {unknown}; known {ZENO_OPTIONS}"
+        )
+    n_s = int(options.get("n_s", 128))
+    if n_s < 1:
+        raise SimulationConfigError("aggregator zeno: n_s must be >= 1")
+    try:
+        rule = ZenoPlusPlus(
+            lr=float(options.get("lr", lr)),
+            rho=float(options.get("rho", 1e-4)),
+            epsilon=float(options.get("epsilon", 0.2)),
+        )
+    except ValueError as exc:
+        raise SimulationConfigError(f"aggregator zeno with options {options}: {exc}") from exc
+    return rule, n_s
+
+
 @dataclass
 class ValidationGradient:
     """∇f_s at a model: the mean cross-entropy gradient over ``n_s`` examples drawn
@@ -86,22 +108,7 @@ class ClusterZeno:
     def from_options(cls, options: dict[str, Any], *, lr: float, validation_factory) -> ClusterZeno:
         """Build from ``aggregator.options`` (``n_s`` 128, ``rho`` 1e-4, ``epsilon`` 0.2:
         Appendix D; ``lr`` defaults to the server's η)."""
-        unknown = sorted(set(options) - set(ZENO_OPTIONS))
-        if unknown:
-            raise SimulationConfigError(
-                f"aggregator zeno: unknown options {unknown}; known {ZENO_OPTIONS}"
-            )
-        n_s = int(options.get("n_s", 128))
-        if n_s < 1:
-            raise SimulationConfigError("aggregator zeno: n_s must be >= 1")
-        try:
-            rule = ZenoPlusPlus(
-                lr=float(options.get("lr", lr)),
-                rho=float(options.get("rho", 1e-4)),
-                epsilon=float(options.get("epsilon", 0.2)),
-            )
-        except ValueError as exc:
-            raise SimulationConfigError(f"aggregator zeno with options {options}: {exc}") from exc
+        rule, n_s = check_zeno_options(options, lr=lr)
         return cls(rule=rule, validation=validation_factory(n_s))
 
     @torch.no_grad()
