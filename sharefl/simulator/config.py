@@ -143,9 +143,17 @@ class TrainingConfig:
     learning_rate: float = 0.1  # the clients' step size (local steps)
     upload: Upload = "gradient"  # one step, or the change after local_steps
     sampling: Sampling = "poisson"  # "replay": seed000's code
+    # -- SHARE (seed001) options; see sharefl.simulator.share --
+    momentum: float = 0.0  # local SGD momentum μ (SHARE: 0.9); needs upload = "delta"
+    weighted: bool = False  # upload N·(n_i/n)·Δ_i (SHARE's (n_i/n)-weighted deltas)
 
     def __post_init__(self) -> None:
         _require(self.batch_size >= 1, "training.batch_size must be >= 1")
+        _require(0 <= self.momentum < 1, "training.momentum must be in [0, 1)")
+        _require(
+            self.momentum == 0 or self.upload == "delta",
+            'training.momentum is local SGD momentum: set training.upload = "delta"',
+        )
         _require(self.local_steps >= 1, "training.local_steps must be >= 1")
         _require(self.learning_rate > 0, "training.learning_rate must be > 0")
         _require_one_of(self.upload, Upload, "training.upload")
@@ -194,6 +202,9 @@ class PrivacyConfig:
     conversion: Conversion = "improved"  # "classic": RDP only
     level: str = "example"  # "example" (DP-SGD) or "client" (Fed-SDP)
     sample_rate: float = 0.0  # > 0: q of the accounting (the paper's); 0: computed
+    # -- client level inside SHARE's clusters (sharefl.privacy.cluster_noise) --
+    noise_split: str = "participants"  # or "cluster": each cluster sum carries σ²C²
+    min_survivors: int = 0  # s of the cluster split (0: the cluster's Shamir threshold)
 
     def __post_init__(self) -> None:
         _require(
@@ -222,6 +233,14 @@ class PrivacyConfig:
         _require(
             self.level in ("example", "client"),
             'privacy.level must be "example" (per-example DP-SGD) or "client" (Fed-SDP)',
+        )
+        _require(
+            self.noise_split in NOISE_SPLITS, f"privacy.noise_split must be one of {NOISE_SPLITS}"
+        )
+        _require(self.min_survivors >= 0, "privacy.min_survivors must be >= 0")
+        _require(
+            self.noise_split == "participants" or self.level == "client",
+            'privacy.noise_split = "cluster" is client-level DP: set privacy.level = "client"',
         )
         if self.level == "client":
             _require(
@@ -254,9 +273,19 @@ class SecureAggregationConfig:
     bits: int = 32
     clip: float = 1.0  # per-coordinate bound of the uploads (fixed-point encoding)
     allow_leakage: bool = False
+    # -- SHARE (seed001): see sharefl.simulator.clustering_schedule --
+    clustering: str = "random"  # "random" (new clusters every round) or "fixed" (drawn once)
+    planner: str = "safe"  # R > 1: "safe" (leak-free reclusterings) or "random" (paper's)
 
     def __post_init__(self) -> None:
         _require(self.cluster_size >= 1, "secure_aggregation.cluster_size must be >= 1")
+        _require(
+            self.clustering in ("random", "fixed"),
+            'secure_aggregation.clustering must be "random" or "fixed"',
+        )
+        _require(
+            self.planner in ("safe", "random"), 'secure_aggregation.planner: "safe" or "random"'
+        )
         _require(self.reclusterings >= 1, "secure_aggregation.reclusterings must be >= 1")
         _require(self.bits in (32, 64), "secure_aggregation.bits must be 32 or 64")
         _require(self.clip > 0, "secure_aggregation.clip must be > 0")
@@ -498,6 +527,9 @@ class RunConfig:
         settings = {k: v for k, v in self.to_dict().items() if k != "paper"}
         if self.algorithm == AlgorithmConfig():  # ids of runs from before the section
             del settings["algorithm"]
+        for section, key in _SHARE_KEYS:  # ids of runs from before SHARE's options
+            if settings[section][key] == getattr(_SHARE_DEFAULTS[section], key):
+                del settings[section][key]
         if self.decentralized == DecentralizedConfig():  # likewise
             del settings["decentralized"]
         blob = json.dumps(settings, sort_keys=True, default=str).encode()
@@ -506,10 +538,44 @@ class RunConfig:
         return f"{slug}-s{self.seed}-{hashlib.sha256(blob).hexdigest()[:10]}"
 
 
+NOISE_SPLITS = ("participants", "cluster")
+
+_SHARE_DEFAULTS: dict[str, Any] = {
+    "training": TrainingConfig(),
+    "privacy": PrivacyConfig(),
+    "secure_aggregation": SecureAggregationConfig(),
+}
+_SHARE_KEYS = (
+    ("training", "momentum"),
+    ("training", "weighted"),
+    ("privacy", "noise_split"),
+    ("privacy", "min_survivors"),
+    ("secure_aggregation", "clustering"),
+    ("secure_aggregation", "planner"),
+)
+"""Keys added for SHARE: left out of :attr:`RunConfig.run_id` at their defaults."""
+
+
 def _check_client_level(run: RunConfig) -> None:
     """Fed-SDP splits the noise among the round's honest participants, so only the plain
     mean of the uploads carries N(0, σ²C²/K²): refuse whatever looks at single uploads or
     at partial sums (clusters carry too little noise)."""
+    if run.privacy.noise_split == "cluster":  # every cluster sum carries the whole noise
+        _require(
+            run.secure_aggregation.cluster_size >= 2,
+            'privacy.noise_split = "cluster" needs clusters: secure_aggregation.cluster_size >= 2',
+        )
+        _require(
+            run.clients.per_round == 0,
+            'privacy.noise_split = "cluster" is accounted under full participation: set '
+            "clients.per_round = 0",
+        )
+        _require(
+            run.privacy.schedule == "constant",
+            'privacy.noise_split = "cluster" splits a constant σ: set privacy.schedule = '
+            '"constant"',
+        )
+        return
     agg = run.aggregator
     _require(
         agg.name == "mean" and not agg.pre,

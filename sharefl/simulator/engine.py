@@ -334,5 +334,21 @@ class Simulation(SteppedLoop):
         return self.ledger.summary()
 
     def epsilon(self) -> float | None:
-        """ε spent so far by each honest client (``None`` without privacy)."""
+        """ε spent so far by each honest client (``None`` without privacy); with the
+        cluster noise split, the worst client's ε from the sums really released."""
+        share = self.server.share
+        if share is not None and share.ledger is not None and self.ledger.sigmas:
+            return share.epsilon(self.privacy.delta)
         return self.ledger.epsilon()
+
+    @property
+    def share(self):  # SHARE's aggregation (simulator/share.py) or None
+        return self.server.share
+
+    def extra_summary(self) -> dict[str, Any]:
+        """Results beyond accuracy and ε for ``summary.json`` (SHARE: the audit verdict,
+        Zeno++ acceptance, per-client ε of the cluster noise split)."""
+        if self.server.share is None:
+            return {}
+        delta = self.privacy.delta if self.run.privacy.enabled else None
+        return {"share": self.server.share.summary(delta)}

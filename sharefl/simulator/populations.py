@@ -12,10 +12,12 @@ import torch
 from torch import Tensor
 
 from sharefl.privacy.client_level import ClientDPConfig, privatize_update_
+from sharefl.privacy.cluster_noise import ClusterNoiseSplit
 from sharefl.simulator import components
 from sharefl.simulator.attacks import AttackView, LabelFlipping
 from sharefl.simulator.config import SimulationConfigError
 from sharefl.simulator.setup import RunSetup, upload_noise_std
+from sharefl.simulator.share import cluster_noise_split
 from sharefl.simulator.training import LocalTraining, VectorizedClients
 
 
@@ -32,6 +34,7 @@ def local_training(setup: RunSetup, batch_size: int, denominator: int | None) ->
         clipping=components.build_clipping(setup.run.privacy),
         noise=0.0 if plan.client_level else plan.noise_multiplier,
         denominator=denominator,
+        momentum=t.momentum,  # SHARE's local SGD momentum
     )
 
 
@@ -58,6 +61,10 @@ class HonestClients:
             if uses_momentum
             else None
         )
+        # SHARE: client-level noise split over each cluster (privacy.noise_split = "cluster")
+        self.cluster_noise: ClusterNoiseSplit | None = cluster_noise_split(
+            setup.run, setup.privacy.noise_multiplier
+        )
 
     def train(
         self, ids: list[int], w: Tensor, round_index: int, generator: torch.Generator
@@ -79,13 +86,21 @@ class HonestClients:
         share N(0, σ_t²C²/h I) of the noise (:func:`~sharefl.privacy.client_level.
         privatize_update_`). Their sum carries N(0, σ_t²C² I), so with K = h participants
         the mean has std σ_t·C/K per coordinate: the same aggregate as server-side Fed-SDP
-        (clip at the server, add N(0, σ_t²C²) to the sum). Returns ``uploads``."""
+        (clip at the server, add N(0, σ_t²C²) to the sum). Returns ``uploads``.
+
+        With ``privacy.noise_split = "cluster"`` each row gets N(0, σ²C²/s I) instead, so
+        that every cluster sum the protocol can release carries the whole noise
+        (:mod:`sharefl.privacy.cluster_noise`)."""
+        scratch = torch.empty_like(uploads[0])
+        if self.cluster_noise is not None:
+            for row in uploads:
+                self.cluster_noise.privatize_(row, generator, scratch=scratch)
+            return uploads
         config = ClientDPConfig(
             clip_norm=self.setup.run.privacy.clip,
             noise_multiplier=self.plan.sigma(round_index),
             cluster_size=len(uploads),
         )
-        scratch = torch.empty_like(uploads[0])
         for row in uploads:
             privatize_update_(row, config, generator, scratch=scratch)
         return uploads

@@ -15,6 +15,7 @@ import torch
 
 from sharefl.robust.base import AggregationError
 from sharefl.simulator import components
+from sharefl.simulator.cluster_zeno import check_zeno_options
 from sharefl.simulator.config import RunConfig, SimulationConfigError
 from sharefl.simulator.datasets import DATASETS
 from sharefl.simulator.models import MODELS
@@ -79,6 +80,10 @@ def check_run(run: RunConfig, device: str | None = None) -> None:
     agg = run.aggregator
     if agg.name == "noise_filter":
         return
+    if agg.name == "zeno":  # SHARE's Zeno++ (simulator/cluster_zeno.py): options, data
+        check_zeno_options(agg.options)
+        _require_validation_set(run)
+        return
     rule = components.build_rule(agg.name, agg.options, agg.pre, torch.Generator())
     rows = rows_per_round(run)
     try:
@@ -105,3 +110,10 @@ def check_runs(runs: Sequence[RunConfig], device: str | None = None) -> None:
         except SimulationConfigError as exc:
             prefix = f"run {run.label!r}: " if len(runs) > 1 else ""
             raise SimulationConfigError(f"{prefix}{exc}") from exc
+
+
+def _require_validation_set(run: RunConfig) -> None:
+    if not run.data.auxiliary_per_class:
+        raise SimulationConfigError(
+            "aggregator zeno needs the server's validation set: set data.auxiliary_per_class"
+        )

@@ -144,6 +144,7 @@ def run_summary(
         "privacy": privacy,
         "config": run.to_dict(),
         "plot_metrics": list(getattr(loop, "plot_metrics", ())),  # a loop's extra curves
+        **(loop.extra_summary() if hasattr(loop, "extra_summary") else {}),  # SHARE's audit
     }
 
 

@@ -20,7 +20,8 @@ from torch import Tensor, nn
 from sharefl.privacy.accountant import PrivacyAccountant
 from sharefl.protocol.driver import secure_sum
 from sharefl.robust import ClusterScale, HierarchicalAggregator, NoiseAwareFilter
-from sharefl.simulator import components
+from sharefl.simulator import components, share
+from sharefl.simulator.cluster_zeno import ClusterZeno, ValidationGradient
 from sharefl.simulator.config import SimulationConfigError
 from sharefl.simulator.setup import RunSetup, describe_privacy, server_learning_rate
 
@@ -80,12 +81,13 @@ class Server:
         self.clustered = run.secure_aggregation.cluster_size >= 2
         self.noise_filter: NoiseAwareFilter | None = None
         self.rule: Any = None
+        self.share: share.ShareAggregation | None = None  # SHARE hook (simulator/share.py)
         self.build_aggregation(generator)
 
     def build_aggregation(self, generator: torch.Generator) -> None:
         """(Re)build the rule of ``[aggregator]`` (or the noise filter)."""
         run, agg = self.setup.run, self.setup.run.aggregator
-        self.noise_filter, self.rule = None, None
+        self.noise_filter, self.rule, self.share = None, None, None
         if agg.name == "noise_filter":
             if self.clustered:
                 raise SimulationConfigError(
@@ -104,9 +106,38 @@ class Server:
                 total=run.clients.total,
             )
             return
-        rule = components.build_rule(agg.name, agg.options, agg.pre, generator)
-        self.rule = (
-            HierarchicalAggregator(rule=rule, scale=ClusterScale.MEAN) if self.clustered else rule
+        # -- SHARE (seed001) hook: Zeno++, clusterings, audit, cluster DP (simulator/share.py)
+        zeno = self._build_zeno(generator) if agg.name == "zeno" else None
+        if zeno is None:
+            rule = components.build_rule(agg.name, agg.options, agg.pre, generator)
+            self.rule = (
+                HierarchicalAggregator(rule=rule, scale=ClusterScale.MEAN)
+                if self.clustered
+                else rule
+            )
+        if self.clustered or zeno is not None or run.training.weighted:
+            self.share = share.ShareAggregation.build(
+                run,
+                rule=self.rule,
+                zeno=zeno,
+                client_sizes=[len(p) for p in self.setup.honest_parts + self.setup.byzantine_parts],
+                noise_split=share.cluster_noise_split(run, self.setup.privacy.noise_multiplier),
+            )
+
+    def _build_zeno(self, generator: torch.Generator) -> ClusterZeno:
+        """Zeno++ with its validation set: the server's clean data (data.auxiliary_*)."""
+        aux = self.setup.auxiliary
+        if aux is None:
+            raise SimulationConfigError(
+                "aggregator zeno needs the server's validation set: set "
+                "data.auxiliary_per_class (SHARE: a class-balanced 5 %, e.g. 300 on MNIST)"
+            )
+        return ClusterZeno.from_options(
+            self.setup.run.aggregator.options,
+            lr=self.learning_rate,
+            validation_factory=lambda n_s: ValidationGradient(
+                self.model, aux.inputs, aux.targets, n_s, generator
+            ),
         )
 
     # -- aggregation -----------------------------------------------------------------
@@ -119,6 +150,17 @@ class Server:
         cluster failed."""
         if self.noise_filter is not None:
             return self.noise_filter(uploads, self.auxiliary_gradient)
+        if self.share is not None and (self.clustered or self.share.zeno is not None):
+            return self.share.aggregate(  # SHARE hook (simulator/share.py)
+                uploads,
+                ids,
+                byzantine=set(range(self.setup.run.clients.honest, self.setup.run.clients.total)),
+                w=self.w,
+                rng=rng,
+                round=round_index,
+            )
+        if self.share is not None:
+            uploads = self.share.weigh(uploads, ids)
         if not self.clustered:
             return self.rule(uploads)
         sa = self.setup.run.secure_aggregation

@@ -128,6 +128,9 @@ class LocalTraining:
         noise: σ, or a schedule σ_t indexed by the global local-step count.
         denominator: what the noisy sum is divided by (default ``batch_size``); seed000's
             label-flipping workers use one example but divide by the honest B.
+        momentum: μ of local SGD with heavy-ball momentum (SHARE's clients: 0.9), a
+            velocity ``v ← μ v + g`` started at zero every round, step ``w_k ← w_k − η_c v``;
+            0 is plain SGD. Needs ``upload = "delta"``.
     """
 
     batch_size: int
@@ -138,10 +141,13 @@ class LocalTraining:
     clipping: ClippingMode | None = None
     noise: float | NoiseSchedule = 0.0
     denominator: float | None = None
+    momentum: float = 0.0
 
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.local_steps < 1:
             raise TrainingError("batch_size and local_steps must be >= 1")
+        if not 0 <= self.momentum < 1:
+            raise TrainingError(f"momentum must be in [0, 1), got {self.momentum}")
         if self.upload not in ("gradient", "delta"):
             raise TrainingError(f'upload must be "gradient" or "delta", got {self.upload!r}')
         if self.upload == "gradient" and self.local_steps != 1:
@@ -319,6 +325,7 @@ class VectorizedClients:
         K = len(clients)
         params = w.detach().to(self.device).unsqueeze(0).repeat(K, 1)
         last = torch.empty_like(params)
+        velocity = torch.zeros_like(params) if self.training.momentum > 0 else None
         for local_step in range(self.training.local_steps):
             rows, mask = self.sample(clients, generator)
             step_sigma = self.training.sigma(self.steps_done) if sigma is None else sigma
@@ -337,7 +344,10 @@ class VectorizedClients:
                 )
             self.steps_done += 1
             if self.training.upload == "delta":
-                params.sub_(last, alpha=self.training.learning_rate)
+                step_direction = last
+                if velocity is not None:  # local heavy-ball momentum (SHARE's clients)
+                    step_direction = velocity.mul_(self.training.momentum).add_(last)
+                params.sub_(step_direction, alpha=self.training.learning_rate)
         if self.training.upload == "gradient":
             return last
         return w.to(self.device).unsqueeze(0) - params

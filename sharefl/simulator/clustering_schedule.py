@@ -1,0 +1,121 @@
+"""Which clusters SHARE uses in each round, and what the server could solve for.
+
+``secure_aggregation.clustering``:
+
+- ``"random"`` (the paper's Algorithm 1): fresh clusterings every round;
+- ``"fixed"`` (Figure 9's baseline): the round-1 clusterings are drawn once and reused in
+  every round (the participants must be the same every round: ``clients.per_round = 0``).
+
+``secure_aggregation.planner`` (R > 1 reclusterings of the same updates):
+
+- ``"safe"``: :func:`~sharefl.protocol.sample_safe_reclusterings`, R clusterings whose sums
+  together reveal no update and no sum of fewer than ``min_sum_size`` clients;
+- ``"random"``: R independent uniform partitions, as in the paper. For n = 60, m = 3 they
+  reach full rank from R = 4, so every update is recoverable: the protocol's release check
+  refuses such a plan unless ``secure_aggregation.allow_leakage = true``.
+
+Every round's plan is audited by the protocol (:func:`~sharefl.protocol.audit`) before
+anything is released; :class:`AuditLog` keeps the verdicts for the run's results.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from sharefl.protocol import Clustering, LeakageReport, Planner, random_clustering
+from sharefl.protocol import sample_safe_reclusterings as _safe
+from sharefl.simulator.config import SecureAggregationConfig, SimulationConfigError
+
+
+@dataclass
+class ClusterSchedule:
+    """The clusterings of every round (module docstring).
+
+    Attributes:
+        settings: the run's ``[secure_aggregation]``.
+        min_sum_size: no sum of fewer clients may become recoverable (the protocol's).
+        fixed: the clusterings drawn in round 1 when ``clustering = "fixed"``.
+    """
+
+    settings: SecureAggregationConfig
+    min_sum_size: int = 3
+    fixed: list[Clustering] | None = None
+
+    @property
+    def planner(self) -> Planner:
+        return Planner.SAFE if self.settings.planner == "safe" else Planner.RANDOM
+
+    def clusterings(
+        self, participants: Sequence[int], rng: np.random.Generator
+    ) -> list[Clustering] | None:
+        """The round's explicit clusterings, or ``None``: let the protocol's planner draw
+        them (``clustering = "random"``)."""
+        if self.settings.clustering == "random":
+            return None
+        ids = sorted(participants)
+        if self.fixed is None:
+            self.fixed = self._draw(ids, rng)
+        elif sorted(self.fixed[0].members) != ids:
+            raise SimulationConfigError(
+                'secure_aggregation.clustering = "fixed" needs the same participants every '
+                "round: set clients.per_round = 0"
+            )
+        return self.fixed
+
+    def _draw(self, ids: list[int], rng: np.random.Generator) -> list[Clustering]:
+        m, r = self.settings.cluster_size, self.settings.reclusterings
+        if self.planner is Planner.SAFE and r > 1:
+            return _safe(ids, m, r, rng, min_sum_size=self.min_sum_size)
+        return [random_clustering(ids, m, rng) for _ in range(r)]
+
+
+@dataclass
+class AuditLog:
+    """The protocol's audit verdict of every round's plan."""
+
+    rounds: int = 0
+    leaking_rounds: int = 0
+    incomplete_rounds: int = 0
+    max_recoverable: int = 0
+    min_nullity: int | None = None
+    first_leak: str | None = None
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+    def record(self, report: LeakageReport) -> dict[str, Any]:
+        """Add one round's audit; returns its JSON-ready verdict."""
+        verdict = {
+            "leaks": report.leaks,
+            "rank": report.rank,
+            "nullity": report.nullity,
+            "recoverable_clients": len(report.recoverable_clients),
+            "recoverable_small_sums": len(report.recoverable_small_sums),
+            "complete": report.complete,
+        }
+        self.rounds += 1
+        self.leaking_rounds += int(report.leaks)
+        self.incomplete_rounds += int(not report.complete)
+        self.max_recoverable = max(self.max_recoverable, len(report.recoverable_clients))
+        self.min_nullity = (
+            report.nullity if self.min_nullity is None else min(self.min_nullity, report.nullity)
+        )
+        if report.leaks and self.first_leak is None:
+            self.first_leak = report.summary()
+        return verdict
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-ready: the run's verdict (``"leaks"`` if any round's plan leaked)."""
+        if self.rounds == 0:
+            return {"verdict": "not audited (no clusters)"}
+        return {
+            "verdict": "leaks" if self.leaking_rounds else "no leak found",
+            "rounds": self.rounds,
+            "leaking_rounds": self.leaking_rounds,
+            "incomplete_rounds": self.incomplete_rounds,
+            "max_recoverable_clients": self.max_recoverable,
+            "min_nullity": self.min_nullity,
+            "first_leak": self.first_leak,
+        }
