@@ -18,6 +18,7 @@ weighted sum); nothing of size ``[n, d]`` is allocated.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -31,6 +32,7 @@ from sharefl.robust.base import (
     check_nonnegative_int,
     check_positive,
     check_weights,
+    compute_dtype,
 )
 
 
@@ -66,6 +68,11 @@ def weiszfeld(
     Rows that are non-finite (±inf, NaN, or an overflowing squared distance) get weight 0,
     i.e. the result is the geometric median of the finite rows; if no row is finite the
     median is all NaN.
+
+    When the minimiser is one of the rows the iteration approaches it only sublinearly; so
+    at the end the row nearest the iterate is tested with Vardi and Zhang's condition (the
+    others' weighted unit vectors towards it sum to at most its own weight) and, when it
+    holds, that row is returned as the exact median (``converged``).
     """
     X = check_matrix(X)
     n, d = X.shape
@@ -97,7 +104,27 @@ def weiszfeld(
         z = weighted_sum(X, beta / beta.sum())
         previous = objective
         iterations += 1
+    if not converged and bool(usable.any()):
+        vertex = _optimal_row(X, w, usable, int(torch.argmin(torch.where(usable, dist, math.inf))))
+        if vertex is not None:
+            z, objective = vertex
+            converged = True
     return WeiszfeldResult(z.to(X.dtype), iterations, converged, objective)
+
+
+def _optimal_row(X: Tensor, w: Tensor, usable: Tensor, k: int) -> tuple[Tensor, float] | None:
+    """``(x_k, objective at x_k)`` when row k minimises Σ_i w_i ‖x_i − z‖, else ``None``:
+    0 is in the subdifferential at x_k iff ‖Σ_{i≠k} w_i (x_i − x_k)/‖x_i − x_k‖‖ ≤ w_k
+    (rows equal to x_k count towards w_k)."""
+    z = X[k].to(compute_dtype(X.dtype))
+    dist = row_sq_distances(X, z).sqrt()
+    same = usable & (dist == 0)
+    pull_weights = torch.where(usable & ~same, w / dist.clamp_min(1e-300), 0.0)
+    # Σ c_i (x_i − z) without an [n, d] temporary
+    pull = weighted_sum(X, pull_weights) - float(pull_weights.sum()) * z
+    if float(torch.linalg.vector_norm(pull.to(torch.float64))) > float(w[same].sum()):
+        return None
+    return z, float((w * dist)[usable].sum())
 
 
 @dataclass(frozen=True, kw_only=True)
