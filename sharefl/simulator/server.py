@@ -18,9 +18,9 @@ import torch
 from torch import Tensor, nn
 
 from sharefl.privacy.accountant import PrivacyAccountant
-from sharefl.protocol.driver import secure_sum
 from sharefl.robust import ClusterScale, HierarchicalAggregator, NoiseAwareFilter
 from sharefl.simulator import components, share
+from sharefl.simulator.cluster_sums import secure_cluster_sums
 from sharefl.simulator.cluster_zeno import ClusterZeno, ValidationGradient
 from sharefl.simulator.config import SimulationConfigError
 from sharefl.simulator.setup import RunSetup, describe_privacy, server_learning_rate
@@ -146,7 +146,7 @@ class Server:
         self, uploads: Tensor, ids: list[int], round_index: int, rng: np.random.Generator
     ) -> Tensor:
         """The aggregate of this round's ``uploads`` (rows in the order of client ``ids``);
-        with clusters, through :func:`secure_sum` planned from ``rng``. Zero when every
+        with clusters, through :func:`~sharefl.simulator.cluster_sums.secure_cluster_sums` planned from ``rng``. Zero when every
         cluster failed."""
         if self.noise_filter is not None:
             return self.noise_filter(uploads, self.auxiliary_gradient)
@@ -163,18 +163,8 @@ class Server:
             uploads = self.share.weigh(uploads, ids)
         if not self.clustered:
             return self.rule(uploads)
-        sa = self.setup.run.secure_aggregation
-        inputs = {cid: uploads[i].detach().cpu().numpy() for i, cid in enumerate(ids)}
-        result = secure_sum(
-            inputs,
-            cluster_size=sa.cluster_size,
-            reclusterings=sa.reclusterings,
-            seed=int(rng.integers(2**63)),
-            bits=sa.bits,
-            clip=sa.clip,
-            allow_leakage=sa.allow_leakage,
-            round=round_index,
-            protocol=sa.enabled,
+        result = secure_cluster_sums(
+            uploads, ids, self.setup.run.secure_aggregation, rng, round_index
         )
         released = [
             [(s.float_sum, len(s.members)) for s in r.clusters]

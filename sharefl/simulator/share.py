@@ -32,8 +32,8 @@ from torch import Tensor
 
 from sharefl.privacy.cluster_noise import ClusterNoiseSplit, ClusterPrivacyLedger
 from sharefl.protocol import threshold_floor
-from sharefl.protocol.driver import secure_sum
 from sharefl.robust import HierarchicalAggregator
+from sharefl.simulator.cluster_sums import secure_cluster_sums
 from sharefl.simulator.cluster_zeno import ClusterZeno
 from sharefl.simulator.clustering_schedule import AuditLog, ClusterSchedule
 from sharefl.simulator.config import RunConfig, SimulationConfigError
@@ -176,26 +176,20 @@ class ShareAggregation:
         self, uploads: Tensor, ids: Sequence[int], rng: np.random.Generator, round: int
     ) -> tuple[list[list[np.ndarray]], list[list[tuple[int, ...]]]]:
         """Per reclustering with a released sum: the decoded sums and their members."""
-        sa = self.run.secure_aggregation
-        inputs = {cid: uploads[i].detach().cpu().numpy() for i, cid in enumerate(ids)}
         clusterings = self.schedule.clusterings(ids, rng)
-        result = secure_sum(
-            inputs,
-            cluster_size=sa.cluster_size,
-            reclusterings=sa.reclusterings,
-            seed=int(rng.integers(2**63)),
-            bits=sa.bits,
-            clip=sa.clip,
-            allow_leakage=sa.allow_leakage,
-            round=round,
-            protocol=sa.enabled,
+        result = secure_cluster_sums(
+            uploads,
+            ids,
+            self.run.secure_aggregation,
+            rng,
+            round,
             planner=self.schedule.planner,
             clusterings=clusterings,
         )
         self.audits.record(result.planned_audit)
         self.last_clusterings = result.plan.clusterings
         kept = [r for r in result.reclusterings if r.clusters]
-        sums = [[s.sum for s in r.clusters] for r in kept]
+        sums = [[s.float_sum for s in r.clusters] for r in kept]
         members = [[tuple(s.members) for s in r.clusters] for r in kept]
         return sums, members
 
