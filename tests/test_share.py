@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from sim_configs import with_overrides
 
 from sharefl.privacy.cluster_noise import (
     ClusterNoiseSplit,
@@ -44,12 +45,7 @@ def config(**overrides) -> dict:
         "secure_aggregation": {"cluster_size": 3, "enabled": False, "clip": 10.0},
         "aggregator": {"name": "zeno", "options": {"rho": 1e-4, "epsilon": 0.0}},
     }
-    for key, value in overrides.items():
-        if isinstance(value, dict) and isinstance(base.get(key), dict):
-            base[key] = {**base[key], **value}
-        else:
-            base[key] = value
-    return base
+    return with_overrides(base, overrides)
 
 
 def simulation(**overrides) -> Simulation:

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from sim_configs import with_overrides
 
 from sharefl import papers
 from sharefl.simulation_bridge import SimulationStrategy, SimulationTrainer
@@ -50,12 +51,7 @@ def config(**overrides) -> dict:
         "secure_aggregation": {"cluster_size": 1},
         "aggregator": {"name": "mean"},
     }
-    for key, value in overrides.items():
-        if isinstance(value, dict) and isinstance(base.get(key), dict):
-            base[key] = {**base[key], **value}
-        else:
-            base[key] = value
-    return base
+    return with_overrides(base, overrides)
 
 
 def one_run(**overrides):
