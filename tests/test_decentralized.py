@@ -260,19 +260,20 @@ def test_accounting_theorem3_matches_the_paper_and_rdp_shrinks_with_noise():
     assert replace.noise_multiplier == pytest.approx(1.6) and replace.rdp_epsilon() > eps[1]
 
 
-def test_results_carry_h_and_privacy_and_the_report_plots_h(tmp_path):
+def test_results_carry_h_and_privacy_and_the_report_plots_accuracy_loss_and_h(tmp_path):
     data = config("gaussian", rule="ios", noise=0.5)
     data["rounds"] = 20
     outcome = run_one(expand(data)[0], tmp_path / "runs")
     lines = [json.loads(s) for s in (outcome.folder / "rounds.jsonl").read_text().splitlines()]
     assert all("consensus_error" in line for line in lines)
     summary = outcome.summary
-    assert summary["plot_metrics"] == ["consensus_error"]
+    assert summary["plot_metrics"] == ["loss", "consensus_error"]
     agent = summary["privacy"]["agents"]["0"]
     assert {"epsilon_rdp", "epsilon_theorem3", "M", "B", "S", "adjacency"} <= set(agent)
     path = report.write_report(tmp_path / "runs")
-    assert (path.parent / "dec_test_consensus_error.png").is_file()
-    assert "consensus_error" in path.read_text()
+    for png in ("dec_test.png", "dec_test_loss.png", "dec_test_consensus_error.png"):
+        assert (path.parent / png).is_file(), png
+    assert "consensus_error" in path.read_text() and "dec_test_loss.png" in path.read_text()
 
 
 @pytest.mark.parametrize("clip", [1e-3, 1e6])  # every example clipped / none clipped

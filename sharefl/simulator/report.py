@@ -433,14 +433,21 @@ def plot_accuracy(runs: Iterable[RunRecord], path: str | os.PathLike[str], *, na
 def plot_metric(
     runs: Iterable[RunRecord], path: str | os.PathLike[str], *, name: str, metric: str
 ) -> Path:
-    """Draw the per-round ``metric`` (a key of the runs' ``rounds.jsonl`` lines) of
-    experiment ``name`` as a PNG at ``path``: one line per label, the mean over the runs
-    that logged it, min-max band; a logarithmic y axis when every value is positive.
+    """Draw the per-round ``metric`` (a key of the runs' ``rounds.jsonl`` lines: ``loss``
+    or a loop's extra key) of experiment ``name`` as a PNG at ``path``: one line per
+    label, the mean over the runs that logged it, min-max band; a logarithmic y axis when
+    every value is positive.
 
     Raises :class:`ReportError` when no run of ``name`` logged ``metric`` or matplotlib is
     missing.
     """
-    selected = [r for r in runs if r.name == name and any(metric in x.extra for x in r.rounds)]
+
+    def value_of(rec: RoundRecord) -> object:
+        return rec.loss if metric == "loss" else rec.extra.get(metric)
+
+    selected = [
+        r for r in runs if r.name == name and any(value_of(x) is not None for x in r.rounds)
+    ]
     if not selected:
         raise ReportError(f"no run of experiment {name!r} logged {metric!r}")
     Figure, FigureCanvasAgg, MaxNLocator = _matplotlib()
@@ -452,7 +459,7 @@ def plot_metric(
         per_round: dict[int, list[float]] = {}
         for run in members:
             for rec in run.rounds:
-                value = rec.extra.get(metric)
+                value = value_of(rec)
                 if isinstance(value, int | float) and math.isfinite(value):
                     per_round.setdefault(rec.round, []).append(float(value))
         xs = sorted(per_round)

@@ -146,8 +146,9 @@ class Server:
         self, uploads: Tensor, ids: list[int], round_index: int, rng: np.random.Generator
     ) -> Tensor:
         """The aggregate of this round's ``uploads`` (rows in the order of client ``ids``);
-        with clusters, through :func:`~sharefl.simulator.cluster_sums.secure_cluster_sums` planned from ``rng``. Zero when every
-        cluster failed."""
+        with clusters, through
+        :func:`~sharefl.simulator.cluster_sums.secure_cluster_sums` planned from ``rng``.
+        Zero when every cluster failed."""
         if self.noise_filter is not None:
             return self.noise_filter(uploads, self.auxiliary_gradient)
         if self.share is not None and (self.clustered or self.share.zeno is not None):

@@ -21,7 +21,8 @@ iteration k, with α_k = lr/√(k + 1):
 Evaluation (every ``eval_every`` iterations and at the end): accuracy and cross-entropy of
 the average honest model x̄ = mean_n x_n on the test set (the record's accuracy and loss),
 and the consensus error H = (1/|R|) Σ_n ‖x_n − x̄‖² (Eq. 3) as ``consensus_error``, listed
-in :attr:`DecentralizedLoop.plot_metrics` so that ``sharefl report`` plots it. ε is the
+in :attr:`DecentralizedLoop.plot_metrics` with the loss so that ``sharefl report`` plots
+both beside the accuracy. ε is the
 RDP accountant's, the largest over the honest agents (:mod:`.accounting`).
 
 With ``attack.name = "none"`` the Byzantine agents and their links are deleted (the paper's
@@ -107,7 +108,7 @@ class DecentralizedLoop(SteppedLoop):
             too large for a rule (trimmed mean needs |N_n| ≥ 2|B_n|).
     """
 
-    plot_metrics: tuple[str, ...] = ("consensus_error",)
+    plot_metrics: tuple[str, ...] = ("loss", "consensus_error")
 
     def __init__(
         self,
