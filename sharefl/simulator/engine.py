@@ -52,7 +52,7 @@ from torch import Tensor
 
 from sharefl.simulator.config import RunConfig, SimulationConfigError
 from sharefl.simulator.datasets import Dataset
-from sharefl.simulator.populations import ByzantineClients, HonestClients, local_training
+from sharefl.simulator.populations import ByzantineClients, HonestClients
 from sharefl.simulator.results import RoundRecord
 from sharefl.simulator.server import Ledger, Server
 from sharefl.simulator.setup import (
@@ -62,10 +62,8 @@ from sharefl.simulator.setup import (
     describe_privacy,
     load_data,
     resolve_device,
-    upload_noise_std,
 )
 from sharefl.simulator.stepped import SteppedLoop
-from sharefl.simulator.training import LocalTraining
 
 __all__ = [
     "PrivacyPlan",
@@ -245,15 +243,6 @@ class Simulation(SteppedLoop):
 
     # -- setup, by the old names -----------------------------------------------------
 
-    def _local_training(self, batch_size: int, denominator: int | None) -> LocalTraining:
-        return local_training(self.setup, batch_size, denominator)
-
-    def _build_aggregation(self) -> None:
-        self.server.build_aggregation(self.generator)
-
-    def _upload_noise_std(self) -> float:
-        return upload_noise_std(self.run, self.privacy)
-
     # -- one round ---------------------------------------------------------------------
 
     def participants(self) -> tuple[list[int], list[int]]:
@@ -323,9 +312,6 @@ class Simulation(SteppedLoop):
 
     def _aggregate(self, uploads: Tensor, ids: list[int]) -> Tensor:
         return self.server.aggregate(uploads, ids, self.round, self.rng)
-
-    def _auxiliary_gradient(self) -> Tensor:
-        return self.server.auxiliary_gradient()
 
     # -- reporting ---------------------------------------------------------------------
 
