@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from sharefl.robust.decentralized import (
     batched_ios,
@@ -150,7 +150,6 @@ class DecentralizedLoop(SteppedLoop):
         ).to(device=self.device, dtype=self.dtype)
         self.model = FlatModel(module)
         self.sampler = EpochSampler(self.parts, run.training.batch_size, self.device)
-        self._per_example = self._per_example_gradients(module)
         self._clipped_mean = clipped_mean_gradients(self.model, module)
         self.x = self._initial_models()
         self.started = time.perf_counter()
@@ -195,11 +194,6 @@ class DecentralizedLoop(SteppedLoop):
     def step_size(self, k: int) -> float:
         """α_k = lr / √(k + 1), k = 0, 1, …"""
         return self.cfg.lr / math.sqrt(k + 1)
-
-    def _per_example_gradients(self, module: nn.Module) -> Any:
-        """Hook for per-agent subclasses (:mod:`.reference`); the loop itself uses
-        :func:`~.gradients.clipped_mean_gradients`."""
-        return None
 
     def clipped_gradients(self, x: Tensor) -> Tensor:
         """``[R, d]``: each agent's mean of B per-example gradients clipped to M, on its
