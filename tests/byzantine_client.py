@@ -102,7 +102,7 @@ class ByzantineClient(ClientRuntime):
             return call.write(GARBAGE)
         elif kind == "masked" and self.attack == "false-complaint":
             victim = min(m for m in self._members if m != self.client_id)
-            message.masked.complaints.add(peer=victim, pair_seed=os.urandom(32))
+            message.masked.complaints.append(victim)
         return super()._send(call, message)
 
     def _tampered_advert(self, message: pb.ClientMessage) -> pb.ClientMessage:

@@ -11,11 +11,26 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import subprocess
 import sys
 import uuid
 from pathlib import Path
 from typing import Any
+
+from hypothesis import HealthCheck, settings
+
+HYPOTHESIS_PROFILE = os.environ.get("SHAREFL_HYPOTHESIS_PROFILE", "ci")
+"""``ci`` (the default run: hypothesis' usual budget) or ``slow`` (at least 10,000 examples
+per search): ``SHAREFL_HYPOTHESIS_PROFILE=slow pytest -m slow tests/test_x.py``."""
+settings.register_profile("ci", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile(
+    "slow", max_examples=10_000, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile(HYPOTHESIS_PROFILE)
+SEARCH_EXAMPLES = 10_000 if HYPOTHESIS_PROFILE == "slow" else 300
+"""The budget of the adversarial searches: a few hundred cases in the default run, at
+least 10,000 under the ``slow`` profile."""
 
 PYTHON = [sys.executable, "-m", "sharefl.cli"]
 """``sharefl`` as a command, run by this interpreter."""

@@ -113,15 +113,15 @@ def test_assignment_with_graph_encoding_and_plan_round_trip():
         (lambda r: r.update(sender=-1), "outside"),
         (lambda r: r.update(sender=True), "must be an int"),
         (lambda r: r.update(vector=np.zeros(3, np.float32)), "uint32 or uint64"),
-        (lambda r: r.update({"complaints.peers": [1, 1], "complaints.values": [b"", b""]}), "dup"),
-        (lambda r: r.update({"complaints.peers": [1], "complaints.values": [b"x"]}), "32 bytes"),
+        (lambda r: r.update(complaints=[1, 1]), "dup"),
+        (lambda r: r.update(complaints=[-1]), "client ids"),
     ],
 )
 def test_malformed_records_are_refused(mutate, match):
     from sharefl.protocol.messages import MaskedInput
 
     record = records.to_record(
-        MaskedInput(1, KeyContext(0), np.zeros(4, np.uint32), {2: bytes(32)})
+        MaskedInput(1, KeyContext(0), np.zeros(4, np.uint32), (2,))
     )
     mutate(record)
     with pytest.raises(records.RecordError, match=match):

@@ -117,7 +117,7 @@ def test_protocol_messages_round_trip():
     assert wire.masking_from_proto(wire.masking_to_proto(masking)) == masking
     unmask = UnmaskRequest(CTX, (1, 4), (9,), {1: b"s" * 64})
     assert wire.server_message_from_proto(wire.server_message_to_proto(unmask)) == unmask
-    response = UnmaskResponse(4, CTX, {1: SHARE}, {9: SHARE})
+    response = UnmaskResponse(4, CTX, {1: SHARE}, {9: SHARE}, {7: bytes(range(32))})
     assert wire.unmask_response_from_proto(wire.unmask_response_to_proto(response)) == response
     assignment = ClusterAssignment(
         CTX, (1, 4, 9), 2, 10, 32, {1: frozenset({4}), 4: frozenset({1})}, True

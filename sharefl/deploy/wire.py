@@ -416,7 +416,7 @@ def masked_header_to_proto(x: m.MaskedInput) -> tuple[pb.MaskedInput, Iterator[p
         sender=x.sender,
         context=context_to_proto(x.context),
         vector=header,
-        complaints=[pb.Complaint(peer=peer, pair_seed=seed) for peer, seed in x.complaints.items()],
+        complaints=list(x.complaints),
     )
     return message, chunks
 
@@ -426,7 +426,7 @@ def masked_from_parts(p: pb.MaskedInput, vector: np.ndarray) -> m.MaskedInput:
         int(p.sender),
         context_from_proto(p.context),
         vector,
-        _peer_map(p.complaints, "complaints", "pair_seed", KEY_BYTES),
+        _ids(p.complaints, "complaints"),
     )
 
 
@@ -478,6 +478,7 @@ def unmask_response_to_proto(r: m.UnmaskResponse) -> pb.UnmaskResponse:
         context=context_to_proto(r.context),
         seed_shares=[pb.PeerShare(peer=p, share=s) for p, s in sorted(r.seed_shares.items())],
         key_shares=[pb.PeerShare(peer=p, share=s) for p, s in sorted(r.key_shares.items())],
+        pair_seeds=[pb.PeerShare(peer=p, share=s) for p, s in sorted(r.pair_seeds.items())],
     )
 
 
@@ -487,6 +488,7 @@ def unmask_response_from_proto(p: pb.UnmaskResponse) -> m.UnmaskResponse:
         context_from_proto(p.context),
         _peer_map(p.seed_shares, "seed shares", "share", SHARE_BYTES),
         _peer_map(p.key_shares, "key shares", "share", SHARE_BYTES),
+        _peer_map(p.pair_seeds, "pair seeds", "share", KEY_BYTES),
     )
 
 

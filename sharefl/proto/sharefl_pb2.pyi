@@ -88,16 +88,18 @@ class RoundPlan(_message.Message):
     def __init__(self, clusterings: _Optional[_Iterable[_Union[Clustering, _Mapping]]] = ...) -> None: ...
 
 class RoundStart(_message.Message):
-    __slots__ = ("round", "model", "reclusterings", "plan")
+    __slots__ = ("round", "model", "reclusterings", "plan", "run")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     RECLUSTERINGS_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
+    RUN_FIELD_NUMBER: _ClassVar[int]
     round: int
     model: VectorHeader
     reclusterings: int
     plan: RoundPlan
-    def __init__(self, round: _Optional[int] = ..., model: _Optional[_Union[VectorHeader, _Mapping]] = ..., reclusterings: _Optional[int] = ..., plan: _Optional[_Union[RoundPlan, _Mapping]] = ...) -> None: ...
+    run: bytes
+    def __init__(self, round: _Optional[int] = ..., model: _Optional[_Union[VectorHeader, _Mapping]] = ..., reclusterings: _Optional[int] = ..., plan: _Optional[_Union[RoundPlan, _Mapping]] = ..., run: _Optional[bytes] = ...) -> None: ...
 
 class Encoding(_message.Message):
     __slots__ = ("bits", "frac_bits", "clip", "max_summands", "l2_clip")
@@ -195,14 +197,6 @@ class MaskingRequest(_message.Message):
     bundles: _containers.RepeatedCompositeFieldContainer[Bundle]
     def __init__(self, context: _Optional[_Union[Context, _Mapping]] = ..., receiver: _Optional[int] = ..., survivors: _Optional[_Iterable[int]] = ..., bundles: _Optional[_Iterable[_Union[Bundle, _Mapping]]] = ...) -> None: ...
 
-class Complaint(_message.Message):
-    __slots__ = ("peer", "pair_seed")
-    PEER_FIELD_NUMBER: _ClassVar[int]
-    PAIR_SEED_FIELD_NUMBER: _ClassVar[int]
-    peer: int
-    pair_seed: bytes
-    def __init__(self, peer: _Optional[int] = ..., pair_seed: _Optional[bytes] = ...) -> None: ...
-
 class MaskedInput(_message.Message):
     __slots__ = ("sender", "context", "vector", "complaints")
     SENDER_FIELD_NUMBER: _ClassVar[int]
@@ -212,8 +206,8 @@ class MaskedInput(_message.Message):
     sender: int
     context: Context
     vector: VectorHeader
-    complaints: _containers.RepeatedCompositeFieldContainer[Complaint]
-    def __init__(self, sender: _Optional[int] = ..., context: _Optional[_Union[Context, _Mapping]] = ..., vector: _Optional[_Union[VectorHeader, _Mapping]] = ..., complaints: _Optional[_Iterable[_Union[Complaint, _Mapping]]] = ...) -> None: ...
+    complaints: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, sender: _Optional[int] = ..., context: _Optional[_Union[Context, _Mapping]] = ..., vector: _Optional[_Union[VectorHeader, _Mapping]] = ..., complaints: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ConsistencyRequest(_message.Message):
     __slots__ = ("context", "survivors")
@@ -262,16 +256,18 @@ class PeerShare(_message.Message):
     def __init__(self, peer: _Optional[int] = ..., share: _Optional[bytes] = ...) -> None: ...
 
 class UnmaskResponse(_message.Message):
-    __slots__ = ("sender", "context", "seed_shares", "key_shares")
+    __slots__ = ("sender", "context", "seed_shares", "key_shares", "pair_seeds")
     SENDER_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_FIELD_NUMBER: _ClassVar[int]
     SEED_SHARES_FIELD_NUMBER: _ClassVar[int]
     KEY_SHARES_FIELD_NUMBER: _ClassVar[int]
+    PAIR_SEEDS_FIELD_NUMBER: _ClassVar[int]
     sender: int
     context: Context
     seed_shares: _containers.RepeatedCompositeFieldContainer[PeerShare]
     key_shares: _containers.RepeatedCompositeFieldContainer[PeerShare]
-    def __init__(self, sender: _Optional[int] = ..., context: _Optional[_Union[Context, _Mapping]] = ..., seed_shares: _Optional[_Iterable[_Union[PeerShare, _Mapping]]] = ..., key_shares: _Optional[_Iterable[_Union[PeerShare, _Mapping]]] = ...) -> None: ...
+    pair_seeds: _containers.RepeatedCompositeFieldContainer[PeerShare]
+    def __init__(self, sender: _Optional[int] = ..., context: _Optional[_Union[Context, _Mapping]] = ..., seed_shares: _Optional[_Iterable[_Union[PeerShare, _Mapping]]] = ..., key_shares: _Optional[_Iterable[_Union[PeerShare, _Mapping]]] = ..., pair_seeds: _Optional[_Iterable[_Union[PeerShare, _Mapping]]] = ...) -> None: ...
 
 class Refusal(_message.Message):
     __slots__ = ("context", "reason")

@@ -16,10 +16,18 @@ against a misbehaving server:
   owner or carrying a low-order X25519 key (:class:`BadAdvertisement`), and any message
   whose fields cannot be used (:class:`MalformedRequest`);
 - survivor lists that are not subsets of earlier lists, that have fewer than t members,
-  or survivor/dropped lists that overlap (both secrets of one peer), and any second unmask
+  a share-stage survivor list with fewer than ``colluders + 1`` of its neighbours, or
+  survivor/dropped lists that overlap (both secrets of one peer), and any second unmask
   request (:class:`InconsistentRequest`);
 - in signed mode, fewer than t valid signatures on the exact survivor list this client saw
   (:class:`ConsistencyCheckFailed`).
+
+The two invariants a session enforces before it sends (the argument is in
+``docs/security.md``): **I1** (:meth:`ClientSession._on_masking`) the masked input carries a
+pair mask with every neighbour in U2, whatever the bundles, and no pair seed is revealed
+before unmasking; **I2** (:meth:`ClientSession._on_unmask`) of each peer the server gets
+one secret at most, under a survivor list at least t clients long (and, signed, the one
+this client signed, with t signatures).
 
 What needs the whole round (one cluster per reclustering, the committed plan, cluster size
 and degree, releases that leak across clusters) is
@@ -222,6 +230,7 @@ class ClientSession:
         self._survivors: tuple[int, ...] = ()
         self._signed_survivors: tuple[int, ...] | None = None
         self._held: dict[int, SharePair] = {}
+        self._complaints: frozenset[int] = frozenset()
 
     # -- the input ------------------------------------------------------------------------
 
@@ -490,6 +499,19 @@ class ClientSession:
         return self._share_keys[peer]
 
     def _on_masking(self, message: MaskingRequest) -> MaskedInput:
+        """Invariant I1 (mask), checked before the masked input leaves: y_u carries the self
+        mask and a pair mask with *every* neighbour in the share-stage survivor list U2, and
+        U2 holds at least ``colluders + 1`` neighbours, so at least one pair mask is shared
+        with an honest peer. No pair seed is revealed here, whatever the bundles.
+
+        Why: the server obtains b_u for a survivor u, so u's input is hidden only by pair
+        masks with honest survivors whose mask key the server never rebuilds (Bonawitz et
+        al.). A bundle the server withholds or corrupts must therefore cost u nothing but
+        the shares it would have held: u complains (the peer's secrets have one holder
+        fewer) and masks exactly as if the bundle had arrived. (Leaving the pair out and
+        revealing its seed, as an earlier design did, let a server that withheld every
+        bundle strip all pair masks from u's input and then subtract b_u.)
+        """
         if message.receiver != self.id:
             raise InconsistentRequest(f"masking request for {message.receiver} sent to {self.id}")
         self._check_survivors(message.survivors, set(self._adverts), "share-stage survivor")
@@ -497,10 +519,19 @@ class ClientSession:
         unexpected = set(message.bundles) - (survivors & self._neighbours)
         if unexpected:
             raise InconsistentRequest(f"bundles from non-neighbours {sorted(unexpected)}")
-        complaints: dict[int, bytes] = {}
+        peers = sorted(survivors & self._neighbours)
+        holders = len(self._neighbours) + 1
+        floor = self.policy.colluders_for(holders, self.assignment.signed) + 1
+        if len(peers) < floor:
+            raise InconsistentRequest(
+                f"client {self.id}: only {len(peers)} neighbour(s) in the share-stage survivor "
+                f"list; it masks only with at least {floor} (one more than the colluders it "
+                "resists), so that one pair mask is shared with an honest peer"
+            )
+        complaints: list[int] = []
         masks = [(self._seed, +1)]
-        for peer in sorted(survivors & self._neighbours):
-            seed = self._mask_seeds[peer]
+        for peer in peers:
+            masks.append((self._mask_seeds[peer], +1 if peer > self.id else -1))
             sealed = message.bundles.get(peer)
             try:
                 if sealed is None:
@@ -509,15 +540,14 @@ class ClientSession:
                 plain = aead.decrypt(self._share_key(peer), sealed, envelope)
                 self._held[peer] = SharePair.from_plaintext(plain, peer, self.id)
             except (DecryptionError, BundleError, CryptoError):
-                complaints[peer] = seed  # not used here; the server undoes the peer's half
-                continue
-            masks.append((seed, +1 if peer > self.id else -1))
+                complaints.append(peer)  # holds none of peer's shares; the mask is unchanged
         self._survivors = message.survivors
+        self._complaints = frozenset(complaints)
         assert self._vector is not None  # checked by handle()
         vector = combine_masks(np.empty_like(self._vector), [self._vector], masks)
         self._vector = None  # the session keeps no copy of the input once it is masked
         self.state = ClientState.MASKED
-        return MaskedInput(self.id, self.context, vector, complaints)
+        return MaskedInput(self.id, self.context, vector, tuple(complaints))
 
     def _on_consistency(self, message: ConsistencyRequest) -> ConsistencySignature:
         if not self.assignment.signed:
@@ -532,6 +562,15 @@ class ClientSession:
         return ConsistencySignature(self.id, self.context, signature)
 
     def _on_unmask(self, message: UnmaskRequest) -> UnmaskResponse:
+        """Invariant I2 (unmask), checked before any share leaves: of each peer the server
+        gets one secret at most — b_w (seed share) only for w in the survivor list, the mask
+        key's share or the pair seed s_uw only for w in the dropped list; the two lists are
+        disjoint, account exactly for U2, and the survivors are at least t clients of U2 (in
+        signed mode: the list this client signed, with t valid signatures, so no two groups
+        of honest holders can be shown different lists). Pair seeds are revealed only for
+        dropped peers whose shares this client does not hold: what the server could rebuild
+        from the peer's mask key anyway, and never a mask shared with a survivor.
+        """
         survivors, dropped = set(message.survivors), set(message.dropped)
         if survivors & dropped:
             raise InconsistentRequest(
@@ -558,9 +597,14 @@ class ClientSession:
             for peer in sorted(dropped)
             if peer in self._held
         }
+        pair_seeds = {
+            peer: self._mask_seeds[peer]
+            for peer in sorted(dropped & self._complaints)
+            if peer not in self._held
+        }
         self.state = ClientState.DONE
         self._held.clear()
-        return UnmaskResponse(self.id, self.context, seed_shares, key_shares)
+        return UnmaskResponse(self.id, self.context, seed_shares, key_shares, pair_seeds)
 
     def _check_signatures(self, message: UnmaskRequest) -> None:
         survivors = tuple(sorted(message.survivors))
@@ -603,6 +647,7 @@ class ClientSession:
             "id": self.id,
             "state": self.state.value,
             "survivors": list(self._survivors),
+            "complaints": sorted(self._complaints),
         }
         r.update(records.nest("assignment", records.to_record(self.assignment)))
         if self._vector is not None:
@@ -653,6 +698,7 @@ class ClientSession:
         except ValueError as exc:
             raise records.RecordError(f"unknown session state {record.get('state')!r}") from exc
         session._survivors = records.get_ids(record, "survivors")
+        session._complaints = frozenset(records.get_ids(record, "complaints"))
         if "signed_survivors" in record:
             session._signed_survivors = records.get_ids(record, "signed_survivors")
         keys = records.get_map(record, "held_keys", SHARE_BYTES)

@@ -12,7 +12,7 @@ Stage by stage (U1 ⊇ U2 ⊇ U3 ⊇ U5 are the clients that completed each stag
 1. client → server: :class:`AdvertiseKeys`; server → U1: :class:`KeysBroadcast`.
 2. client → server: :class:`EncryptedShares`; server → U2: :class:`MaskingRequest` with the
    share bundles addressed to that client.
-3. client → server: :class:`MaskedInput` (y_u, plus complaints about undecryptable shares).
+3. client → server: :class:`MaskedInput` (y_u, plus complaints about undelivered shares).
 4. untrusted mode only: server → U3: :class:`ConsistencyRequest`; client → server:
    :class:`ConsistencySignature`.
 5. server → U3: :class:`UnmaskRequest`; client → server: :class:`UnmaskResponse`.
@@ -109,15 +109,17 @@ class MaskingRequest:
 class MaskedInput:
     """Stage 3: y_u = x_u + PRG(b_u) + Σ_{v>u} PRG(s_uv) − Σ_{v<u} PRG(s_uv) (mod 2^b).
 
-    ``complaints`` maps each peer whose share bundle for this client did not decrypt or
-    parse to the pairwise mask seed s_uv this client therefore left out of y_u; the server
-    removes the peer's half of that pair mask with it, so the peer stays in the sum.
+    The sum runs over every neighbour v in the share-stage survivor list U2, whether or not
+    v's share bundle reached this client. ``complaints`` names the neighbours whose bundle
+    did not arrive, decrypt or parse: this client holds none of their shares. A complaint
+    reveals nothing and changes no mask; it tells the server whose secrets have fewer
+    holders (and, when every peer of v complains, that v is to be left out).
     """
 
     sender: int
     context: KeyContext
     vector: np.ndarray
-    complaints: dict[int, bytes] = field(default_factory=dict)
+    complaints: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -154,12 +156,19 @@ class UnmaskRequest:
 @dataclass(frozen=True)
 class UnmaskResponse:
     """Stage 5 reply: serialized Shamir shares held by the sender, keyed by the peer whose
-    secret they are a share of (b_u for survivors, mask secret key for dropped peers)."""
+    secret they are a share of (b_u for survivors, mask secret key for dropped peers).
+
+    ``pair_seeds`` maps a *dropped* peer w whose shares the sender does not hold (it
+    complained about w) to the pair seed s_vw it masked with, so that the server can remove
+    that pair mask without w's key: for a dropped peer the server may learn its pair masks
+    (Bonawitz et al. reveal its whole mask key), never its self-mask seed.
+    """
 
     sender: int
     context: KeyContext
     seed_shares: dict[int, bytes]
     key_shares: dict[int, bytes]
+    pair_seeds: dict[int, bytes] = field(default_factory=dict)
 
 
 ClientMessage = (

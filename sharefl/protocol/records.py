@@ -311,7 +311,7 @@ def _masking_from(r: Mapping[str, Any]) -> m.MaskingRequest:
 
 def _masked_to(x: m.MaskedInput, r: Record) -> None:
     r.update(sender=x.sender, context=x.context.to_bytes(), vector=x.vector)
-    put_map(r, "complaints", x.complaints)
+    r["complaints"] = list(x.complaints)
 
 
 def _vector(r: Mapping[str, Any]) -> np.ndarray:
@@ -326,9 +326,7 @@ def _vector(r: Mapping[str, Any]) -> np.ndarray:
 
 
 def _masked_from(r: Mapping[str, Any]) -> m.MaskedInput:
-    return m.MaskedInput(
-        get_int(r, "sender"), _context(r), _vector(r), get_map(r, "complaints", KEY_BYTES)
-    )
+    return m.MaskedInput(get_int(r, "sender"), _context(r), _vector(r), get_ids(r, "complaints"))
 
 
 def _consistency_to(x: m.ConsistencyRequest, r: Record) -> None:
@@ -367,6 +365,7 @@ def _unmask_response_to(x: m.UnmaskResponse, r: Record) -> None:
     r.update(sender=x.sender, context=x.context.to_bytes())
     put_map(r, "seed_shares", x.seed_shares)
     put_map(r, "key_shares", x.key_shares)
+    put_map(r, "pair_seeds", x.pair_seeds)
 
 
 def _unmask_response_from(r: Mapping[str, Any]) -> m.UnmaskResponse:
@@ -375,6 +374,7 @@ def _unmask_response_from(r: Mapping[str, Any]) -> m.UnmaskResponse:
         _context(r),
         get_map(r, "seed_shares", SHARE_BYTES),
         get_map(r, "key_shares", SHARE_BYTES),
+        get_map(r, "pair_seeds", KEY_BYTES),
     )
 
 

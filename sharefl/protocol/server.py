@@ -12,16 +12,18 @@ reconstructed). A rejected message raises :class:`RejectedMessage` and changes n
 the server keeps serving the other clients, and the sender counts as dropped unless it
 sends a valid message in time.
 
-Complaints. A client whose share bundle from peer u does not decrypt does not mask with u
-and reveals, with its masked input, the pairwise mask seed s_uv it left out. The server
-removes u's half of that pair mask with it, so the accused stays in the sum: a false
-complaint cannot remove an honest peer (only the complaints of all of u's peers exclude u,
-when nobody masked with it) (a wrong seed only corrupts the complainer's own
-cluster sum, which the range check of the decoded sum then flags). Revealing s_uv costs no
-one privacy: the complainer did not use it, and u's input stays hidden by its self-mask.
-A client whose secrets cannot be rebuilt (its dealing was bad, its commitment wrong, or
-every peer complained about it) makes its cluster fail and is named in
-:attr:`FailedCluster.culprits`.
+Complaints. A client whose share bundle from peer u did not arrive or decrypt names u in
+its masked input and masks exactly as if the bundle had arrived (invariant I1 of
+:mod:`sharefl.protocol.client`): a complaint reveals nothing and weakens no mask, so a
+server that withholds bundles gains nothing. It only says that u's secrets have one holder
+fewer. A false complaint removes nobody: the accused stays in the sum as long as t holders
+return its shares. Only when *every* (at least two) neighbour of u complains is u
+*disowned*: left out of the sum as if it had dropped, and named; its peers then reveal the
+pair seeds they masked with it (:attr:`UnmaskResponse.pair_seeds`, what u's mask key
+would give for a dropped client, never its self-mask seed). A client whose secrets cannot
+be rebuilt makes its cluster fail; it is named in :attr:`FailedCluster.culprits` when that
+is provable (its dealing does not match its commitment or public key, or every holder that
+answered complained about it), never on one peer's word.
 
 Release check. ``approve(members)`` (optional) is asked once the members of the sum are
 final, before any unmask request is sent: a refusal ends the cluster as failed at stage
@@ -325,14 +327,10 @@ class ServerSession:
                 m.sender,
             )
         bad = set(m.complaints) - (self.assignment.neighbours_of(m.sender) & set(self._u2))
-        if bad:
+        if bad or len(set(m.complaints)) != len(m.complaints):
             raise RejectedMessage(
-                f"client {m.sender}: complaints about non-neighbours {sorted(bad)}", m.sender
-            )
-        short = sorted(peer for peer, seed in m.complaints.items() if len(seed) != KEY_BYTES)
-        if short:
-            raise RejectedMessage(
-                f"client {m.sender}: complaint seeds for {short} are not {KEY_BYTES} bytes",
+                f"client {m.sender}: complaints must name distinct neighbours that shared keys; "
+                f"got {sorted(m.complaints)}",
                 m.sender,
             )
         self._got.masked[m.sender] = m
@@ -365,6 +363,17 @@ class ServerSession:
         if not set(m.seed_shares) <= set(self._u3) or not set(m.key_shares) <= dropped:
             raise RejectedMessage(
                 f"client {m.sender}: shares for clients outside the survivor/dropped lists",
+                m.sender,
+            )
+        complained = (
+            set(self._got.masked[m.sender].complaints) if m.sender in self._got.masked else set()
+        )
+        if not set(m.pair_seeds) <= dropped & complained - set(m.key_shares) or any(
+            len(seed) != KEY_BYTES for seed in m.pair_seeds.values()
+        ):
+            raise RejectedMessage(
+                f"client {m.sender}: pair seeds only for dropped peers it complained about "
+                f"({sorted(dropped & complained)}), {KEY_BYTES} bytes each",
                 m.sender,
             )
         try:
@@ -477,8 +486,9 @@ class ServerSession:
 
     def _disowned(self, u: int, masked: set[int]) -> bool:
         """Every one of u's (at least two) neighbours that sent a masked input complained
-        that u's share bundle did not decrypt: nobody masked with u and nobody holds its
-        shares, so u is left out of the sum (and named) instead of failing the cluster."""
+        that u's share bundle did not decrypt: nobody holds its shares, so u is left out of
+        the sum as if it had dropped (its peers reveal the pair seeds they masked with it)
+        and named, instead of failing the cluster."""
         peers = self.assignment.neighbours_of(u) & masked
         return len(peers) >= 2 and all(u in self._got.masked[v].complaints for v in peers)
 
@@ -503,17 +513,27 @@ class ServerSession:
             return {}
         survivors = set(self._u3)
         dropped = tuple(sorted(set(self._u2) - survivors))
-        complaints = {v: self._got.masked[v].complaints for v in self._u3}
+        # Every survivor masked with each of its neighbours in U2 (complaints change no mask).
+        masked_with = {v: self.assignment.neighbours_of(v) & set(self._u2) for v in self._u3}
         # Dropped clients matter only if some survivor masked with them.
-        masked_with = {
-            v: (self.assignment.neighbours_of(v) & set(self._u2)) - set(complaints[v])
-            for v in self._u3
-        }
         needed_keys = [w for w in dropped if any(w in masked_with[v] for v in self._u3)]
         bad: list[tuple[int, int]] = []
-        seeds, lost_seeds = self._reconstruct(self._u3, "seed_shares", self._seed_ok, bad)
+        seeds, lost = self._reconstruct(self._u3, "seed_shares", self._seed_ok, bad)
         keys, lost_keys = self._reconstruct(needed_keys, "key_shares", self._key_ok, bad)
-        lost = {**lost_seeds, **lost_keys}
+        pair_seeds: dict[tuple[int, int], bytes] = {}
+        for w, why in lost_keys.items():
+            # No key for w: each survivor that masked with w must have revealed s_vw itself.
+            revealed = {
+                v: self._got.unmasked[v].pair_seeds[w]
+                for v in self._u3
+                if w in masked_with[v]
+                and v in self._got.unmasked
+                and w in self._got.unmasked[v].pair_seeds
+            }
+            if len(revealed) == sum(w in masked_with[v] for v in self._u3):
+                pair_seeds.update({(v, w): seed for v, seed in revealed.items()})
+            else:
+                lost[w] = why
         if lost:
             culprits = tuple(sorted(owner for owner, (_, fault) in lost.items() if fault))
             reasons = "; ".join(why for why, _ in lost.values())
@@ -522,7 +542,7 @@ class ServerSession:
         for w in needed_keys:
             for v in self._u3:
                 if w in masked_with[v]:
-                    seed = pairwise_key(
+                    seed = pair_seeds.get((v, w)) or pairwise_key(
                         keys[w],
                         self._got.adverts[v].mask_public,
                         self.context,
@@ -532,11 +552,7 @@ class ServerSession:
                     )
                     # v added +PRG(s_vw) if w > v, else subtracted it: undo exactly that.
                     masks.append((seed, -1 if w > v else +1))
-        for v, revealed in complaints.items():
-            for u, seed in revealed.items():
-                if u in survivors and v in masked_with[u]:
-                    # u added +PRG(s_uv) if v > u, else subtracted it; v did not: undo u's half.
-                    masks.append((seed, -1 if v > u else +1))
+        complaints = {v: self._got.masked[v].complaints for v in self._u3}
         total = combine_masks(
             np.empty(self.assignment.length, dtype=self._dtype),
             [self._got.masked[v].vector for v in self._u3],
@@ -590,16 +606,21 @@ class ServerSession:
                 if owner in getattr(self._got.unmasked[h], field_name)
             ]
             if len(shares[owner]) < t:
-                complainers = [
+                answered = (set(self._got.unmasked) & self.assignment.neighbours_of(owner)) - {
+                    owner
+                }
+                complainers = {
                     h
-                    for h in self._got.unmasked
+                    for h in answered
                     if h in self._got.masked and owner in self._got.masked[h].complaints
-                ]
+                }
                 lost[owner] = (
                     f"only {len(shares[owner])} shares of client {owner}'s {what} arrived, "
                     f"fewer than t = {t} ({len(complainers)} holders could not decrypt its "
                     "bundle)",
-                    len(shares[owner]) + len(complainers) >= t,
+                    # Provable only when every peer that answered complained (>= 2 of them):
+                    # one peer's word, or complaints beside a drop-out, name nobody.
+                    len(complainers) >= 2 and complainers == answered,
                 )
         groups: dict[tuple[int, ...], list[int]] = {}
         for owner in owners:
