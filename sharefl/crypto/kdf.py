@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from sharefl.crypto.errors import CryptoParameterError, InvalidKeyError
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 KEY_BYTES = 32
 PLAN_DIGEST_BYTES = 32
 _U64_MAX = 2**64 - 1
