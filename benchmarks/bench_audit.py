@@ -24,8 +24,18 @@ times whole in-process rounds (``secure_sum``, n = 100, R = 10, d = ``--d``, def
 uint32 inputs, without and with the same drop-outs: these rounds run the checks above
 for real, the clients' unmask checks only where the default policy verifies releases)
 and the raw AES-128-CTR keystream of one d-word mask (the client's PRG floor per mask),
-and prints every check's cost as a fraction of them. Prints JSON lines. Run:
-``python benchmarks/bench_audit.py [--d 1000000] [--sizes 3 5 10] [--no-round]``.
+and prints every check's cost as a fraction of them.
+
+The plan bound (``client_plan_*`` records): what one client with the *default*
+:class:`~sharefl.protocol.client.ClientPolicy` spends on the plan a server sends, beside
+the same AES floor: the safe planner's plan at n = 100, R = 10; the largest plans the
+default policy accepts (the safe planner's at ``max_participants`` clients and
+``max_reclusterings`` reclusterings; and one component of k random clusters of 3 linked
+by R = 3 reclusterings, k the largest whose audit fits ``max_audit_work``); and what a
+refusal costs: a plan over ``max_participants`` (refused before the audit) and a linked
+plan of twice that k (refused when the work budget is spent), beside the unbounded exact
+audit of that plan (the cost without the bound). Prints JSON lines. Run:
+``python benchmarks/bench_audit.py [--d 1000000] [--sizes 3 5 10] [--no-round] [--no-bound]``.
 """
 
 from __future__ import annotations
@@ -40,15 +50,16 @@ import numpy as np
 from bench_protocol import emit_keystream_floor
 from common import add_smoke_flag, emit, emit_machine, finish, timeit, use_smoke
 
-from sharefl.protocol import secure_sum
+from sharefl.protocol import client_round, secure_sum
 from sharefl.protocol.assignment import plan_assignment
-from sharefl.protocol.audit import audit, sample_safe_reclusterings
+from sharefl.protocol.audit import AuditBudgetExceeded, audit, sample_safe_reclusterings
 from sharefl.protocol.client import ClientPolicy
 from sharefl.protocol.client_round import ClientRound
-from sharefl.protocol.clustering import Clustering
+from sharefl.protocol.clustering import Clustering, random_clustering
 from sharefl.protocol.coordinator import ReleaseAuditor, SecureAggregationSettings, plan_round
 from sharefl.protocol.errors import ClientRefusal
 from sharefl.protocol.messages import UnmaskRequest
+from sharefl.protocol.plan import RoundPlan
 
 N, R, MIN_SUM, DROP = 100, 10, 3, 0.10
 
@@ -249,6 +260,129 @@ def round_for(m: int, d: int, dropped: list[list[int]] | None, seed: int) -> dic
     }
 
 
+def client_plan_audit(plan: RoundPlan, policy: ClientPolicy, repeat: int) -> dict:
+    """One client's :class:`ClientRound` over ``plan`` (its checks of the plan, the audit
+    included, with the cache of audited plans cleared before each run, as a real client
+    that audits each plan once pays): seconds, and what the client decided."""
+    cid = plan.participants[0]
+
+    def run() -> str:
+        client_round._plan_audit.cache_clear()
+        try:
+            ClientRound(cid, plan, policy)
+        except ClientRefusal as exc:
+            return f"refused: {exc}"
+        return "accepted"
+
+    outcome = run()
+    return {"outcome": outcome, **timeit(run, repeat=repeat, warmup=0)}
+
+
+def linked_plan(k: int, reclusterings: int, seed: int) -> RoundPlan:
+    """R independent random partitions of k clients into clusters of 3: one component in
+    which every client is linked to every other through shared sums (the costly shape for
+    the exact audit: its elimination is about k³)."""
+    rng = np.random.default_rng(seed)
+    return RoundPlan(0, tuple(random_clustering(range(k), 3, rng) for _ in range(reclusterings)))
+
+
+def largest_linked(policy: ClientPolicy, reclusterings: int, seed: int) -> tuple[int, int]:
+    """The largest k (to a step of 10) whose :func:`linked_plan` audit fits the policy's
+    work budget, and that audit's work."""
+    lo, hi, work = 10, 10, 0
+    while True:  # double until the budget is exceeded
+        try:
+            report = audit(
+                linked_plan(hi, reclusterings, seed).clusterings,
+                min_sum_size=policy.sum_floor,
+                work_budget=policy.max_audit_work,
+            )
+        except AuditBudgetExceeded:
+            break
+        lo, hi, work = hi, 2 * hi, report.work
+    while hi - lo > 10:
+        mid = (lo + hi) // 2
+        try:
+            report = audit(
+                linked_plan(mid, reclusterings, seed).clusterings,
+                min_sum_size=policy.sum_floor,
+                work_budget=policy.max_audit_work,
+            )
+        except AuditBudgetExceeded:
+            hi = mid
+            continue
+        lo, work = mid, report.work
+    return lo, work
+
+
+def plan_bound_records(policy: ClientPolicy, floor_one: float, repeat: int, seed: int) -> list:
+    """The ``client_plan_*`` records (see the module docstring) for ``policy``."""
+    n_max, r_max = policy.max_participants, policy.max_reclusterings
+    budget = policy.max_audit_work
+
+    def record(name: str, plan: RoundPlan, **extra) -> dict:
+        timed = client_plan_audit(plan, policy, repeat)
+        try:
+            work = audit(plan.clusterings, min_sum_size=policy.sum_floor, work_budget=budget).work
+        except AuditBudgetExceeded:
+            work = None
+        return {
+            "name": name,
+            "kind": "client_plan",
+            "n": plan.clusterings[0].num_clients,
+            "reclusterings": plan.reclusterings,
+            "policy_max_participants": n_max,
+            "policy_max_reclusterings": r_max,
+            "policy_max_audit_work": budget,
+            "audit_work": work,
+            "outcome": timed["outcome"][:160],
+            "client_plan_check_best_s": timed["best_s"],
+            "client_plan_check_median_s": timed["median_s"],
+            "over_aes_floor": timed["best_s"] / floor_one,
+            "over_R_masks_floor": timed["best_s"] / (plan.reclusterings * floor_one),
+            **extra,
+        }
+
+    def safe(n: int, r: int) -> RoundPlan:
+        ids = list(range(n))
+        return RoundPlan(0, tuple(sample_safe_reclusterings(ids, 3, r, seed, min_sum_size=3)))
+
+    out = [record("client_plan_audit_n100_R10", safe(N, R), planner="safe", cluster_size=3)]
+    out.append(
+        record("client_plan_audit_bound_safe", safe(n_max, r_max), planner="safe", cluster_size=3)
+    )
+    k, _ = largest_linked(policy, 3, seed)
+    out.append(
+        record(
+            "client_plan_audit_bound_linked",
+            linked_plan(k, 3, seed),
+            planner="random",
+            cluster_size=3,
+            linked_component=k,
+        )
+    )
+    over = RoundPlan(
+        0, (Clustering(tuple((i, i + 1, i + 2) for i in range(0, 3 * (n_max // 3 + 1), 3))),)
+    )
+    out.append(record("client_plan_refused_participants", over, cluster_size=3))
+    linked = linked_plan(2 * k, 3, seed)
+    start = time.perf_counter()
+    unbounded = audit(linked.clusterings, min_sum_size=policy.sum_floor)
+    unbounded_s = time.perf_counter() - start
+    out.append(
+        record(
+            "client_plan_refused_work",
+            linked,
+            planner="random",
+            cluster_size=3,
+            linked_component=2 * k,
+            baseline_unbounded_audit_s=unbounded_s,
+            baseline_unbounded_audit_work=unbounded.work,
+        )
+    )
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--d", type=int, default=1_000_000, help="length of the timed rounds")
@@ -256,6 +390,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--no-round", action="store_true", help="skip the d-word rounds")
+    parser.add_argument("--no-bound", action="store_true", help="skip the client_plan_* records")
     parser.add_argument("--strict", action="store_true")
     add_smoke_flag(parser)
     args = parser.parse_args()
@@ -326,6 +461,13 @@ def main() -> None:
                         / (R * rnd["client_mask_median_s"]),
                     }
                 )
+            records.append(record)
+            emit(record)
+    if not args.no_bound:
+        policy = ClientPolicy()
+        if args.smoke:  # the same records for a policy scaled down to tiny sizes
+            policy = ClientPolicy(max_participants=120, max_audit_work=1 << 16)
+        for record in plan_bound_records(policy, floor_one, args.repeat, args.seed):
             records.append(record)
             emit(record)
     finish(records, strict=args.strict)

@@ -90,6 +90,7 @@ def _cmd_client(args: argparse.Namespace) -> int:
         server_timeout_s=args.server_timeout,
         read_timeout_s=args.read_timeout,
         insecure=args.insecure,
+        state_dir=args.state_dir,
     )
 
 
@@ -221,6 +222,13 @@ def _add_deployment_commands(sub) -> None:
         "--insecure",
         action="store_true",
         help="allow plaintext gRPC to a server that is not on loopback (no --keys)",
+    )
+    client.add_argument(
+        "--state-dir",
+        metavar="DIR",
+        help="folder of the client's memory of the rounds and models it took part in, so a "
+        "server cannot replay them, also across restarts (default: the --keys folder; "
+        "without --keys and --state-dir the memory is lost when the client exits)",
     )
     client.add_argument("--exit-before", help=argparse.SUPPRESS)  # testing: vanish at a stage
     client.set_defaults(func=_cmd_client)

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import numpy as np
 import pytest
 
 from sharefl.crypto.kdf import KeyContext
 from sharefl.crypto.signatures import IdentityKey
-from sharefl.protocol import client_round
 from sharefl.protocol.assignment import plan_assignment
 from sharefl.protocol.audit import audit
 from sharefl.protocol.client import (
@@ -159,10 +157,9 @@ def test_plan_with_a_small_recoverable_sum_elsewhere_is_refused():
         ClientRound(0, plan)
 
 
-def test_an_audit_that_runs_out_of_budget_is_a_refusal(monkeypatch):
-    monkeypatch.setattr(client_round, "audit", functools.partial(audit, search_budget=1))
+def test_an_audit_that_runs_out_of_budget_is_a_refusal():
     with pytest.raises(PlanRefused, match="budget"):
-        ClientRound(0, SAFE, ClientPolicy(min_sum_size=6))
+        ClientRound(0, SAFE, ClientPolicy(min_sum_size=6, audit_search_budget=1))
 
 
 # --- assignments -------------------------------------------------------------------------

@@ -75,10 +75,21 @@ class Double(pb_grpc.AggregationServicer):
             reader.cancel()
 
 
+RUN = b"malicious-run-01"
+
+
+def model_of(index: int) -> np.ndarray:
+    """The model of the index-th attack: a new one each round (a client refuses a model it
+    already contributed on under other clusterings)."""
+    return np.full(DIM, index / 256, dtype=np.float32)
+
+
 @dataclasses.dataclass
 class Attack:
     """One round: a plan (None: no plan at all), the assignments sent to each client, and
-    optionally a hook run on the clients' first replies (e.g. to relay tampered keys)."""
+    optionally a hook run on the clients' first replies (e.g. to relay tampered keys). The
+    round number and the model are the attack's index and :func:`model_of` it unless
+    ``number`` / ``model`` say otherwise."""
 
     name: str
     plan: Callable[[int], RoundPlan | None]
@@ -86,6 +97,8 @@ class Attack:
         [RoundPlan | None], list[tuple[int, ClusterAssignment | pb.ClusterAssignment]]
     ]
     after_adverts: Callable[[dict[int, list[pb.ClientMessage]]], list] | None = None
+    number: int | None = None
+    model: int | None = None
 
 
 def plan_of(*clusterings) -> Callable[[int], RoundPlan]:
@@ -168,6 +181,25 @@ ATTACKS = [
             for c in CLIENTS
         ],
     ),
+    # I4: every client took part in round 7 ("low-order key": ONE, on model_of(7)).
+    Attack(
+        "replayed round number",  # round 7 again, a new model and another plan
+        SAFE,
+        lambda p: [*to_all(assign(p, 0, 0)), *to_all(assign(p, 0, 1))],
+        number=7,
+    ),
+    Attack(
+        "same model, other clusterings",  # a new round number, the model of round 7
+        SAFE,
+        lambda p: [*to_all(assign(p, 0, 0)), *to_all(assign(p, 0, 1))],
+        model=7,
+    ),
+    Attack(
+        "same model, same clusterings",  # the control: an honest re-run of round 7
+        ONE,
+        lambda p: to_all(assign(p, 0, 0, threshold=5)),
+        model=7,
+    ),
 ]
 
 
@@ -190,12 +222,14 @@ async def _drain(link: Link, seconds: float) -> list[pb.ClientMessage]:
 
 async def _play(double: Double) -> dict[str, dict[int, list[pb.ClientMessage]]]:
     await asyncio.wait_for(double.connected.wait(), 60)
-    header, chunks = wire.vector_to_proto(np.zeros(DIM, dtype=np.float32))
-    chunks = list(chunks)
     seen: dict[str, dict[int, list[pb.ClientMessage]]] = {}
-    for round_index, attack in enumerate(ATTACKS):
+    for index, attack in enumerate(ATTACKS):
+        round_index = index if attack.number is None else attack.number
+        model = model_of(index if attack.model is None else attack.model)
+        header, chunks = wire.vector_to_proto(model)
+        chunks = list(chunks)
         plan = attack.plan(round_index)
-        start = pb.RoundStart(round=round_index, model=header)
+        start = pb.RoundStart(round=round_index, model=header, run=RUN)
         if plan is not None:
             start.reclusterings = plan.reclusterings
             start.plan.CopyFrom(wire.plan_to_proto(plan))
@@ -232,6 +266,8 @@ async def _play(double: Double) -> dict[str, dict[int, list[pb.ClientMessage]]]:
         for cid in CLIENTS:
             end = pb.RoundEnd(round=round_index)
             double.links[cid].outbox.put_nowait(pb.ServerMessage(round_end=end))
+    header, chunks = wire.vector_to_proto(model_of(len(ATTACKS)))
+    chunks = list(chunks)
     for cid in CLIENTS:
         link = double.links[cid]
         link.outbox.put_nowait(pb.ServerMessage(finished=pb.Finished(model=header)))
@@ -292,7 +328,7 @@ def attacked(tmp_path_factory):
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
-    return seen, logs, [proc.returncode for proc in procs]
+    return seen, logs, [proc.returncode for proc in procs], keys
 
 
 def _position(message: pb.ClientMessage) -> tuple[int, int, int] | None:
@@ -310,7 +346,7 @@ def _revealing(replies: list[pb.ClientMessage]) -> list[pb.ClientMessage]:
 
 
 def test_clients_exit_cleanly_after_every_attack(attacked):
-    seen, logs, codes = attacked
+    seen, logs, codes, _ = attacked
     assert list(seen) == [a.name for a in ATTACKS]
     assert codes == [0] * len(CLIENTS), logs
     assert not any("Traceback" in log for log in logs), logs
@@ -403,6 +439,37 @@ def test_a_relayed_low_order_key_is_refused_before_any_share(attacked):
         assert reason.startswith("BadAdvertisement"), reason
         assert "advertisement of client 5 is not signed" in reason  # 5 itself included
         assert not any(m.HasField("shares") for m in replies[cid])
+
+
+def test_a_replayed_round_number_is_refused(attacked):
+    replies = attacked[0]["replayed round number"]
+    for cid in CLIENTS:
+        assert _revealing(replies[cid]) == []
+        (refusal,) = _refusals(replies[cid])
+        assert refusal.reason.startswith("RoundReplayed"), refusal.reason
+        assert "already took part in round 7" in refusal.reason
+
+
+def test_a_model_sent_again_under_other_clusterings_is_refused(attacked):
+    replies = attacked[0]["same model, other clusterings"]
+    for cid in CLIENTS:
+        assert _revealing(replies[cid]) == []
+        (refusal,) = _refusals(replies[cid])
+        assert refusal.reason.startswith("ModelReplayed"), refusal.reason
+
+
+def test_a_model_sent_again_under_the_same_clusterings_is_accepted(attacked):
+    replies = attacked[0]["same model, same clusterings"]
+    for cid in CLIENTS:
+        (advert,) = replies[cid]
+        assert advert.HasField("advertise"), advert
+        assert advert.advertise.context.round == len(ATTACKS) - 1
+
+
+def test_clients_keep_their_memory_in_the_keys_folder(attacked):
+    keys = attacked[3]
+    files = sorted(p.name for p in (keys / "memory").glob("*.json"))
+    assert len(files) == len(CLIENTS) and all(f.startswith("client-") for f in files)
 
 
 async def _oversized_model(keys: Path) -> subprocess.CompletedProcess:

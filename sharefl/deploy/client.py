@@ -24,11 +24,21 @@ client notices a dead server within about ``server_timeout_s`` (plus one backoff
 
 Transport security: a client with a signing policy (started with keys) requires TLS;
 without TLS the address must be loopback unless ``insecure=True``.
+
+Memory (invariant I4, :mod:`sharefl.protocol.memory`): the client remembers, per server
+identity (SHA-256 of the TLS CA it trusts, else the address), the last round it took part in
+of each run (``RoundStart.run``) and the clusterings and releases of every model it
+contributed on (SHA-256 of the model's float32 bytes and length,
+:func:`~sharefl.protocol.memory.model_digest`). A RoundStart whose round number does not
+increase within its run, or whose model it already contributed on under other clusterings,
+is refused like an unsafe plan. With a ``state_dir`` the memory is a file that survives
+restarts; without one it lasts as long as the process (a restarted client forgets).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import importlib
 import os
 import signal
@@ -65,6 +75,7 @@ from sharefl.protocol.errors import (
     PlanRefused,
     ProtocolError,
 )
+from sharefl.protocol.memory import ClientMemory, memory_path, model_digest
 from sharefl.protocol.messages import (
     ConsistencySignature,
     EncryptedShares,
@@ -128,8 +139,19 @@ class RoundGuard:
     refusal: ClientRefusal | None = None
 
     @classmethod
-    def start(cls, client_id: int, start: pb.RoundStart, policy: ClientPolicy) -> RoundGuard:
-        """The guard of a round from its RoundStart; never raises."""
+    def start(
+        cls,
+        client_id: int,
+        start: pb.RoundStart,
+        policy: ClientPolicy,
+        memory: ClientMemory | None = None,
+        model: bytes | None = None,
+    ) -> RoundGuard:
+        """The guard of a round from its RoundStart, checked against ``memory`` (the
+        round's run ``start.run`` and ``model``, the digest of the model it came with).
+        Never raises a refusal; a memory file that cannot be read or locked raises
+        (``OSError``, :class:`~sharefl.protocol.memory.ClientMemoryError`): the client
+        then stops rather than take part without its memory."""
         if not start.plan.clusterings:
             if policy.require_signed:
                 return cls(
@@ -140,13 +162,21 @@ class RoundGuard:
                 )
             return cls()
         try:
-            plan = wire.plan_from_proto(start.round, start.plan)
+            plan = wire.plan_from_proto(
+                start.round,
+                start.plan,
+                max_reclusterings=policy.max_reclusterings,
+                max_participants=policy.max_participants,
+            )
             if plan.reclusterings != start.reclusterings:
                 raise PlanRefused(
                     f"RoundStart announces {start.reclusterings} reclusterings but its plan "
                     f"has {plan.reclusterings}"
                 )
-            return cls(guard=ClientRound(client_id, plan, policy))
+            guard = ClientRound(
+                client_id, plan, policy, memory=memory, run=start.run, model_digest=model
+            )
+            return cls(guard=guard)
         except wire.WireError as exc:
             return cls(refusal=PlanRefused(f"malformed round plan: {exc}"))
         except ClientRefusal as exc:
@@ -219,6 +249,9 @@ class ClientRuntime:
             pings, no Challenge, unreachable) before the client gives up.
         read_timeout_s: the longest gap between two server messages of a run.
         insecure: allow a plaintext connection to a non-loopback address.
+        state_dir: the folder of the client's memory (a file per client id and server
+            identity, see :func:`~sharefl.protocol.memory.memory_path`); ``None``: the
+            memory lasts as long as this object (a restarted client forgets).
 
     Raises :class:`ConfigurationError` for a client with a signing policy and no TLS;
     :meth:`run` raises it for a plaintext client aimed at another machine without
@@ -240,6 +273,7 @@ class ClientRuntime:
         server_timeout_s: float = SERVER_TIMEOUT_S,
         read_timeout_s: float = READ_TIMEOUT_S,
         insecure: bool = False,
+        state_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         if exit_before is not None and exit_before not in STAGES:
             raise ConfigurationError(f"exit_before must be one of {STAGES}")
@@ -266,6 +300,18 @@ class ClientRuntime:
         self.report = ClientReport(client_id)
         self._heard = time.monotonic()
         self._model_length: int | None = None
+        self.state_dir = state_dir
+        self.memory = ClientMemory(
+            None if state_dir is None else memory_path(state_dir, client_id, self.server_identity)
+        )
+
+    @property
+    def server_identity(self) -> bytes:
+        """What keys this client's memory: SHA-256 of the TLS CA it trusts, else the
+        server address (a server reached under two addresses without TLS gets two)."""
+        if self.tls is not None:
+            return hashlib.sha256(self.tls.ca).digest()
+        return self.address.encode()
 
     def _channel(self) -> grpc.aio.Channel:
         options = [
@@ -377,7 +423,13 @@ class ClientRuntime:
                     finished = True
                     break
                 session, started = None, True
-                round_guard = RoundGuard.start(self.client_id, envelope.round_start, self.policy)
+                round_guard = RoundGuard.start(
+                    self.client_id,
+                    envelope.round_start,
+                    self.policy,
+                    self.memory,
+                    model_digest(model),
+                )
                 update = await self._train(model, envelope.round_start.round)
             elif kind == "assignment":
                 session = await self._start_cluster(call, envelope.assignment, update, round_guard)

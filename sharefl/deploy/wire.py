@@ -258,13 +258,28 @@ def plan_to_proto(plan: RoundPlan) -> pb.RoundPlan:
     )
 
 
-def plan_from_proto(round_index: int, p: pb.RoundPlan) -> RoundPlan:
+def plan_from_proto(
+    round_index: int,
+    p: pb.RoundPlan,
+    *,
+    max_reclusterings: int = MAX_RECLUSTERINGS,
+    max_participants: int | None = None,
+) -> RoundPlan:
     """Raises :class:`WireError` for an oversized plan or one that is not R partitions of
-    the same clients."""
-    _capped(p.clusterings, "round plan", MAX_RECLUSTERINGS)
+    the same clients. A client passes its policy's ``max_reclusterings`` and
+    ``max_participants``: the counts are read off the message, so a plan over them is
+    refused before any of it is built (the wire caps apply as well)."""
+    _capped(p.clusterings, "round plan", min(max_reclusterings, MAX_RECLUSTERINGS))
     total = sum(len(c.members) for clustering in p.clusterings for c in clustering.clusters)
     if total > MAX_PLAN_IDS:
         raise WireError(f"round plan lists {total} client ids; at most {MAX_PLAN_IDS}")
+    if max_participants is not None and p.clusterings:
+        first = sum(len(c.members) for c in p.clusterings[0].clusters)
+        if first > max_participants:
+            raise WireError(
+                f"round plan has {first} participants; this client audits plans of at most "
+                f"{max_participants}"
+            )
     try:
         return RoundPlan(
             round_index,

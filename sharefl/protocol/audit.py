@@ -33,6 +33,15 @@ is re-checked on the exact integers, so nothing is reported wrongly (a collision
 one exact check). Subsets are enumerated by meet in the middle (the first ⌊s/2⌋ and the
 last ⌈s/2⌉ elements of each s-set), in increasing size, within a budget.
 
+Work budget. The elimination is not bounded by the search budget: a component of k
+clients linked by near k independent sums costs about k³ big-integer operations (seconds
+at k ≈ 300, minutes at k ≈ 2000). ``audit(work_budget=W)`` counts the elimination's work
+in entry operations (one unit per entry of a row touched: a row built, a row reduced by
+another, a basis row updated; the null-space basis and the fingerprints likewise) and
+raises :class:`AuditBudgetExceeded` as soon as the count would pass W, so a caller that
+must bound its time (a client auditing a plan an untrusted server sent) spends at most
+about W units whatever the plan. The default (``None``) is unbounded.
+
 Scope. Only 0/1 combinations (individual updates and sums of small groups) count as leaks.
 As soon as two reclusterings differ the server also learns other combinations, for example
 x_a − x_b when clusters {a, c, d} and {b, c, d} both occur; pairwise differences are listed
@@ -75,6 +84,21 @@ class AuditError(ProtocolError, ValueError):
     nothing to audit, or ``min_sum_size < 1``."""
 
 
+class AuditBudgetExceeded(ProtocolError, RuntimeError):
+    """The exact elimination of the audit needs more than the caller's ``work_budget``
+    (entry operations, see the module docstring): no verdict was reached. The plan must
+    link fewer clients through shared sums (smaller independent blocks, fewer
+    reclusterings, fewer participants), or the caller must allow more work.
+
+    Attributes:
+        budget: the work budget that was exceeded.
+    """
+
+    def __init__(self, message: str, budget: int) -> None:
+        super().__init__(message)
+        self.budget = budget
+
+
 class SafeSamplingError(ProtocolError, RuntimeError):
     """No leak-free reclustering was found: either a single clustering already reveals a
     sum of fewer than ``min_sum_size`` clients (e.g. ``cluster_size = 1``), or ``max_tries``
@@ -102,6 +126,7 @@ class LeakageReport:
         difference_classes: Informational, not counted by :attr:`leaks`: maximal groups of
             at least two clients, none individually recoverable, such that the difference
             x_i − x_j of any two members is recoverable (equal rows of Z).
+        work: Entry operations the audit spent (what ``work_budget`` counts).
     """
 
     client_ids: tuple[int, ...]
@@ -113,6 +138,7 @@ class LeakageReport:
     complete: bool
     searched_up_to: int
     difference_classes: tuple[tuple[int, ...], ...] = ()
+    work: int = 0
 
     @property
     def num_clients(self) -> int:
@@ -255,43 +281,78 @@ def _normalised(v: np.ndarray, pivot: int | None = None) -> np.ndarray:
     return v
 
 
-def integer_rref(rows: Iterable[Iterable[int]], width: int) -> dict[int, np.ndarray]:
+class _Work:
+    """A countdown of entry operations (see the module docstring); ``limit=None`` never
+    runs out. :meth:`charge` raises :class:`AuditBudgetExceeded` instead of going below 0."""
+
+    def __init__(self, limit: int | None) -> None:
+        self.limit = limit
+        self.left = limit
+        self.spent = 0
+
+    def charge(self, amount: int) -> None:
+        self.spent += amount
+        if self.left is None:
+            return
+        if amount > self.left:
+            raise AuditBudgetExceeded(
+                f"the exact audit needs more than its work budget of {self.limit} entry "
+                "operations (clients linked by too many shared sums)",
+                self.limit or 0,
+            )
+        self.left -= amount
+
+
+def integer_rref(
+    rows: Iterable[Iterable[int]], width: int, work: _Work | None = None
+) -> dict[int, np.ndarray]:
     """Exact reduced row echelon form of 0/1 rows given by their supports.
 
     Each row is the set of column indices (0..width−1) holding a 1. Returns the non-zero
     rows of the RREF, keyed by pivot column, as integer object arrays scaled to coprime
     entries with a positive pivot (the rational RREF row is ``row / row[pivot]``). Every
     returned row is zero in every other row's pivot column. Fraction-free Gauss–Jordan
-    elimination on Python ints; the rank is the number of returned rows.
+    elimination on Python ints; the rank is the number of returned rows. ``work`` is
+    charged ``width`` per row built, reduced or updated, and one per basis row looked at
+    (it raises :class:`AuditBudgetExceeded` before the work is done, not after).
     """
+    work = work or _Work(None)
     basis: dict[int, np.ndarray] = {}
     for support in rows:
         if len(basis) == width:
             break
+        work.charge(width + len(basis))
         v = np.zeros(width, dtype=object)
         v[list(support)] = 1
         for col, b in basis.items():
             if v[col]:
+                work.charge(width)
                 v = _normalised(v * b[col] - b * v[col])
         nonzero = np.flatnonzero(v)
         if nonzero.size == 0:
             continue
         pivot = int(nonzero[0])
         v = _normalised(v, pivot)
+        work.charge(len(basis))
         for col, b in basis.items():
             if b[pivot]:
+                work.charge(width)
                 basis[col] = _normalised(b * v[pivot] - v * b[pivot], col)
         basis[pivot] = v
     return basis
 
 
-def null_space_rows(basis: dict[int, np.ndarray], width: int) -> list[tuple[int, ...]]:
+def null_space_rows(
+    basis: dict[int, np.ndarray], width: int, work: _Work | None = None
+) -> list[tuple[int, ...]]:
     """Rows Z_0..Z_{width−1} of an integer null-space basis Z (width × nullity).
 
     One basis vector per free column f: x_f = L and x_p = −b[f]·L / b[p] for each RREF row
     b with pivot p, where L is the lcm of the pivots b[p] of the rows with b[f] ≠ 0.
+    ``work`` is charged ``width + rank`` per free column (building it and transposing).
     """
     free = [f for f in range(width) if f not in basis]
+    (work or _Work(None)).charge(len(free) * (width + len(basis)))
     columns: list[list[int]] = []
     for f in free:
         users = [(p, b) for p, b in basis.items() if b[f]]
@@ -335,11 +396,11 @@ class _Component:
         return [k for k, z in enumerate(self.null_rows) if any(z)]
 
 
-def _solve(clients: list[int], rows: Sequence[frozenset[int]]) -> _Component:
+def _solve(clients: list[int], rows: Sequence[frozenset[int]], work: _Work) -> _Component:
     local = {c: k for k, c in enumerate(clients)}
-    basis = integer_rref(([local[c] for c in row] for row in rows), len(clients))
+    basis = integer_rref(([local[c] for c in row] for row in rows), len(clients), work)
     return _Component(
-        tuple(clients), len(basis), tuple(null_space_rows(basis, len(clients))), len(rows)
+        tuple(clients), len(basis), tuple(null_space_rows(basis, len(clients), work)), len(rows)
     )
 
 
@@ -378,7 +439,7 @@ class _Budget:
 
 
 def _zero_sum_subsets(
-    comp: _Component, size: int, found: list[frozenset[int]], budget: _Budget
+    comp: _Component, size: int, found: list[frozenset[int]], budget: _Budget, work: _Work
 ) -> list[frozenset[int]] | None:
     """New minimal zero-sum sets of exactly ``size`` hidden clients (local indices) of
     ``comp``, given the smaller ones in ``found``; None if the budget does not suffice.
@@ -393,6 +454,7 @@ def _zero_sum_subsets(
     if not budget.spend(math.comb(len(hidden), a) + (math.comb(len(hidden), b) if b != a else 0)):
         return None
     rows = [comp.null_rows[k] for k in hidden]
+    work.charge(len(rows) * len(rows[0]))
     fp = _fingerprints(rows)
     left, left_sums = _subset_sums(fp, a)
     right, right_sums = (left, left_sums) if b == a else _subset_sums(fp, b)
@@ -420,7 +482,7 @@ def _zero_sum_subsets(
 
 
 def _small_sums(
-    components: Sequence[_Component], min_sum_size: int, budget: _Budget
+    components: Sequence[_Component], min_sum_size: int, budget: _Budget, work: _Work
 ) -> tuple[list[tuple[int, ...]], int, bool]:
     """Minimal recoverable sets of 2..min_sum_size−1 clients over all components.
 
@@ -440,7 +502,7 @@ def _small_sums(
         for comp, known in zip(components, found, strict=True):
             if comp.num_rows == 1:
                 continue
-            new = _zero_sum_subsets(comp, size, known, budget)
+            new = _zero_sum_subsets(comp, size, known, budget, work)
             if new is None:
                 return _as_ids(components, found), size - 1, False
             known.extend(new)
@@ -468,6 +530,7 @@ def audit(
     dropouts: Sequence[Collection[int]] | None = None,
     min_sum_size: int | None = None,
     search_budget: int = DEFAULT_SEARCH_BUDGET,
+    work_budget: int | None = None,
 ) -> LeakageReport:
     """Exactly what the server can recover from the cluster sums of ``clusterings``.
 
@@ -482,6 +545,8 @@ def audit(
             cluster size in ``clusterings`` (1 if there are none).
         search_budget: Cap on subsets and fingerprint matches examined by the small-sum
             search; when it is exhausted the report has ``complete = False``.
+        work_budget: Cap on the entry operations of the exact elimination, null-space
+            basis and fingerprints (see the module docstring); ``None``: unbounded.
 
     Returns:
         A :class:`LeakageReport` with the exact rank, the individually recoverable clients
@@ -491,7 +556,9 @@ def audit(
 
     Raises:
         AuditError: for inconsistent input (see the class).
+        AuditBudgetExceeded: the work would pass ``work_budget`` (no verdict).
     """
+    work = _Work(work_budget)
     ids = _resolve_ids(clusterings, client_ids)
     rows = _equations(clusterings, dropouts, frozenset(ids))
     target = _resolve_min_sum_size(clusterings, min_sum_size)
@@ -501,8 +568,8 @@ def audit(
     components: list[_Component] = []
     for clients in _components(ids, rows):
         comp_rows = [row for c in clients for row in rows_by_first[c]]
-        components.append(_solve(clients, comp_rows))
-    sums, searched, complete = _small_sums(components, target, _Budget(search_budget))
+        components.append(_solve(clients, comp_rows, work))
+    sums, searched, complete = _small_sums(components, target, _Budget(search_budget), work)
     return LeakageReport(
         client_ids=ids,
         num_equations=len(rows),
@@ -515,6 +582,7 @@ def audit(
         difference_classes=tuple(
             sorted(chain.from_iterable(c.difference_classes for c in components))
         ),
+        work=work.spent,
     )
 
 
@@ -537,14 +605,19 @@ def linked_rows(row: frozenset[int], rows: Sequence[frozenset[int]]) -> list[fro
 
 
 def audit_rows(
-    rows: Sequence[frozenset[int]], min_sum_size: int, search_budget: int = DEFAULT_SEARCH_BUDGET
+    rows: Sequence[frozenset[int]],
+    min_sum_size: int,
+    search_budget: int = DEFAULT_SEARCH_BUDGET,
+    work_budget: int | None = None,
 ) -> LeakageReport:
-    """:func:`audit` of arbitrary sums (each row the member set of one released sum)."""
+    """:func:`audit` of arbitrary sums (each row the member set of one released sum);
+    raises :class:`AuditBudgetExceeded` past ``work_budget``."""
     return audit(
         [Clustering((tuple(sorted(r)),)) for r in rows],
         client_ids=sorted(set().union(*rows)),
         min_sum_size=min_sum_size,
         search_budget=search_budget,
+        work_budget=work_budget,
     )
 
 
@@ -561,6 +634,7 @@ def sample_safe_reclusterings(
     block_size: int | None = None,
     min_sum_size: int | None = None,
     search_budget: int = DEFAULT_SEARCH_BUDGET,
+    blocks: Clustering | None = None,
 ) -> list[Clustering]:
     """``reclusterings`` random clusterings whose cluster sums together do not leak.
 
@@ -608,6 +682,10 @@ def sample_safe_reclusterings(
         block_size: Target block size (>= ``cluster_size``); default 2·m.
         min_sum_size: Sums of fewer clients count as leaks; default min(m, n).
         search_budget: Passed to :func:`audit`.
+        blocks: The block partition to use instead of drawing one (a partition of
+            ``client_ids``, e.g. one that spreads suspects over the blocks,
+            :mod:`sharefl.protocol.isolation`); ``block_size`` is then ignored. Every
+            guarantee above holds for any block partition: each block's parts are audited.
 
     Raises:
         ClusteringError: bad ids, ``cluster_size < 1``, ``reclusterings < 1``,
@@ -623,20 +701,25 @@ def sample_safe_reclusterings(
     if block < cluster_size:
         raise ClusteringError(f"block_size {block} is smaller than cluster_size {cluster_size}")
     gen = as_generator(rng)
-    blocks = random_clustering(client_ids, block, gen).clusters
-    ids = tuple(sorted(chain.from_iterable(blocks)))
+    if blocks is None:
+        parts = random_clustering(client_ids, block, gen).clusters
+    elif set(blocks.members) != {int(i) for i in client_ids}:
+        raise ClusteringError("blocks must partition exactly client_ids")
+    else:
+        parts = blocks.clusters
+    ids = tuple(sorted(chain.from_iterable(parts)))
     target = min(cluster_size, len(ids)) if min_sum_size is None else min_sum_size
-    history: list[list[Clustering]] = [[] for _ in blocks]
+    history: list[list[Clustering]] = [[] for _ in parts]
     plan: list[Clustering] = []
     for _ in range(reclusterings):
-        parts = [
+        drawn = [
             _safe_block_part(members, cluster_size, accepted, target, gen, max_tries, search_budget)
-            for members, accepted in zip(blocks, history, strict=True)
+            for members, accepted in zip(parts, history, strict=True)
         ]
-        for accepted, part in zip(history, parts, strict=True):
+        for accepted, part in zip(history, drawn, strict=True):
             if part not in accepted:
                 accepted.append(part)
-        plan.append(Clustering(tuple(chain.from_iterable(p.clusters for p in parts))))
+        plan.append(Clustering(tuple(chain.from_iterable(p.clusters for p in drawn))))
     report = audit(plan, client_ids=ids, min_sum_size=target, search_budget=search_budget)
     if report.leaks or not report.complete:  # pragma: no cover - excluded by construction
         raise SafeSamplingError(f"assembled plan failed the final audit:\n{report}")

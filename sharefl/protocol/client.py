@@ -57,6 +57,7 @@ from sharefl.crypto.signatures import (
     verify,
 )
 from sharefl.protocol import records
+from sharefl.protocol.audit import DEFAULT_SEARCH_BUDGET
 from sharefl.protocol.bundles import COMMITMENT_BYTES, BundleError, SharePair, seed_commitment
 from sharefl.protocol.errors import (
     BadAdvertisement,
@@ -143,6 +144,30 @@ class ClientPolicy:
         min_neighbours: refuse a neighbour graph that gives this client, or any member,
             fewer neighbours.
         max_reclusterings: refuse round plans with more clusterings.
+        max_participants: refuse round plans over more clients, before auditing them. The
+            plan is the first thing a client must trust an untrusted server about, and its
+            audit is the client's costliest check: this bound, ``max_reclusterings`` and
+            the client's own cluster sizes are checked first, in O(R) time, so an
+            oversized plan is refused at no cost.
+        max_audit_work: the work budget of the client's exact audit of the plan, in entry
+            operations (:func:`~sharefl.protocol.audit.audit`'s ``work_budget``); a plan
+            whose audit needs more is refused (:class:`PlanRefused`) once the budget is
+            spent, so the audit's steep part (about k³ for k clients linked by shared
+            sums) is cut off. ``None``: unbounded (only for a plan from a trusted process,
+            e.g. the in-process driver's, whose coordinator audited it).
+            What the defaults cost (``benchmarks/bench_audit.py``, ``client_plan_*``
+            records; one core of a shared 2-core AMD EPYC VM): the safe planner's plan at
+            the bound, n = 10,000 and R = 10, 0.87 s (4.5·10^5 units: the budget is no
+            constraint on such plans); at n = 100, R = 10, 6 ms; the costliest plans
+            within the budget, one component of k random clusters of 3 linked by R = 3
+            reclusterings, pass up to k = 260 (3.5·10^6 units, 0.53 s); at k = 520 the
+            refusal comes after 0.45 s, where the unbounded audit takes 4.8 s (and
+            minutes at k = 2000); a plan over ``max_participants`` is refused in about
+            10 µs. On this machine 2^22 units are at most about 1.5 s of audit.
+        audit_search_budget: the small-sum search budget of that audit
+            (:func:`~sharefl.protocol.audit.audit`'s ``search_budget``, subsets examined;
+            about 1 s when the default runs out); a search that runs out refuses the plan
+            too.
         min_sum_size: sums of fewer clients must not be recoverable from the round plan (and
             from what this client saw released); ``None`` takes ``min_cluster_size``.
         verify_releases: check every unmask request against what this client saw released
@@ -160,6 +185,9 @@ class ClientPolicy:
     min_cluster_size: int = 3
     min_neighbours: int = 2
     max_reclusterings: int = 10
+    max_participants: int = 10_000
+    max_audit_work: int | None = 1 << 22
+    audit_search_budget: int = DEFAULT_SEARCH_BUDGET
     min_sum_size: int | None = None
     verify_releases: bool | None = None
 
@@ -172,6 +200,16 @@ class ClientPolicy:
             )
         if self.min_sum_size is not None and self.min_sum_size < 1:
             raise ConfigurationError(f"min_sum_size must be >= 1, got {self.min_sum_size}")
+        if (
+            self.max_participants < 1
+            or (self.max_audit_work is not None and self.max_audit_work < 1)
+            or self.audit_search_budget < 1
+        ):
+            raise ConfigurationError(
+                "max_participants, max_audit_work and audit_search_budget must be >= 1 "
+                f"(max_audit_work None: unbounded); got {self.max_participants}, "
+                f"{self.max_audit_work}, {self.audit_search_budget}"
+            )
 
     @property
     def sum_floor(self) -> int:

@@ -23,7 +23,11 @@ and refuses, with a :class:`~sharefl.protocol.errors.ClientRefusal`:
   (raised by :class:`ClientSession`);
 - an unmask request whose survivor list, together with the planned sums and the sums this
   client already helped release in the round, would leak — :class:`ReleaseLeaks` (in
-  signed mode, or when ``policy.verify_releases`` asks for it).
+  signed mode, or when ``policy.verify_releases`` asks for it);
+- with a :class:`~sharefl.protocol.memory.ClientMemory` (invariant I4): a round number of
+  the server's run that does not increase — :class:`RoundReplayed` — and a model this
+  client already contributed on under other clusterings — :class:`ModelReplayed`; the
+  releases seen on the same model in earlier rounds join the release check.
 
 :meth:`ClientRound.session` vets an assignment and builds the :class:`ClientSession`;
 :meth:`ClientRound.handle` routes every server message of that session through the guard.
@@ -39,7 +43,14 @@ from typing import Any
 import numpy as np
 
 from sharefl.protocol import records
-from sharefl.protocol.audit import AuditError, LeakageReport, audit, audit_rows, linked_rows
+from sharefl.protocol.audit import (
+    AuditBudgetExceeded,
+    AuditError,
+    LeakageReport,
+    audit,
+    audit_rows,
+    linked_rows,
+)
 from sharefl.protocol.client import ClientPolicy, ClientSession
 from sharefl.protocol.errors import (
     ClusterTooSmall,
@@ -49,6 +60,7 @@ from sharefl.protocol.errors import (
     ReclusteringReused,
     ReleaseLeaks,
 )
+from sharefl.protocol.memory import ClientMemory
 from sharefl.protocol.messages import ClientMessage, ClusterAssignment, ServerMessage, UnmaskRequest
 from sharefl.protocol.plan import RoundPlan
 
@@ -63,32 +75,70 @@ class ClientRound:
         client_id: this client.
         plan: the round plan the server committed to (``RoundStart.plan``).
         policy: the client's requirements (:class:`ClientPolicy`).
+        memory: what this client remembers of the server's earlier rounds
+            (:class:`~sharefl.protocol.memory.ClientMemory`, invariant I4); ``None``: this
+            round is checked alone (no protection against replayed rounds or models).
+        run: the server's run id (``RoundStart.run``) keying the round numbers in ``memory``.
+        model_digest: :func:`~sharefl.protocol.memory.model_digest` of the model this
+            client trains on in the round; ``None``: unknown (``memory`` then checks the
+            round number only).
 
     Raises:
         PlanRefused: the plan lacks this client, has too many reclusterings, or its sums
             leak (or the audit could not finish).
         ClusterTooSmall: the plan puts this client in a cluster below the minimum size.
+        RoundReplayed: ``memory`` holds this round number of ``run`` or a later one (R1).
+        ModelReplayed: ``memory`` holds a contribution on this model under other
+            clusterings (R2).
     """
 
-    def __init__(self, client_id: int, plan: RoundPlan, policy: ClientPolicy | None = None):
+    def __init__(
+        self,
+        client_id: int,
+        plan: RoundPlan,
+        policy: ClientPolicy | None = None,
+        *,
+        memory: ClientMemory | None = None,
+        run: bytes = b"",
+        model_digest: bytes | None = None,
+    ):
         self.id = client_id
         self.plan = plan
         self.policy = policy or ClientPolicy()
         self.digest = plan.digest()
+        self.memory = memory
+        self.run = bytes(run)
+        self.model_digest = model_digest
+        self.clusterings = plan.clusterings_digest()
+        self._recorded = False  # whether this guard recorded its round in `memory`
         self._released: dict[Position, frozenset[int]] = {}
         self._used: dict[int, int] = {}  # reclustering -> cluster this client took part in
         self._check_plan()
+        if memory is not None:
+            memory.check(self.run, plan.round, model_digest, self.clusterings, client=self.id)
 
     # -- the plan ---------------------------------------------------------------------------
 
     def _check_plan(self) -> None:
+        # I3, cheap checks first: R, the number of participants and this client's own
+        # clusters cost O(R) (a clustering knows its size and each client's cluster), so a
+        # plan too large to audit is refused before the audit, whose cost grows steeply
+        # with the plan; the audit itself then runs within the policy's work budget.
         plan, policy = self.plan, self.policy
         if plan.reclusterings > policy.max_reclusterings:
             raise PlanRefused(
                 f"client {self.id}: the round plan has {plan.reclusterings} reclusterings; "
-                f"this client takes part in at most {policy.max_reclusterings}"
+                f"this client takes part in at most {policy.max_reclusterings}: the server "
+                "must plan fewer"
             )
-        if self.id not in plan.participants:
+        participants = plan.clusterings[0].num_clients
+        if participants > policy.max_participants:
+            raise PlanRefused(
+                f"client {self.id}: the round plan has {participants} participants; this "
+                f"client audits plans of at most {policy.max_participants}: the server must "
+                "split the round into smaller ones"
+            )
+        if self.id not in plan.clusterings[0]:
             raise PlanRefused(f"client {self.id} is not in the round plan of round {plan.round}")
         for r, clustering in enumerate(plan.clusterings):
             size = len(clustering.cluster_of(self.id))
@@ -99,9 +149,19 @@ class ClientRound:
                     f"{policy.min_cluster_size}"
                 )
         try:
-            report = _plan_audit(plan, policy.sum_floor)
+            report = _plan_audit(
+                plan, policy.sum_floor, policy.max_audit_work, policy.audit_search_budget
+            )
         except AuditError as exc:
             raise PlanRefused(f"client {self.id}: the round plan cannot be audited: {exc}") from exc
+        except AuditBudgetExceeded as exc:
+            raise PlanRefused(
+                f"client {self.id}: auditing the round plan ({participants} participants, "
+                f"{plan.reclusterings} reclusterings) needs more than this client's budget of "
+                f"{exc.budget} operations: the server must link fewer clients through shared "
+                "sums (reclustering within small blocks, as the safe planner does), use fewer "
+                "reclusterings or fewer participants"
+            ) from exc
         if report.leaks or not report.complete:
             raise PlanRefused(f"client {self.id}: the round plan is unsafe: {_reason(report)}")
 
@@ -109,8 +169,12 @@ class ClientRound:
 
     def vet(self, assignment: ClusterAssignment) -> None:
         """Check one assignment against the plan and the policy, and record that this client
-        takes part in its reclustering. Raises a :class:`ClientRefusal` (see the module
-        docstring); a refused assignment records nothing."""
+        takes part in its reclustering (and, with a memory, in this round on this model
+        under these clusterings, persisted before this returns). Raises a
+        :class:`ClientRefusal` (see the module docstring; :class:`RoundReplayed` or
+        :class:`ModelReplayed` when another guard took the round or the model meanwhile) or
+        ``OSError`` (the memory could not be written); a refused assignment records
+        nothing."""
         context, plan = assignment.context, self.plan
         r, k = context.reclustering, context.cluster
         if context.round != plan.round or context.plan != self.digest:
@@ -143,6 +207,16 @@ class ClientRound:
                 f"client {self.id} requires signed mode (untrusted server); the assignment is "
                 "unsigned: the server must set signed = true"
             )
+        if self.memory is not None and not self._recorded:
+            # I4: the round, model and clusterings are recorded (R1 and R2 checked again
+            # under the memory's lock) before the advertisement this assignment leads to
+            # leaves; the first vetted assignment takes the round for this guard, later
+            # reclusterings of the same round belong to it. Kept if the session then fails
+            # to build (conservative: a later round on this model needs the same clusterings).
+            self.memory.record_round(
+                self.run, plan.round, self.model_digest, self.clusterings, client=self.id
+            )
+            self._recorded = True
         self._used[r] = k
 
     def _check_shape(self, a: ClusterAssignment) -> None:
@@ -190,11 +264,24 @@ class ClientRound:
 
     # -- releases ---------------------------------------------------------------------------
 
+    def earlier_releases(self) -> list[frozenset[int]]:
+        """Every survivor set this client helped release on this round's model, in this
+        round or earlier ones (from ``memory``; empty without a memory or a model digest)."""
+        if self.memory is None or self.model_digest is None:
+            return []
+        seen = self.memory.releases(self.model_digest)
+        return sorted({s for sets in seen.values() for s in sets}, key=sorted)
+
     def check_release(self, session: ClientSession, request: UnmaskRequest) -> None:
         """Before ``session`` answers ``request``: the plan's sums, with every cluster this
-        client saw released replaced by its survivor list (this one by ``request``'s), must
-        not leak. Raises :class:`ReleaseLeaks`; records nothing (:meth:`handle` records
-        the release once the session has answered)."""
+        client saw released in the round replaced by its survivor list (this one by
+        ``request``'s), together with every survivor set it helped release on the same
+        model in earlier rounds (:meth:`earlier_releases`; several per cluster possible:
+        all kept, which is conservative), must not leak. The earlier sets matter because
+        R2 of :mod:`~sharefl.protocol.memory` lets a model return under the same clusterings:
+        the server then holds sums of the same inputs over every survivor set of every
+        round on that model. Raises :class:`ReleaseLeaks`; records nothing (:meth:`handle`
+        records the release before the session answers)."""
         context = session.context
         position = (context.reclustering, context.cluster)
         if context.plan != self.digest or self._used.get(position[0]) != position[1]:
@@ -202,17 +289,34 @@ class ClientRound:
         survivors = frozenset(request.survivors)
         if not survivors <= set(session.assignment.members):
             raise InconsistentRequest("the unmask survivor list names non-members")
-        if survivors == frozenset(self.plan.members(*position)):
-            return  # the view is unchanged since the plan's audit or the last accepted check
         released = {**self._released, position: survivors}
-        report = audit_rows(linked_rows(survivors, self.plan.rows(released)), self.policy.sum_floor)
+        rows = self.plan.rows(released)
+        planned = set(rows)
+        extra = [s for s in self.earlier_releases() if s not in planned]
+        if survivors == frozenset(self.plan.members(*position)) and not extra:
+            return  # the view is unchanged since the plan's audit or the last accepted check
+        try:
+            report = audit_rows(
+                linked_rows(survivors, rows + extra),
+                self.policy.sum_floor,
+                self.policy.audit_search_budget,
+                self.policy.max_audit_work,
+            )
+        except AuditBudgetExceeded as exc:
+            raise ReleaseLeaks(
+                f"client {self.id}: this release cannot be audited within the work budget "
+                f"({exc}); the server must release fewer or smaller linked sums"
+            ) from exc
         if report.leaks or not report.complete:
             raise ReleaseLeaks(f"client {self.id}: this release is unsafe: {_reason(report)}")
 
     def handle(self, session: ClientSession, message: ServerMessage) -> ClientMessage:
         """Route one server message of ``session`` through the guard and return the reply;
-        an unmask request is checked by :meth:`check_release` first (a refusal aborts the
-        session). Raises what :meth:`ClientSession.handle` raises, and :class:`ReleaseLeaks`.
+        an unmask request is checked by :meth:`check_release` first and, with a memory,
+        recorded there before the reply is built (a refusal aborts the session; a recorded
+        release the session then refuses stays recorded: conservative). Raises what
+        :meth:`ClientSession.handle` raises, :class:`ReleaseLeaks`, :class:`ModelReplayed`
+        (too many releases on one model) and ``OSError`` (the memory could not be written).
         """
         verify = self.policy.verify_releases
         if verify is None:
@@ -221,14 +325,24 @@ class ClientRound:
             return session.handle(message)
         if message.context != session.context:
             return session.handle(message)
+        context = session.context
+        position = (context.reclustering, context.cluster)
         try:
             self.check_release(session, message)
+            if self.memory is not None and self.model_digest is not None:
+                # I4: the release is on record before the response that makes it leaves.
+                self.memory.record_release(
+                    self.model_digest,
+                    self.clusterings,
+                    position,
+                    message.survivors,
+                    client=self.id,
+                )
         except Exception:
             session.abort()
             raise
         reply = session.handle(message)
-        context = session.context
-        self._released[(context.reclustering, context.cluster)] = frozenset(message.survivors)
+        self._released[position] = frozenset(message.survivors)
         return reply
 
     # -- state export / import --------------------------------------------------------------
@@ -247,15 +361,25 @@ class ClientRound:
         r["released.clusters"] = [p[1] for p, _ in released]
         r["released.sizes"] = [len(s) for _, s in released]
         r["released.members"] = [i for _, s in released for i in sorted(s)]
+        r["memory.run"] = self.run
+        r["memory.model"] = self.model_digest or b""
+        r["memory.recorded"] = self._recorded
         return r
 
     @classmethod
     def from_state(
-        cls, record: Mapping[str, Any], policy: ClientPolicy | None = None
+        cls,
+        record: Mapping[str, Any],
+        policy: ClientPolicy | None = None,
+        *,
+        memory: ClientMemory | None = None,
     ) -> ClientRound:
-        """The guard :meth:`export_state` saved. The plan was audited when the guard was
-        built and is not audited again: pass only records this client exported itself.
-        Raises :class:`~sharefl.protocol.records.RecordError` for a malformed record."""
+        """The guard :meth:`export_state` saved, with ``memory`` (the same
+        :class:`ClientMemory` it was built with; the record keeps the run id, the model
+        digest and whether the guard recorded its round, not the memory). The plan was
+        audited and the memory checked when the guard was built, and neither is checked
+        again: pass only records this client exported itself. Raises
+        :class:`~sharefl.protocol.records.RecordError` for a malformed record."""
         if record.get(records.TYPE_KEY) != ROUND_STATE_TYPE:
             raise records.RecordError(f"not a {ROUND_STATE_TYPE} record")
         guard = cls.__new__(cls)
@@ -263,6 +387,16 @@ class ClientRound:
         guard.plan = records.from_record(records.unnest("plan", record), RoundPlan)
         guard.policy = policy or ClientPolicy()
         guard.digest = guard.plan.digest()
+        guard.clusterings = guard.plan.clusterings_digest()
+        guard.memory = memory
+        guard.run = records.get_bytes(record, "memory.run") if "memory.run" in record else b""
+        model = (
+            records.get_bytes(record, "memory.model", (0, 32)) if "memory.model" in record else b""
+        )
+        guard.model_digest = model or None
+        guard._recorded = (
+            records.get_bool(record, "memory.recorded") if "memory.recorded" in record else False
+        )
         rs = records.get_ids(record, "used.reclusterings")
         ks = records.get_ids(record, "used.clusters", unique=False)
         if len(rs) != len(ks):
@@ -286,10 +420,19 @@ ROUND_STATE_TYPE = "ClientRoundState"
 
 
 @functools.lru_cache(maxsize=8)
-def _plan_audit(plan: RoundPlan, min_sum_size: int) -> LeakageReport:
-    """The audit of a plan's sums; remembered, so the clients that one process simulates
-    audit each plan once (a real client audits its round's plan once anyway)."""
-    return audit(plan.clusterings, client_ids=plan.participants, min_sum_size=min_sum_size)
+def _plan_audit(
+    plan: RoundPlan, min_sum_size: int, work_budget: int | None, search_budget: int
+) -> LeakageReport:
+    """The audit of a plan's sums within the budgets; remembered, so the clients that one
+    process simulates audit each plan once (a real client audits its round's plan once
+    anyway). Raises :class:`AuditBudgetExceeded` when the work budget runs out."""
+    return audit(
+        plan.clusterings,
+        client_ids=plan.participants,
+        min_sum_size=min_sum_size,
+        search_budget=search_budget,
+        work_budget=work_budget,
+    )
 
 
 def _reason(report: LeakageReport) -> str:

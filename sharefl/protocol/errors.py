@@ -79,6 +79,19 @@ class ReleaseLeaks(ClientRefusal):
     helped release in the round, an individual update or a sum of too few clients."""
 
 
+class RoundReplayed(ClientRefusal):
+    """A round number that does not strictly increase within the server's run: this client
+    already took part in that round or a later one (see :mod:`sharefl.protocol.memory`).
+    The server must start a new round with a higher number."""
+
+
+class ModelReplayed(ClientRefusal):
+    """A model this client already contributed an update for, now under other clusterings
+    (sums of the same update over different clusters can be subtracted), or with more
+    releases on it than the client keeps. The server must send a new model, or reuse the
+    clusterings it used on that model."""
+
+
 class RejectedMessage(ProtocolError):
     """The server rejects one client's message; it keeps serving the other clients.
 

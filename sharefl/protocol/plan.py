@@ -24,6 +24,7 @@ from sharefl.protocol.clustering import Clustering
 from sharefl.protocol.errors import ConfigurationError
 
 PLAN_TAG = b"sharefl/round-plan\x00"
+CLUSTERINGS_TAG = b"sharefl/plan-clusterings\x00"
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,24 @@ class RoundPlan:
         """SHA-256 over a canonical encoding: tag, protocol version, round, R, then per
         clustering its number of clusters and per cluster its size and sorted member ids."""
         return self._digest
+
+    @cached_property
+    def _clusterings_digest(self) -> bytes:
+        h = hashlib.sha256(CLUSTERINGS_TAG)
+        h.update(struct.pack(">II", PROTOCOL_VERSION, self.reclusterings))
+        for clustering in self.clusterings:
+            h.update(struct.pack(">I", len(clustering)))
+            for cluster in clustering.clusters:
+                h.update(struct.pack(f">I{len(cluster)}Q", len(cluster), *cluster))
+        return h.digest()
+
+    def clusterings_digest(self) -> bytes:
+        """SHA-256 over the clusterings alone (tag, protocol version, R, then each
+        clustering as in :meth:`digest`), without the round number: two plans have the same
+        clusterings digest exactly when they put the same participants in the same clusters
+        at the same positions (reclustering, cluster). A client's memory
+        (:mod:`sharefl.protocol.memory`) keys what it contributed on one model by it."""
+        return self._clusterings_digest
 
     def context(self, reclustering: int, cluster: int) -> KeyContext:
         """The key context of one cluster of this plan (the plan digest bound in)."""
