@@ -117,9 +117,10 @@ def run_server(
 ) -> int:
     """``sharefl serve``: run all rounds, write results, return an exit status. ``resume``
     is the results folder of a stopped run (deployment files only): the rounds go on from
-    its last finished one, appended to the same folder. ``port_file`` receives the address
-    actually bound (``host:port``; the port the OS chose for port 0) once the server
-    listens."""
+    its last finished one, appended to the same folder, with the run id, the model's
+    clusterings and every sum released on it restored (:func:`load_checkpoint`).
+    ``port_file`` receives the address actually bound (``host:port``; the port the OS
+    chose for port 0) once the server listens."""
     keep_freed_memory()
     writer = None
     try:
@@ -149,6 +150,7 @@ def run_server(
                 strategy=strategy,
                 on_round=writer.round if writer else None,
                 resume=checkpoint,
+                journal=writer,
                 listening=write_address(Path(port_file)) if port_file else None,
             )
         )
@@ -206,11 +208,15 @@ def client_runtime(
     server_timeout_s: float = SERVER_TIMEOUT_S,
     read_timeout_s: float = READ_TIMEOUT_S,
     insecure: bool = False,
+    state_dir: str | None = None,
 ) -> ClientRuntime:
     """Build a client from CLI-style arguments; ``keys`` is a ``sharefl keygen`` folder
     (its CA is required: a client with keys always uses TLS); ``config``, a simulation
-    file, replaces ``trainer`` by that run's client training. Raises ``ValueError`` /
-    ``OSError`` for missing keys or an insecure connection not asked for."""
+    file, replaces ``trainer`` by that run's client training; ``state_dir`` holds the
+    client's memory of rounds and models (default: ``keys``, so a signed client always
+    has one; without either the memory lasts as long as the process). Raises
+    ``ValueError`` / ``OSError`` for missing keys, an unreadable memory or an insecure
+    connection not asked for."""
     identity = tls = None
     policy = None
     if keys:
@@ -235,6 +241,7 @@ def client_runtime(
         server_timeout_s=server_timeout_s,
         read_timeout_s=read_timeout_s,
         insecure=insecure,
+        state_dir=state_dir if state_dir is not None else keys or None,
     )
 
 

@@ -252,3 +252,28 @@ def test_a_round_with_reclusterings_has_no_single_cluster_list():
     assert several.all_clusters == [c for r in several.reclusterings for c in r.clusters]
     for rec in several.reclusterings:
         np.testing.assert_array_equal(sum(c.ring_sum for c in rec.clusters), sum(inputs.values()))
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [-1, 2**64, True, False, 2.0, "3", np.float64(4.0), np.bool_(True)],
+    ids=["negative", "2^64", "True", "False", "float", "str", "numpy-float", "numpy-bool"],
+)
+def test_secure_sum_refuses_client_ids_that_are_not_u64_integers(bad):
+    """Ids are u64 wherever they are bound (key derivation, plan digest, wire): anything
+    else is refused before the round starts, and the message names the bad id."""
+    inputs = {bad: np.zeros(2, np.uint32), 10: np.zeros(2, np.uint32)}
+    inputs |= {11: np.zeros(2, np.uint32), 12: np.zeros(2, np.uint32)}
+    with pytest.raises(ConfigurationError, match="client ids must be integers") as info:
+        secure_sum(inputs, cluster_size=3, seed=0)
+    assert repr(bad) in str(info.value)
+
+
+def test_secure_sum_names_every_bad_id_and_accepts_the_u64_extremes():
+    with pytest.raises(ConfigurationError, match=r"-5, 1\.5"):
+        secure_sum({-5: np.zeros(1, np.uint32), 1.5: np.zeros(1, np.uint32)}, cluster_size=2)
+    ids = [0, np.int64(7), 2**64 - 1]  # numpy integers and the largest u64 are ids
+    result = secure_sum({cid: np.ones(2, np.uint32) for cid in ids}, cluster_size=3, seed=0)
+    (cluster,) = result.clusters
+    assert cluster.members == (0, 7, 2**64 - 1)
+    assert cluster.ring_sum.tolist() == [3, 3]

@@ -11,7 +11,11 @@ Writes into one folder:
 - ``directory.json``: ``{"identities": {id: public key hex}}``, which the server uses to
   authenticate clients and clients use to verify each other's signatures in signed mode.
 
-Private keys are written with mode 0600.
+Modes, whatever the process umask: the folder 0700 (only the owner may list it or add to
+it), private keys and identities 0600, certificates and ``directory.json`` 0644. Each file is
+created new (``O_EXCL``, never through an existing file or link) with its final mode and
+then ``fchmod``-ed to exactly that mode, so no file is ever readable beyond it, even for an
+instant; the folder is ``chmod``-ed to 0700 before anything is written into it.
 """
 
 from __future__ import annotations
@@ -31,12 +35,26 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID, ObjectIdentifier
 from sharefl.crypto.signatures import IdentityKey
 
 VALIDITY = dt.timedelta(days=365)
+FOLDER_MODE = 0o700
+PUBLIC_MODE = 0o644
+PRIVATE_MODE = 0o600
 
 
 def _write(path: Path, data: bytes, private: bool = False) -> None:
-    path.write_bytes(data)
-    if private:
-        os.chmod(path, 0o600)
+    """Create ``path`` (it must not exist) with mode 0600 (``private``) or 0644, exactly:
+    the mode is passed to ``open`` (so the umask can only tighten it) and set again with
+    ``fchmod`` (so a permissive umask cannot loosen it) before any byte is written."""
+    mode = PRIVATE_MODE if private else PUBLIC_MODE
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    fd = os.open(path, flags, mode)
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "wb") as handle:
+            fd = -1  # owned by the file object now
+            handle.write(data)
+    finally:
+        if fd >= 0:
+            os.close(fd)
 
 
 def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
@@ -87,13 +105,16 @@ def keygen(
 ) -> Path:
     """Write the CA, server and client certificates, identities and directory to ``out``.
 
-    Returns the folder. Raises ``FileExistsError`` if it already holds a ``ca.pem`` (never
-    overwrite a deployment's keys by accident).
+    Returns the folder, mode 0700, its files 0600 (private keys, identities) or 0644 (see
+    the module docstring). Raises ``FileExistsError`` if it already holds a ``ca.pem`` or
+    any file keygen would write (never overwrite a deployment's keys by accident).
     """
     folder = Path(out)
-    folder.mkdir(parents=True, exist_ok=True)
+    folder.mkdir(mode=FOLDER_MODE, parents=True, exist_ok=True)
     if (folder / "ca.pem").exists():
         raise FileExistsError(f"{folder / 'ca.pem'} exists; choose an empty folder")
+    os.chmod(folder, FOLDER_MODE)  # mkdir's mode is cut by the umask, and exist_ok keeps
+    # an existing folder's mode: set it exactly before anything secret lands in it
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca = _certificate("sharefl CA", ca_key, None, ca_key, ca=True)
     _write(folder / "ca.pem", ca.public_bytes(serialization.Encoding.PEM))

@@ -12,11 +12,27 @@ Under the results folder:
   :func:`load_checkpoint` can always tell which model goes with which rounds;
 - ``result.json``: at the end (or on interruption) every round (as in ``rounds.jsonl``,
   each with its own ``traffic``: bytes per client in that round) and ``traffic_total``
-  (bytes per client over the whole run), also written atomically.
+  (bytes per client over the whole run), also written atomically;
+- ``releases.jsonl``: the release journal (:class:`ResultsWriter` as the server's
+  :class:`~sharefl.deploy.server.RunJournal`): one JSON object per line, appended, flushed
+  and fsynced before the server acts on it. ``{"kind": "plan", ...}`` — a round's committed
+  clusterings, with the model (its SHA-256, :func:`~sharefl.protocol.memory.model_digest`)
+  they were planned on, written before the round's RoundStart leaves; ``{"kind":
+  "release", ...}`` — the members of a sum the release check approved, written before the
+  unmask request that releases it leaves; ``{"kind": "sum", ...}`` — that sum once computed,
+  its values in ``releases/round-R-r-k.npy`` (written atomically first). Every line carries
+  the run id. Sum files are kept for the current model only (they are deleted when a plan
+  on a new model is committed); the lines stay.
 
 A server killed at any moment leaves the rounds it finished intact and a model that is
-that of its last finished round, never a torn file; ``sharefl serve --resume DIR``
-continues from there (:func:`load_checkpoint`).
+that of its last finished round, never a torn file, and a journal that lists every sum it
+may have released (a torn last line is the record of a release that was never requested:
+it is dropped). ``sharefl serve --resume DIR`` continues from there
+(:func:`load_checkpoint`): the run id, the model, the clusterings that model was planned
+with and every sum released on it. A round that had committed a plan but not finished is
+closed as ``"interrupted": true`` (no model step: the sums it released are audited, not
+applied), so the run goes on with the next round number over the same model and therefore
+the same clusterings.
 """
 
 from __future__ import annotations
@@ -25,31 +41,64 @@ import dataclasses
 import io
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from sharefl.deploy.errors import DeployError
+from sharefl.protocol.clustering import Clustering
+from sharefl.protocol.coordinator import Release
+from sharefl.protocol.memory import model_digest
+from sharefl.protocol.plan import RoundPlan
 
 ROUNDS_FILE = "rounds.jsonl"
 MODEL_FILE = "model.npy"
 RESULT_FILE = "result.json"
 CHECKPOINT_FILE = "checkpoint.npz"
+RELEASES_FILE = "releases.jsonl"
+SUMS_FOLDER = "releases"
 
 
 class ResumeError(DeployError, ValueError):
     """A results folder that cannot be resumed (say what is wrong with it)."""
 
 
+def model_id(model: np.ndarray) -> str:
+    """The hex SHA-256 that names a model in the journal: the digest a client's memory
+    keys it by (:func:`sharefl.protocol.memory.model_digest`), so both sides agree which
+    rounds ran "on the same model"."""
+    return model_digest(np.asarray(model, dtype=np.float32)).hex()
+
+
+@dataclass
+class ModelRecord:
+    """What the run committed and released on one model.
+
+    Attributes:
+        model: the model's :func:`model_id`.
+        clusterings: the clusterings every round on this model uses (the first plan's).
+        releases: every sum approved on it so far (``sum`` left ``None``: the audit needs
+            the members and positions only), across rounds and restarts.
+    """
+
+    model: str
+    clusterings: tuple[Clustering, ...]
+    releases: list[Release] = field(default_factory=list)
+
+
 @dataclass(frozen=True)
 class Checkpoint:
-    """Where a run stopped: the finished rounds' JSON objects (in order) and the model
-    after the last of them; the next round is ``len(rows)``."""
+    """Where a run stopped: the finished rounds' JSON objects (in order), the model after
+    the last of them, the run id (``None`` for a folder written before run ids), and what
+    the journal holds about that model (``None``: no round was planned on it yet); the
+    next round is ``len(rows)``."""
 
     rows: list[dict]
     model: np.ndarray
+    run: bytes | None = None
+    current: ModelRecord | None = None
 
     @property
     def next_round(self) -> int:
@@ -59,26 +108,36 @@ class Checkpoint:
 def load_checkpoint(out: str | Path) -> Checkpoint:
     """The checkpoint of a results folder written by :class:`ResultsWriter`.
 
-    Repairs the one gap a crash can leave (the checkpoint written, its line not yet
-    appended) by appending that line. Raises :class:`ResumeError` when there is no
-    checkpoint or it does not match ``rounds.jsonl``.
+    Repairs the gaps a crash can leave: the checkpoint written but its line not yet
+    appended (the line is appended); a torn last journal line (dropped: the release it
+    would have recorded was never requested); a round that committed its plan but did not
+    finish (closed as an ``"interrupted"`` round without a model step, see the module
+    docstring). Raises :class:`ResumeError` when there is no checkpoint or it does not
+    match ``rounds.jsonl``.
     """
     folder = Path(out)
     path = folder / CHECKPOINT_FILE
     if not path.is_file():
-        raise ResumeError(f"{path} is missing: nothing to resume (no round finished there)")
+        raise ResumeError(f"{path} is missing: nothing to resume (no run started there)")
     try:
         with np.load(path) as data:
             model = np.array(data["model"])
             last = json.loads(bytes(data["row"]).decode())
-        lines = (folder / ROUNDS_FILE).read_text().splitlines()
+            run = bytes(data["run"]) if "run" in data.files else None
+        rounds_path = folder / ROUNDS_FILE
+        lines = rounds_path.read_text().splitlines() if rounds_path.exists() else []
         rows = [json.loads(line) for line in lines if line.strip()]
     except (OSError, ValueError, KeyError) as exc:
         raise ResumeError(f"cannot read the results in {folder}: {exc}") from exc
     if [r["round"] for r in rows] != list(range(1, len(rows) + 1)):
         raise ResumeError(f"{folder / ROUNDS_FILE} does not hold rounds 1, 2, ... in order")
-    if last["round"] == len(rows) + 1:  # killed between the checkpoint and its line
-        with (folder / ROUNDS_FILE).open("a") as log:
+    if last is None:  # the checkpoint a run writes before its first round
+        if rows:
+            raise ResumeError(
+                f"the checkpoint precedes every round but {ROUNDS_FILE} holds {len(rows)}"
+            )
+    elif last["round"] == len(rows) + 1:  # killed between the checkpoint and its line
+        with rounds_path.open("a") as log:
             log.write(json.dumps(last) + "\n")
         rows.append(last)
     elif last["round"] != len(rows):
@@ -86,7 +145,116 @@ def load_checkpoint(out: str | Path) -> Checkpoint:
             f"the checkpoint is of round {last['round']} but {ROUNDS_FILE} ends with round "
             f"{len(rows)}"
         )
-    return Checkpoint(rows, model)
+    entries = read_journal(folder, run)
+    try:
+        unfinished = [e for e in entries if e["kind"] == "plan" and e["round"] == len(rows) + 1]
+        row = interrupted_row(len(rows) + 1, unfinished[-1], entries, rows) if unfinished else None
+        current = model_record(entries, model_id(model))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ResumeError(
+            f"{folder / RELEASES_FILE} holds an entry without the expected fields ({exc!r}); "
+            "it was not written by sharefl serve"
+        ) from exc
+    if row is not None:
+        write_checkpoint(folder, model, row, run)
+        with rounds_path.open("a") as log:
+            log.write(json.dumps(row) + "\n")
+            log.flush()
+            os.fsync(log.fileno())
+        rows.append(row)
+    return Checkpoint(rows, model, run, current)
+
+
+def read_journal(folder: Path, run: bytes | None) -> list[dict]:
+    """The journal lines of ``run`` (every line when ``run`` is None), in order. A last
+    line without its newline (torn by a crash mid-append) is dropped and cut from the
+    file, so later appends start on a line of their own. Raises :class:`ResumeError` for
+    any other line that does not parse."""
+    path = folder / RELEASES_FILE
+    if not path.exists():
+        return []
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        data = data[: data.rfind(b"\n") + 1]
+        atomic_write_bytes(path, data)
+    entries = []
+    for number, line in enumerate(data.decode().splitlines(), 1):
+        try:
+            entry = json.loads(line)
+        except ValueError as exc:
+            raise ResumeError(f"{path}, line {number}, does not parse: {exc}") from exc
+        if run is None or entry.get("run") == run.hex():
+            entries.append(entry)
+    return entries
+
+
+def model_record(entries: list[dict], model: str) -> ModelRecord | None:
+    """What ``entries`` (the journal of one run) hold about ``model``: the clusterings of
+    its first plan and every release approved on it (None: it was never planned)."""
+    plans = [e for e in entries if e["kind"] == "plan" and e["model"] == model]
+    if not plans:
+        return None
+    clusterings = tuple(
+        Clustering(tuple(tuple(c) for c in clustering)) for clustering in plans[0]["clusterings"]
+    )
+    releases = [
+        Release(e["round"] - 1, e["reclustering"], e["cluster"], tuple(e["members"]))
+        for e in entries
+        if e["kind"] == "release" and e["model"] == model
+    ]
+    return ModelRecord(model, clusterings, releases)
+
+
+def interrupted_row(round_number: int, plan: dict, entries: list[dict], rows: list[dict]) -> dict:
+    """The ``rounds.jsonl`` object of a round (numbered from 1) that committed ``plan`` but
+    did not finish: its participants, the sums it released (as far as the journal knows:
+    ``dropped``, ``excluded`` and ``complaints`` are not), no aggregate, no culprits."""
+    released = [e for e in entries if e["kind"] == "release" and e["round"] == round_number]
+    clusters = [
+        {
+            "reclustering": e["reclustering"],
+            "cluster": e["cluster"],
+            "members": e["members"],
+            "dropped": [],
+            "excluded": [],
+            "complaints": [],
+        }
+        for e in released
+    ]
+    per_reclustering: dict[int, int] = {}
+    for e in released:
+        per_reclustering[e["reclustering"]] = per_reclustering.get(e["reclustering"], 0) + len(
+            e["members"]
+        )
+    return {
+        "round": round_number,
+        "interrupted": True,
+        "participants": sorted({c for cluster in plan["clusterings"][0] for c in cluster}),
+        "clusters": clusters,
+        "failed": [],
+        "withheld": [],
+        "corrupted": [],
+        "culprits": {},
+        "excluded": rows[-1]["excluded"] if rows else [],
+        "contributors": max(per_reclustering.values(), default=0),
+        "seconds": 0.0,
+        "sampled_out": [],
+        "traffic": {},
+    }
+
+
+def write_checkpoint(folder: Path, model: np.ndarray, row: dict | None, run: bytes | None) -> None:
+    """Replace ``checkpoint.npz`` atomically: the model, the JSON object of the round it
+    follows (``None`` before the first round) and the run id."""
+    buffer = io.BytesIO()
+    arrays: dict[str, np.ndarray] = {
+        "model": model,
+        "row": np.frombuffer(json.dumps(row).encode(), np.uint8),
+    }
+    if run is not None:
+        arrays["run"] = np.frombuffer(run, np.uint8)
+    np.savez(buffer, **arrays)  # type: ignore[arg-type]
+    atomic_write_bytes(folder / CHECKPOINT_FILE, buffer.getvalue())
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -119,27 +287,101 @@ def report_row(report: Any) -> dict:
 
 
 class ResultsWriter:
-    """Writes each finished round at once (see the module docstring).
+    """Writes each finished round at once, and is the server's release journal (see the
+    module docstring).
 
     Args:
-        out: the results folder (created). An existing ``rounds.jsonl`` is started afresh,
-            unless ``resume`` gives the checkpoint it continues (rounds appended).
+        out: the results folder (created). An existing ``rounds.jsonl`` and
+            ``releases.jsonl`` are started afresh (and old sum files deleted) when the run
+            begins, unless ``resume`` gives the checkpoint it continues (appended).
     """
 
     def __init__(self, out: str | Path, resume: Checkpoint | None = None) -> None:
         self.folder = Path(out)
         self.folder.mkdir(parents=True, exist_ok=True)
         self.rows: list[dict] = list(resume.rows) if resume else []
+        self._resume = resume
         self._log = (self.folder / ROUNDS_FILE).open("a" if resume else "w")
+        self.run: bytes | None = resume.run if resume else None
+        self._journal: io.TextIOWrapper | None = None
+        self._sums_of: str | None = None
+
+    # -- the release journal (sharefl.deploy.server.RunJournal) ----------------------------
+
+    def begin(self, run: bytes, model: np.ndarray) -> None:
+        """Open the journal of ``run`` whose first round will run on ``model``. A fresh
+        run truncates the journal, deletes old sum files and writes a checkpoint before
+        any round (so a crash in round 1 can be resumed); a resumed run appends."""
+        self.run = bytes(run)
+        fresh = self._resume is None
+        path = self.folder / RELEASES_FILE
+        created = not path.exists()
+        self._journal = path.open("w" if fresh else "a")
+        if fresh:
+            self._delete_sums()
+            write_checkpoint(self.folder, model, None, self.run)
+        if fresh or created:
+            _fsync_dir(self.folder)
+        current = self._resume.current if self._resume else None
+        self._sums_of = current.model if current else None
+
+    def plan(self, model: str, plan: RoundPlan) -> None:
+        """Record the committed plan of a round on ``model`` (call before its RoundStart
+        leaves). The sum files of earlier models are deleted once it is on disk."""
+        self._append(
+            {
+                "kind": "plan",
+                "round": plan.round + 1,
+                "model": model,
+                "clusterings": [[list(c) for c in k.clusters] for k in plan.clusterings],
+            }
+        )
+        if self._sums_of != model:
+            self._delete_sums()
+            self._sums_of = model
+
+    def release(self, model: str, release: Release) -> None:
+        """Record an approved release (``release.sum`` None: before its unmask request
+        leaves) or its computed sum (the values first, atomically, then the line)."""
+        entry: dict[str, Any] = {
+            "kind": "release" if release.sum is None else "sum",
+            "round": release.round + 1,
+            "model": model,
+            "reclustering": release.reclustering,
+            "cluster": release.cluster,
+            "members": list(release.members),
+        }
+        if release.sum is not None:
+            folder = self.folder / SUMS_FOLDER
+            folder.mkdir(exist_ok=True)
+            name = f"round-{release.round + 1}-{release.reclustering}-{release.cluster}.npy"
+            atomic_save_npy(folder / name, np.asarray(release.sum))
+            entry["file"] = f"{SUMS_FOLDER}/{name}"
+        self._append(entry)
+
+    def _append(self, entry: dict[str, Any]) -> None:
+        if self._journal is None or self.run is None:
+            raise DeployError("the release journal is not open: call begin(run, model) first")
+        line = json.dumps({**entry, "run": self.run.hex()})
+        self._journal.write(line + "\n")
+        self._journal.flush()
+        os.fsync(self._journal.fileno())
+
+    def _delete_sums(self) -> None:
+        """Delete every sum file (those of the models before the current one)."""
+        folder = self.folder / SUMS_FOLDER
+        if folder.is_dir():
+            for path in folder.glob("round-*.npy"):
+                path.unlink(missing_ok=True)
+
+    # -- rounds -----------------------------------------------------------------------------
 
     def round(self, report: Any, model: np.ndarray) -> None:
         """Record one finished round: its aggregate, the model after it, its JSON line."""
         if report.total is not None:
             atomic_save_npy(self.folder / f"round-{report.round + 1}-aggregate.npy", report.total)
         row = report_row(report)
-        buffer = io.BytesIO()
-        np.savez(buffer, model=model, row=np.frombuffer(json.dumps(row).encode(), np.uint8))
-        atomic_write_bytes(self.folder / CHECKPOINT_FILE, buffer.getvalue())
+        write_checkpoint(self.folder, model, row, self.run)
         atomic_save_npy(self.folder / MODEL_FILE, model)
         self.rows.append(row)
         self._log.write(json.dumps(row) + "\n")
@@ -159,4 +401,15 @@ class ResultsWriter:
             summary["error"] = error
         atomic_write_bytes(self.folder / RESULT_FILE, json.dumps(summary, indent=1).encode())
         self._log.close()
+        if self._journal is not None:
+            self._journal.close()
         return self.folder
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make a file created (or renamed) in ``directory`` durable: fsync the directory."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -5,12 +5,24 @@ optionally TLS client certificates), converts messages with :mod:`sharefl.deploy
 and hands them to the :class:`ServerRun`, which drives one sans-IO
 :class:`~sharefl.protocol.coordinator.RoundCoordinator` per round, stage by stage with a
 deadline per stage, routing every message by the stream's authenticated client id. A
-client that misses a deadline or disconnects counts as dropped; a late message (its stage
-has closed) is dropped with a log line; a client whose message no honest client sends
-(malformed, oversized, contradictory) gets its stream ended with ``INVALID_ARGUMENT`` or
+client that misses a deadline or disconnects counts as dropped; a late message (of an
+earlier round or reclustering, or of a stage that has closed) is dropped with a log line and
+never held against its sender; a client whose message no honest client sends (malformed,
+oversized, contradictory) gets its stream ended with ``INVALID_ARGUMENT`` or
 ``FAILED_PRECONDITION`` and a message, is named a culprit of the round and counts as
 dropped. Either way the other clients' rounds continue through the protocol's drop-out
-recovery.
+recovery. Every stream the server ends, ends with a status code and a message that says
+why (a :class:`StreamError`), never with gRPC's bare ``INTERNAL``.
+
+Across rounds and restarts the server keeps the coordinator's invariant
+(:mod:`sharefl.protocol.coordinator`): **the server never releases sums of one model under
+two clusterings, and its release audit covers every sum released on that model, across
+rounds and restarts.** A round whose model is the one the previous round ran on (nothing
+was released, or the strategy left the model as it was) reuses that round's clusterings
+under its new round number, its release audit seeded with every sum released on the model
+so far; each round's plan and each release are written to the run's journal
+(:class:`RunJournal`, :class:`~sharefl.deploy.results.ResultsWriter`) before the RoundStart
+or unmask request they justify leaves, and a resumed run restores them with the run id.
 """
 
 from __future__ import annotations
@@ -38,17 +50,19 @@ from sharefl.crypto.signatures import SIGNATURE_BYTES, verify
 from sharefl.deploy import wire
 from sharefl.deploy.config import DeploymentConfig, check_secure_deployment
 from sharefl.deploy.errors import DeployError
-from sharefl.deploy.results import Checkpoint
+from sharefl.deploy.results import Checkpoint, ModelRecord, model_id
 from sharefl.proto import sharefl_pb2 as pb
 from sharefl.proto import sharefl_pb2_grpc as pb_grpc
 from sharefl.protocol.coordinator import (
     Exclusions,
     Planner,
+    Release,
     RoundCoordinator,
     RoundResult,
     SecureAggregationSettings,
 )
 from sharefl.protocol.errors import ConfigurationError, LeakageError, RejectedMessage
+from sharefl.protocol.plan import RoundPlan
 
 HELLO_TAG = b"sharefl/hello\x00"
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
@@ -111,6 +125,8 @@ class ClientLink:
     bytes_out: int = 0
     error: StreamError | None = None
     pending: tuple[pb.MaskedInput, wire.VectorAssembler] | None = None
+    heard: float = 0.0
+    """``time.monotonic()`` when the last message of the client arrived."""
 
     def send(self, message: pb.ServerMessage) -> None:
         if self.alive:
@@ -246,6 +262,31 @@ class ServerStrategy(Protocol):
     ) -> tuple[np.ndarray, np.ndarray, str]: ...
 
 
+RUN_ID_BYTES = 16
+"""A run id: drawn from ``os.urandom`` when a run starts, sent in every RoundStart, kept in
+the checkpoint and on resume (clients key the round numbers they took part in by it)."""
+
+
+class RunJournal(Protocol):
+    """Where the server records, before acting on it, what it commits and releases
+    (:class:`~sharefl.deploy.results.ResultsWriter` writes it to ``--out``).
+
+    Each call must be durable when it returns; an exception stops the run before the
+    message it would justify is sent. ``model`` is the :func:`~sharefl.deploy.results.
+    model_id` of the round's model.
+    """
+
+    def begin(self, run: bytes, model: np.ndarray) -> None:
+        """The run (id and starting model) begins or resumes."""
+
+    def plan(self, model: str, plan: RoundPlan) -> None:
+        """A round's plan, before its RoundStart is sent."""
+
+    def release(self, model: str, release: Release) -> None:
+        """An approved release (``sum`` None: before its unmask request is sent), or its
+        computed sum (before the next reclustering opens)."""
+
+
 def descend(model: np.ndarray, learning_rate: float, aggregate: np.ndarray) -> np.ndarray:
     """``model − learning_rate · aggregate`` as float32: the one sign convention of sharefl.
 
@@ -363,11 +404,20 @@ class ServerRun:
     participants are k of the connected, eligible clients (:func:`sample_participants`);
     the others only get the round's RoundEnd.
 
+    One model, one plan (the invariant of :mod:`sharefl.protocol.coordinator`): a round
+    whose model has a :class:`~sharefl.deploy.results.ModelRecord` (an earlier round, or
+    the run before a restart, planned on it) reuses its clusterings and participants
+    exactly, with its releases seeding the audit; a participant that is gone, excluded or
+    not connected counts as dropped (its clusters' sums shrink, and the audit decides).
+    Only a new model gets a new plan (and, with ``clients_per_round``, new participants).
+
     ``resume`` (a :class:`~sharefl.deploy.results.Checkpoint`) continues a stopped run: its
-    model, the exclusions its rounds recorded, and rounds from its ``next_round`` on.
-    ``on_round(report, model)`` is called after every finished round (the results writer);
-    once it returned, the report's aggregate is dropped so memory does not grow with the
-    rounds. Raises :class:`ConfigurationError` for an insecure configuration off loopback
+    run id, model, the clusterings and releases of that model, the exclusions its rounds
+    recorded, and rounds from its ``next_round`` on. ``journal`` records plans and releases
+    before they are acted on (:class:`RunJournal`). ``on_round(report, model)`` is called
+    after every finished round (the results writer); once it returned, the report's
+    aggregate is dropped so memory does not grow with the rounds. Raises
+    :class:`ConfigurationError` for an insecure configuration off loopback
     (:func:`~sharefl.deploy.config.check_secure_deployment`).
     """
 
@@ -379,6 +429,7 @@ class ServerRun:
         directory: Mapping[int, bytes] | None = None,
         on_round: Callable[[RoundReport, np.ndarray], None] | None = None,
         resume: Checkpoint | None = None,
+        journal: RunJournal | None = None,
     ) -> None:
         self.config = config
         self.settings = round_settings(config)
@@ -397,9 +448,18 @@ class ServerRun:
         self.exclusions = Exclusions(config.secure_aggregation.exclude_after)
         self.start_round = 0
         self.model = np.asarray(self.strategy.initial_model(), dtype=np.float32)
+        self.journal = journal
+        self.run_id = os.urandom(RUN_ID_BYTES)
+        self.current: ModelRecord | None = None
+        """The plan and releases of the model the last round ran on (see the class doc)."""
         if resume is not None:
             self.start_round = resume.next_round
             self.model = np.asarray(resume.model, dtype=np.float32)
+            if resume.run is not None:
+                self.run_id = resume.run
+            if resume.current is not None:  # a copy: the run appends to its releases
+                known = resume.current
+                self.current = ModelRecord(known.model, known.clusterings, list(known.releases))
             for row in resume.rows:  # the exclusion policy's state, replayed
                 self.exclusions.record({int(c): r for c, r in row["culprits"].items()})
         if self.model.shape != (config.model.dim,):
@@ -505,7 +565,7 @@ class ServerRun:
                 raise
             text = wire.printable(str(exc), OWN_TEXT_CHARS)
             self.peer_log.line(
-                link.client_id, f"client {link.client_id}: late message ignored: {text}"
+                link.client_id, f"client {link.client_id}: late message dropped: {text}"
             )
         self.changed.set()
 
@@ -550,6 +610,8 @@ class ServerRun:
         ``FAILED_PRECONDITION`` and the reason, so clients report the server's refusal, and
         is raised again."""
         try:
+            if self.journal is not None:
+                self.journal.begin(self.run_id, self.model)
             await self.wait_for_clients()
             for round_index in range(self.start_round, self.config.server.rounds):
                 self._warn_insecure()
@@ -580,20 +642,8 @@ class ServerRun:
         start = time.monotonic()
         before = {cid: (link.bytes_in, link.bytes_out) for cid, link in self.links.items()}
         eligible = self.exclusions.eligible(self.alive())
-        participants = sample_participants(eligible, self.config.server.clients_per_round, self.rng)
-        if len(participants) < max(2, self.settings.min_sum_size):
-            raise ConfigurationError(
-                f"round {round_index}: only {len(participants)} clients left (connected and "
-                f"not excluded); a round needs at least {max(2, self.settings.min_sum_size)}"
-            )
-        rc = RoundCoordinator(
-            self.settings,
-            round=round_index,
-            participants=participants,
-            length=self.config.model.dim,
-            rng=self.rng,
-            directory=self.directory,
-        )
+        rc = self._coordinator(round_index, eligible)
+        participants = list(rc.plan.participants)
         self.round = rc
         header, chunks = wire.vector_to_proto(self.model)
         chunk_list = list(chunks)
@@ -603,9 +653,10 @@ class ServerRun:
                 model=header,
                 reclusterings=rc.plan.reclusterings,
                 plan=wire.plan_to_proto(rc.plan),
+                run=self.run_id,
             )
         )
-        for cid in participants:
+        for cid in sorted(set(participants) & set(eligible)):
             self.links[cid].send_vector(start_message, chunk_list)
         assert rc.encoding is not None  # deployments always encode float updates
         while not rc.done:
@@ -661,6 +712,59 @@ class ServerRun:
         )
         self.peer_log.end_round()
         return report
+
+    def _coordinator(self, round_index: int, eligible: list[int]) -> RoundCoordinator:
+        """The round's coordinator, its plan committed to the journal. Over the model of
+        :attr:`current` it reuses that plan's clusterings and participants with its releases
+        as the audit's prior; over a new model it samples participants and draws a plan.
+        Raises :class:`ConfigurationError` when fewer than ``max(2, min_sum_size)`` of the
+        round's participants are connected and not excluded."""
+        digest = model_id(self.model)
+        record = self.current if self.current and self.current.model == digest else None
+        if record is not None:
+            participants = list(record.clusterings[0].members)
+        else:
+            participants = sample_participants(
+                eligible, self.config.server.clients_per_round, self.rng
+            )
+        live = set(participants) & set(eligible)
+        needed = max(2, self.settings.min_sum_size)
+        if len(live) < needed:
+            again = " of the model's planned clients" if record is not None else ""
+            raise ConfigurationError(
+                f"round {round_index}: only {len(live)}{again} left (connected and not "
+                f"excluded); a round needs at least {needed}"
+            )
+
+        def released(release: Release) -> None:
+            # Persist first: the unmask request (or the next reclustering) waits for it.
+            if self.journal is not None:
+                self.journal.release(digest, release)
+            if release.sum is None:
+                assert self.current is not None
+                self.current.releases.append(release)
+
+        rc = RoundCoordinator(
+            self.settings,
+            round=round_index,
+            participants=participants,
+            length=self.config.model.dim,
+            rng=self.rng,
+            directory=self.directory,
+            clusterings=record.clusterings if record is not None else None,
+            prior_releases=list(record.releases) if record is not None else (),
+            on_release=released,
+        )
+        if record is None:
+            self.current = ModelRecord(digest, rc.plan.clusterings)
+        else:
+            self.log(
+                f"round {round_index + 1}: the model is unchanged, so its clusterings are "
+                f"reused ({len(record.releases)} sums already released on it)"
+            )
+        if self.journal is not None:
+            self.journal.plan(digest, rc.plan)
+        return rc
 
     def _send(self, cid: int, message: pb.ServerMessage) -> None:
         link = self.links.get(cid)
@@ -772,16 +876,39 @@ class AggregationService(pb_grpc.AggregationServicer):
         return self.run.register(client_id, identity)
 
     async def _serve(self, link: ClientLink, incoming, context) -> None:
-        """Move the link's outbox to the stream and its messages to the run until it ends."""
+        """Move the link's outbox to the stream and its messages to the run until it ends;
+        a link closed with an error ends the stream with its code and message, once the
+        client has stopped writing (:meth:`_let_client_finish`)."""
         reader = asyncio.create_task(self._read(link, incoming))
         try:
             while (message := await link.outbox.get()) is not None and link.error is None:
                 await context.write(message)
+            if link.error is not None:
+                await self._let_client_finish(link, reader)
         finally:
             reader.cancel()
             self.run.disconnect(link)
         if link.error is not None:
             await context.abort(link.error.code, str(link.error))
+
+    @staticmethod
+    async def _let_client_finish(link: ClientLink, reader: asyncio.Task) -> None:
+        """Wait, reading and dropping (see :meth:`_read`), until the client has sent
+        nothing for :data:`END_QUIET_S` (at most :data:`END_GRACE_S`).
+
+        Why: a client still answers the messages it had received when its stream ends. A
+        grpc.aio client whose write meets a stream the server has already ended reports
+        ``INTERNAL: Internal error from Core`` instead of the server's status (the write's
+        failure replaces it; measured with grpcio 1.85), so the status is sent once the
+        client is reading. A client paused for longer than the quiet period can still see
+        ``INTERNAL``; the server's log names the reason either way."""
+        start = time.monotonic()
+        while not reader.done():
+            now = time.monotonic()
+            until = min(max(link.heard, start) + END_QUIET_S, start + END_GRACE_S)
+            if now >= until:
+                return
+            await asyncio.wait({reader}, timeout=until - now)
 
     async def _authenticate(self, incoming, nonce: bytes) -> tuple[int, bytes]:
         """The client id and Ed25519 identity of a stream whose first message is a valid
@@ -829,28 +956,36 @@ class AggregationService(pb_grpc.AggregationServicer):
         that are not a ``ClientMessage`` (measured with grpcio 1.85 by a client whose
         serializer sends raw bytes): that, a :class:`StreamError` from the coordinator, or
         any other exception closes the link with ``INVALID_ARGUMENT`` (or the
-        coordinator's code) and a message, never the server.
+        coordinator's code) and a message, never the server. Once the link is closed (by
+        this or by the run: exclusion, a stopped run) the messages still arriving are read
+        and dropped until :meth:`_serve` ends the stream.
         """
         try:
             async for envelope in incoming:
-                self.run.on_message(link, bounded_refusal(envelope))
-        except StreamError as exc:
-            self._end(link, exc)
+                link.heard = time.monotonic()
+                if not link.alive:
+                    continue  # the stream is ending (see _serve): what still comes is dropped
+                try:
+                    self.run.on_message(link, bounded_refusal(envelope))
+                except StreamError as exc:
+                    self._end(link, exc)
+                except Exception as exc:  # one client must never take the server down
+                    self.run.peer_log.line(
+                        link.client_id,
+                        f"client {link.client_id}: unexpected {type(exc).__name__} while "
+                        f"handling its message: {wire.printable(str(exc), OWN_TEXT_CHARS)}",
+                    )
+                    message = (
+                        f"the server could not handle this message ({type(exc).__name__}); "
+                        "the stream is closed"
+                    )
+                    self.run.misbehaved(
+                        link, StreamError(grpc.StatusCode.INVALID_ARGUMENT, message)
+                    )
         except (grpc.aio.AioRpcError, asyncio.CancelledError):
             link.close()
         except DecodeError:
             self._end(link, StreamError(grpc.StatusCode.INVALID_ARGUMENT, UNDECODABLE))
-        except Exception as exc:  # one client must never take the server down
-            self.run.peer_log.line(
-                link.client_id,
-                f"client {link.client_id}: unexpected {type(exc).__name__} while handling its "
-                f"message: {wire.printable(str(exc), OWN_TEXT_CHARS)}",
-            )
-            message = (
-                f"the server could not handle this message ({type(exc).__name__}); "
-                "the stream is closed"
-            )
-            self.run.misbehaved(link, StreamError(grpc.StatusCode.INVALID_ARGUMENT, message))
         else:
             link.close()
         finally:
@@ -864,6 +999,11 @@ class AggregationService(pb_grpc.AggregationServicer):
         self.run.misbehaved(link, error)
 
 
+END_QUIET_S = 0.5
+"""A stream the server ends with an error gets its status once the client has sent nothing
+for this long (:meth:`AggregationService._let_client_finish`)..."""
+END_GRACE_S = 5.0
+"""... or this long after the server decided to end it, whichever comes first."""
 BUSY = "the server is busy: too many streams without a Hello"
 """The start of the ``RESOURCE_EXHAUSTED`` message of a stream beyond the cap on
 unauthenticated streams (clients retry it)."""
@@ -996,6 +1136,7 @@ async def serve(
     strategy: ServerStrategy | None = None,
     on_round: Callable[[RoundReport, np.ndarray], None] | None = None,
     resume: Checkpoint | None = None,
+    journal: RunJournal | None = None,
 ) -> RunResult:
     """Run the server until the configured rounds are done.
 
@@ -1006,21 +1147,36 @@ async def serve(
     the initial model and what the released sums do (default :class:`AveragingStrategy`;
     the simulator's robust training is :class:`sharefl.simulation_bridge.
     SimulationStrategy`). ``on_round(report, model)`` runs after each finished round (see
-    :class:`ServerRun`); ``resume`` continues a stopped run (see :class:`ServerRun`). The
+    :class:`ServerRun`); ``resume`` continues a stopped run and ``journal`` records plans
+    and releases before they are acted on (see :class:`ServerRun`; ``sharefl serve --out``
+    passes its :class:`~sharefl.deploy.results.ResultsWriter` as both). The
     whole configuration is validated before the port is bound
     (:func:`validate_deployment`): raises :class:`ConfigurationError` /
     :class:`LeakageError` for an unusable or (off loopback) insecure configuration.
     """
     directory = load_directory(config.tls.directory)
     validate_deployment(config, directory, strategy)
-    run = ServerRun(config, log, strategy, directory, on_round, resume)
+    run = ServerRun(config, log, strategy, directory, on_round, resume, journal)
     if resume is not None:
         if resume.next_round >= config.server.rounds:
             raise ConfigurationError(
                 f"the run to resume finished {resume.next_round} of {config.server.rounds} "
                 "rounds: nothing is left (raise server.rounds to go on)"
             )
-        log(f"resuming at round {resume.next_round + 1}/{config.server.rounds}")
+        if resume.rows and resume.rows[-1].get("interrupted"):
+            log(
+                f"round {resume.next_round} was interrupted: it is closed without a model "
+                "step; its releases stay in the audit"
+            )
+        known = resume.current
+        log(
+            f"resuming at round {resume.next_round + 1}/{config.server.rounds}"
+            + (
+                f" with the model's clusterings and {len(known.releases)} sums released on it"
+                if known is not None
+                else ""
+            )
+        )
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),

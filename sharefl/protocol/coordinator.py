@@ -31,18 +31,34 @@ What the coordinator promises (the threat model of DESIGN.md):
   key or signature), whose secrets cannot be rebuilt from its own dealing, or whom every
   peer disowned, is named in :attr:`RoundResult.culprits`; :class:`Exclusions` turns those
   names into exclusion from later rounds. Nothing a client sends reaches another cluster.
-- Curious server. A sum is released only if everything released in the round so far plus
-  this sum still reveals no individual update and no sum of fewer than
+- Curious server. A sum is released only if everything released so far *on the round's
+  model* (this round's sums and the ``prior_releases`` a transport hands in, see below)
+  plus this sum still reveals no individual update and no sum of fewer than
   ``min_sum_size`` clients (an exact rational audit, :mod:`sharefl.protocol.audit`); else it
   is *withheld* before any unmask request goes out, so it is never computed. An audit that
   cannot finish withholds too.
+
+Across rounds and restarts. Clients compute their updates from the model the round
+broadcasts, so two rounds over one model sum the same inputs: their releases are equations
+over the same unknowns. A transport that runs several rounds keeps this invariant:
+
+    **the server never releases sums of one model under two clusterings, and its release
+    audit covers every sum released on that model, across rounds and restarts.**
+
+It does so with two arguments of :class:`RoundCoordinator`: ``clusterings`` (a round over a
+model that an earlier round already used takes that round's clusterings, under its own
+round number, instead of drawing new ones) and ``prior_releases`` (every :class:`Release`
+already approved on that model seeds the :class:`ReleaseAuditor`, so the audit of the new
+round's sums is the audit of the union). ``on_release`` reports each approval *before* the
+unmask request that releases it is handed to the transport, and each computed sum before
+the next reclustering opens: a transport that persists them there (the gRPC server does,
+:mod:`sharefl.deploy.results`) loses no release record in a crash at any point.
 """
 
 from __future__ import annotations
 
 import enum
-import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -62,6 +78,7 @@ from sharefl.protocol.audit import (
 )
 from sharefl.protocol.clustering import Clustering, ClusteringError, random_clustering
 from sharefl.protocol.errors import ConfigurationError, LeakageError, RejectedMessage, StageError
+from sharefl.protocol.isolation import Suspicion, isolating_reclusterings
 from sharefl.protocol.messages import ClientMessage, ClusterAssignment, ServerMessage
 from sharefl.protocol.plan import RoundPlan
 from sharefl.protocol.server import ClusterSum, FailedCluster, ServerSession
@@ -81,6 +98,11 @@ class Planner(enum.Enum):
     SAFE = "safe"
     """R = 1: a random partition; R > 1: :func:`~sharefl.protocol.audit.
     sample_safe_reclusterings`, reclusterings that together leak nothing."""
+    ISOLATE = "isolate"
+    """:data:`SAFE`, with the suspects of the :class:`~sharefl.protocol.isolation.Suspicion`
+    passed to :func:`plan_round` spread over the clusters (R = 1) or the sampler's blocks
+    (R > 1), to pin a client whose clusters are flagged round after round
+    (:mod:`sharefl.protocol.isolation`). Without a suspicion it is :data:`SAFE`."""
 
 
 @dataclass(frozen=True)
@@ -155,6 +177,34 @@ class CorruptedCluster:
 
 
 @dataclass(frozen=True)
+class Release:
+    """One sum the release check approved: from then on the server may learn it.
+
+    Reported twice through ``RoundCoordinator(on_release=...)``: once when the members are
+    approved (``sum`` is ``None``; the unmask requests are not yet out), once when the sum
+    is computed (``sum`` set: the decoded float64 sum when the round encodes, else the ring
+    sum). As ``prior_releases`` only the members and the position count.
+
+    Attributes:
+        round: the round that released it.
+        reclustering, cluster: its position in that round's plan.
+        members: the clients whose inputs it sums (sorted).
+        sum: the value, once computed.
+    """
+
+    round: int
+    reclustering: int
+    cluster: int
+    members: tuple[int, ...]
+    sum: np.ndarray | None = None
+
+    @property
+    def position(self) -> tuple[int, int]:
+        """(reclustering, cluster)."""
+        return (self.reclustering, self.cluster)
+
+
+@dataclass(frozen=True)
 class ReclusteringResult:
     """One reclustering of a round.
 
@@ -187,7 +237,8 @@ class RoundResult:
     """Everything one round produced.
 
     ``planned_audit`` is the audit of the plan before the round, ``realised_audit`` the
-    audit of the sums it released (drop-outs shrink sums). ``culprits`` maps each client
+    audit of the sums it released (drop-outs shrink sums) together with the
+    ``prior_releases`` on the same model it was given. ``culprits`` maps each client
     that provably misbehaved to the first reason found.
     """
 
@@ -230,8 +281,16 @@ def plan_round(
     settings: SecureAggregationSettings,
     rng: np.random.Generator,
     clusterings: Sequence[Clustering] | None = None,
+    *,
+    suspicion: Suspicion | None = None,
 ) -> tuple[RoundPlan, LeakageReport]:
     """Draw (or take) the round's clusterings and audit them.
+
+    With ``settings.planner`` :data:`Planner.ISOLATE`, ``suspicion`` (the caller's history
+    of flagged clusters, updated by the caller with :meth:`Suspicion.record` after each
+    round) decides which clients are spread apart; a transport passes the plan's
+    clusterings on to :class:`RoundCoordinator` (``clusterings=``). The plan is audited
+    like any other.
 
     Raises :class:`ConfigurationError` when the clusterings cannot be drawn or do not
     partition ``participants``, and :class:`LeakageError` when the plan leaks (or its audit
@@ -244,6 +303,10 @@ def plan_round(
     try:
         if clusterings is not None:
             plan = list(clusterings)
+        elif settings.planner is Planner.ISOLATE and settings.secure:
+            plan = isolating_reclusterings(
+                ids, m, r, suspicion, rng, min_sum_size=settings.min_sum_size
+            )
         elif settings.planner is Planner.SAFE and r > 1 and settings.secure:
             plan = sample_safe_reclusterings(ids, m, r, rng, min_sum_size=settings.min_sum_size)
         else:
@@ -280,6 +343,10 @@ class ReleaseAuditor:
 
     With ``enforce`` off (``allow_leakage``, or no secure aggregation by design) every sum is
     approved and only recorded, for the realised audit.
+
+    ``prior`` seeds it with the sums already released on the same model (earlier rounds,
+    or a run that crashed, over the same clusterings): they count as approved, and as seen
+    by their members at their positions, so every later check audits the union.
     """
 
     def __init__(
@@ -291,6 +358,7 @@ class ReleaseAuditor:
         enforce: bool = True,
         client_views: bool = False,
         search_budget: int = DEFAULT_SEARCH_BUDGET,
+        prior: Sequence[Release] = (),
     ) -> None:
         self._plan = plan
         self._planned = {frozenset(row) for row in plan.rows()}
@@ -301,6 +369,11 @@ class ReleaseAuditor:
         self._budget = search_budget
         self._seen: dict[int, dict[tuple[int, int], frozenset[int]]] = {}
         self.approved: list[frozenset[int]] = []
+        for release in prior:
+            row = frozenset(release.members)
+            self.approved.append(row)
+            for client in row:
+                self._seen.setdefault(client, {})[release.position] = row
 
     def check(self, members: Sequence[int], position: tuple[int, int] | None = None) -> str | None:
         """``None`` (and the sum counts as released from now on) or why it is withheld.
@@ -356,10 +429,18 @@ class RoundCoordinator:
             by the operating system; a simulation its seeded generator).
         directory: client id → Ed25519 public key (signed mode: adverts and consistency
             signatures are checked on receipt).
-        clusterings: explicit clusterings instead of drawing them.
+        clusterings: explicit clusterings instead of drawing them (a round over a model an
+            earlier round used passes that round's clusterings: see the module docstring).
         encoding: the fixed-point encoding of float inputs; default: chosen from
             ``settings.clip`` for :data:`RANGE_HEADROOM` × the largest planned cluster
             (``None`` when clip is None).
+        prior_releases: the sums already released on this round's model (seed the release
+            audit, :class:`ReleaseAuditor`); with them, pass the clusterings they were
+            released under.
+        on_release: called with each :class:`Release` as it is approved (before the unmask
+            requests that release it leave :meth:`advance`) and again with its sum once
+            computed (in :meth:`close_reclustering`). An exception it raises propagates:
+            the release is then never requested (a transport's "persist, then release").
 
     Raises :class:`ConfigurationError` / :class:`LeakageError` as :func:`plan_round`.
     """
@@ -375,6 +456,8 @@ class RoundCoordinator:
         directory: Mapping[int, bytes] | None = None,
         clusterings: Sequence[Clustering] | None = None,
         encoding: RingEncoding | None = None,
+        prior_releases: Sequence[Release] = (),
+        on_release: Callable[[Release], None] | None = None,
     ) -> None:
         if length < 0:
             raise ConfigurationError(f"length must be >= 0, got {length}")
@@ -405,7 +488,9 @@ class RoundCoordinator:
             plan_is_safe=not self.planned_audit.leaks,
             enforce=settings.secure and not settings.allow_leakage,
             client_views=settings.signed,
+            prior=prior_releases,
         )
+        self._on_release = on_release
         self.culprits: dict[int, str] = {}
         self._results: list[ReclusteringResult] = []
         self._sessions: dict[int, ServerSession] = {}
@@ -453,15 +538,25 @@ class RoundCoordinator:
                 raise_to_floor=self.settings.raise_threshold_to_floor,
             )
             self._sessions[index] = ServerSession(
-                assignment,
-                self._directory,
-                functools.partial(self._release.check, position=(r, index)),
+                assignment, self._directory, self._approver((r, index))
             )
             for cid in members:
                 self._cluster_of[cid] = index
                 assignments[cid] = assignment
         self._open = True
         return assignments
+
+    def _approver(self, position: tuple[int, int]) -> Callable[[Sequence[int]], str | None]:
+        """The release check of the cluster at ``position``: the audit, then (approved)
+        ``on_release`` before the session may return its unmask requests."""
+
+        def approve(members: Sequence[int]) -> str | None:
+            withheld = self._release.check(members, position)
+            if withheld is None and self._on_release is not None:
+                self._on_release(Release(self.plan.round, *position, tuple(sorted(members))))
+            return withheld
+
+        return approve
 
     def assignment_of(self, client: int) -> ClusterAssignment | None:
         """The open reclustering's assignment of ``client`` (None if it has none)."""
@@ -474,15 +569,30 @@ class RoundCoordinator:
         """Route one message from the authenticated ``sender`` to its cluster.
 
         Raises :class:`RejectedMessage` (and names the sender a culprit when
-        ``misbehaviour``) for a message claiming another sender, of another round,
-        reclustering, cluster or plan, or that its cluster's session rejects.
+        ``misbehaviour``) for a message claiming another sender, of another cluster or plan
+        of this round, of a later round, or that its cluster's session rejects.
+
+        Late messages are rejected with ``misbehaviour=False`` (the transport drops them,
+        nobody is named): a message of an *earlier round* (any context whose round is below
+        this plan's), of an earlier reclustering of this plan, or of a stage its cluster
+        has closed. An honest client paused past a stage deadline, or behind a network that
+        delays its packets, sends exactly these; they cannot reach this round's sums (their
+        keys are bound to another round or cluster), so dropping them costs nothing and
+        naming their sender would exclude honest clients.
         """
         claimed = getattr(message, "sender", None)
         try:
             if claimed != sender:
                 raise RejectedMessage(f"client {sender} sent a message as client {claimed}", sender)
-            index = self._cluster_of.get(sender)
             context = getattr(message, "context", None)
+            if context is not None and context.round < self.plan.round:
+                raise RejectedMessage(
+                    f"client {sender}: a message of round {context.round} arrived in round "
+                    f"{self.plan.round} (wire numbers, from 0)",
+                    sender,
+                    misbehaviour=False,
+                )
+            index = self._cluster_of.get(sender)
             if not self._open or index is None:
                 raise RejectedMessage(
                     f"client {sender} has no open cluster", sender, misbehaviour=False
@@ -551,7 +661,7 @@ class RoundCoordinator:
             if ring is None:
                 self._clear[index] = FailedCluster(index, members, "advertise", "client dropped")
                 continue
-            withheld = self._release.check(members)
+            withheld = self._approver((r, index))(members)
             self._clear[index] = (
                 FailedCluster(index, members, "release", withheld)
                 if withheld is not None
@@ -577,15 +687,18 @@ class RoundCoordinator:
                 self.name_culprit(
                     culprit, f"every peer in cluster {r}/{index} disowned its share bundles"
                 )
-            if self.encoding is None:
-                sums.append(outcome)
-                continue
-            try:
-                values = decode(outcome.ring_sum, self.encoding, len(outcome.members))
-            except SumOutOfRange as exc:
-                corrupted.append(CorruptedCluster(index, outcome.members, str(exc)))
-                continue
-            sums.append(replace(outcome, decoded=values))
+            if self.encoding is not None:
+                try:
+                    values = decode(outcome.ring_sum, self.encoding, len(outcome.members))
+                except SumOutOfRange as exc:
+                    corrupted.append(CorruptedCluster(index, outcome.members, str(exc)))
+                    continue
+                outcome = replace(outcome, decoded=values)
+            sums.append(outcome)
+            if self._on_release is not None:
+                self._on_release(
+                    Release(self.plan.round, r, index, tuple(outcome.members), outcome.sum)
+                )
         result = ReclusteringResult(r, self.plan.clusterings[r], sums, failed, corrupted)
         self._results.append(result)
         self._open = False
@@ -593,7 +706,8 @@ class RoundCoordinator:
         return result
 
     def result(self) -> RoundResult:
-        """The round's results (after the last reclustering closed)."""
+        """The round's results (after the last reclustering closed). The realised audit
+        covers every sum released on the model: this round's and ``prior_releases``."""
         if not self.done:
             raise StageError(f"{self.plan.reclusterings - self.reclustering} reclusterings left")
         realised = audit(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -25,8 +26,10 @@ from sharefl.protocol.coordinator import (
     RoundCoordinator,
     RoundResult,
     SecureAggregationSettings,
+    plan_round,
 )
 from sharefl.protocol.errors import ClientRefusal, ConfigurationError, RejectedMessage
+from sharefl.protocol.isolation import Suspicion
 from sharefl.protocol.messages import (
     ClientMessage,
     ClusterAssignment,
@@ -190,6 +193,34 @@ def _drive(
             send(cid, reply)
 
 
+MAX_CLIENT_ID = 2**64 - 1
+"""The largest client id: ids are unsigned 64-bit everywhere they are bound (the key
+derivation's :class:`~sharefl.crypto.kdf.KeyContext` info, the plan digest, the wire's
+``uint64`` fields)."""
+
+
+def _client_ids(inputs: Mapping[Any, np.ndarray]) -> dict[int, np.ndarray]:
+    """``inputs`` keyed by Python ints, or :class:`ConfigurationError` naming every id that
+    is not an integer in [0, 2^64) (bools, floats, numpy floats and strings are refused,
+    even when they equal an integer: ``True`` or ``3.0`` is a mistake, not an id; numpy
+    integers are accepted)."""
+    bad = [
+        cid
+        for cid in inputs
+        if isinstance(cid, bool | np.bool_)
+        or not isinstance(cid, int | np.integer)
+        or not 0 <= int(cid) <= MAX_CLIENT_ID
+    ]
+    if bad:
+        shown = ", ".join(repr(cid) for cid in bad[:10])
+        raise ConfigurationError(
+            f"client ids must be integers in [0, 2^64); got {shown}"
+            + (f" and {len(bad) - 10} more" if len(bad) > 10 else "")
+            + ": key the inputs by non-negative int ids"
+        )
+    return {int(cid): x for cid, x in inputs.items()}
+
+
 def _ring_inputs(
     inputs: Mapping[int, np.ndarray], bits: int | None, encoding: RingEncoding | None
 ) -> tuple[dict[int, np.ndarray], int, bool]:
@@ -254,6 +285,7 @@ def secure_sum(
     protocol: bool = True,
     policies: Mapping[int, ClientPolicy] | None = None,
     byzantine_inputs: Mapping[int, np.ndarray] | None = None,
+    suspicion: Suspicion | None = None,
 ) -> RoundResult:
     """Securely sum ``inputs`` inside random clusters, R times, in this process.
 
@@ -289,6 +321,11 @@ def secure_sum(
         byzantine_inputs: client id → the ring vector (of the ring's dtype and the inputs'
             length) that Byzantine client masks instead of its encoded input: any value,
             in or out of the honest range.
+        suspicion: the history of flagged clusters across rounds
+            (:class:`~sharefl.protocol.isolation.Suspicion`): with ``planner``
+            :data:`Planner.ISOLATE` the plan spreads its suspects, and the round's outcome
+            is recorded into it before this returns (``suspicion.pinned`` then names a
+            client the flags point to, if any).
 
     Returns:
         The :class:`RoundResult`: per reclustering the released (decoded) sums, the failed,
@@ -296,10 +333,12 @@ def secure_sum(
 
     Raises:
         LeakageError: the planned clusterings leak and ``allow_leakage`` is False.
-        ConfigurationError: inconsistent inputs or parameters.
+        ConfigurationError: inconsistent inputs or parameters, or client ids that are not
+            integers in [0, 2^64) (named in the message).
     """
     if not inputs:
         raise ConfigurationError("no inputs")
+    inputs = _client_ids(inputs)
     if not protocol and (dropouts or signed):
         raise ConfigurationError("dropouts and signed mode need protocol=True")
     arrays, width, floats = _ring_inputs(inputs, bits, encoding)
@@ -327,6 +366,8 @@ def secure_sum(
         min_neighbours=min(ClientPolicy.min_neighbours, min_sum_size - 1),
         min_sum_size=min_sum_size,
         max_reclusterings=max(reclusterings, ClientPolicy.max_reclusterings),
+        max_participants=max(len(ids), ClientPolicy.max_participants),
+        max_audit_work=None,  # the coordinator of this process audited the plan unbounded
     )
     if signed and not policies:
         identities = {cid: IdentityKey.generate() for cid in ids}
@@ -337,6 +378,9 @@ def secure_sum(
         }
     else:
         directory = {cid: p.identity.public for cid, p in (policies or {}).items() if p.identity}
+    if suspicion is not None and clusterings is None and planner is Planner.ISOLATE:
+        plan, _ = plan_round(round, ids, settings, rng, suspicion=suspicion)
+        clusterings = plan.clusterings
     coordinator = RoundCoordinator(
         settings,
         round=round,
@@ -413,7 +457,10 @@ def secure_sum(
             }
         )
         coordinator.close_reclustering().events.update(events)
-    return coordinator.result()
+    result = coordinator.result()
+    if suspicion is not None:
+        suspicion.record(result)
+    return result
 
 
 def _clear_sum(members: Sequence[int], vectors: Mapping[int, np.ndarray]) -> np.ndarray:
