@@ -15,6 +15,7 @@ from sharefl.crypto.errors import (
 )
 from sharefl.crypto.kdf import (
     _PROBE,
+    PROTOCOL_VERSION,
     KeyContext,
     Purpose,
     X25519KeyPair,
@@ -63,7 +64,7 @@ def test_every_context_field_and_purpose_changes_the_key(pair):
         ),
         derive_key(
             secret,
-            KeyContext(round=3, reclustering=1, cluster=2, version=2),
+            KeyContext(round=3, reclustering=1, cluster=2, version=PROTOCOL_VERSION + 1),
             Purpose.MASK_SEED,
             7,
             11,
