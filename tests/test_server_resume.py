@@ -362,7 +362,8 @@ def test_a_run_crashing_in_round_one_resumes_from_the_checkpoint_written_at_its_
 def test_a_client_still_writing_when_its_stream_ends_reads_the_reason(tmp_path):
     """A client that sends a message no honest client sends (a vector chunk without its
     header), then goes on writing for a while before it reads, gets INVALID_ARGUMENT and the
-    reason, not gRPC's "Internal error from Core" (its writes meet an open stream)."""
+    reason (a Goodbye, then the same status), not gRPC's "Internal error from Core" (its
+    writes meet an open stream)."""
     identity = IdentityKey.generate()
 
     async def main():
@@ -383,14 +384,17 @@ def test_a_client_still_writing_when_its_stream_ends_reads_the_reason(tmp_path):
             for _ in range(6):
                 await call.write(chunk)
                 await asyncio.sleep(0.05)
+            goodbye = (await call.read()).goodbye
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await call.read()
         server.cancel()
         with pytest.raises(BaseException):  # noqa: B017 - the server task is cancelled
             await server
-        return err.value
+        return goodbye, err.value
 
-    error = asyncio.run(main())
+    goodbye, error = asyncio.run(main())
+    assert goodbye.code == "INVALID_ARGUMENT", goodbye
+    assert "chunk without a vector header" in goodbye.reason
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error
     assert "chunk without a vector header" in error.details()
 

@@ -125,6 +125,18 @@ class TrainerFailed(DeployError):
     dropped). The original exception is the ``__cause__``."""
 
 
+class ServerEnded(grpc.aio.AioRpcError):
+    """The server ended this client's stream and said why (``Goodbye``: the status code and
+    reason it then sends as the gRPC status). An ``AioRpcError`` with that code and reason,
+    so it is handled as the status would be, even when the status itself only reaches the
+    client as ``INTERNAL`` (a write that met the ended stream)."""
+
+    def __init__(self, goodbye: pb.Goodbye) -> None:
+        code = grpc.StatusCode.__members__.get(goodbye.code, grpc.StatusCode.UNKNOWN)
+        reason = wire.printable(goodbye.reason)
+        super().__init__(code, grpc.aio.Metadata(), grpc.aio.Metadata(), reason)
+
+
 class ServerMisbehaved(DeployError):
     """The server's stream cannot be followed (no Challenge, a malformed or oversized model
     stream); the client closes it. Nothing of the protocol was revealed."""
@@ -433,6 +445,8 @@ class ClientRuntime:
                 update = await self._train(model, envelope.round_start.round)
             elif kind == "assignment":
                 session = await self._start_cluster(call, envelope.assignment, update, round_guard)
+            elif kind == "goodbye":
+                raise ServerEnded(envelope.goodbye)
             elif kind == "round_end":
                 self.report.rounds += 1
                 self.report.sampled_out += not started

@@ -877,13 +877,18 @@ class AggregationService(pb_grpc.AggregationServicer):
 
     async def _serve(self, link: ClientLink, incoming, context) -> None:
         """Move the link's outbox to the stream and its messages to the run until it ends;
-        a link closed with an error ends the stream with its code and message, once the
-        client has stopped writing (:meth:`_let_client_finish`)."""
+        a link closed with an error sends a ``Goodbye`` with its code and reason, then ends
+        the stream with the same status once the client has stopped writing
+        (:meth:`_let_client_finish`)."""
         reader = asyncio.create_task(self._read(link, incoming))
         try:
             while (message := await link.outbox.get()) is not None and link.error is None:
                 await context.write(message)
             if link.error is not None:
+                reason = wire.printable(str(link.error), 600)
+                goodbye = pb.Goodbye(code=link.error.code.name, reason=reason)
+                with contextlib.suppress(Exception):  # the client may be gone already
+                    await context.write(pb.ServerMessage(goodbye=goodbye))
                 await self._let_client_finish(link, reader)
         finally:
             reader.cancel()
@@ -901,7 +906,7 @@ class AggregationService(pb_grpc.AggregationServicer):
         ``INTERNAL: Internal error from Core`` instead of the server's status (the write's
         failure replaces it; measured with grpcio 1.85), so the status is sent once the
         client is reading. A client paused for longer than the quiet period can still see
-        ``INTERNAL``; the server's log names the reason either way."""
+        ``INTERNAL`` as the status; it has the ``Goodbye`` with the reason before it."""
         start = time.monotonic()
         while not reader.done():
             now = time.monotonic()

@@ -316,7 +316,7 @@ class ClientMessage(_message.Message):
     def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., advertise: _Optional[_Union[Advertisement, _Mapping]] = ..., shares: _Optional[_Union[EncryptedShares, _Mapping]] = ..., masked: _Optional[_Union[MaskedInput, _Mapping]] = ..., chunk: _Optional[_Union[VectorChunk, _Mapping]] = ..., consistency: _Optional[_Union[ConsistencySignature, _Mapping]] = ..., unmask: _Optional[_Union[UnmaskResponse, _Mapping]] = ..., refusal: _Optional[_Union[Refusal, _Mapping]] = ...) -> None: ...
 
 class ServerMessage(_message.Message):
-    __slots__ = ("challenge", "round_start", "chunk", "assignment", "keys", "masking", "consistency", "unmask", "round_end", "finished")
+    __slots__ = ("challenge", "round_start", "chunk", "assignment", "keys", "masking", "consistency", "unmask", "round_end", "finished", "goodbye")
     CHALLENGE_FIELD_NUMBER: _ClassVar[int]
     ROUND_START_FIELD_NUMBER: _ClassVar[int]
     CHUNK_FIELD_NUMBER: _ClassVar[int]
@@ -327,6 +327,7 @@ class ServerMessage(_message.Message):
     UNMASK_FIELD_NUMBER: _ClassVar[int]
     ROUND_END_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
+    GOODBYE_FIELD_NUMBER: _ClassVar[int]
     challenge: Challenge
     round_start: RoundStart
     chunk: VectorChunk
@@ -337,4 +338,13 @@ class ServerMessage(_message.Message):
     unmask: UnmaskRequest
     round_end: RoundEnd
     finished: Finished
-    def __init__(self, challenge: _Optional[_Union[Challenge, _Mapping]] = ..., round_start: _Optional[_Union[RoundStart, _Mapping]] = ..., chunk: _Optional[_Union[VectorChunk, _Mapping]] = ..., assignment: _Optional[_Union[ClusterAssignment, _Mapping]] = ..., keys: _Optional[_Union[KeysBroadcast, _Mapping]] = ..., masking: _Optional[_Union[MaskingRequest, _Mapping]] = ..., consistency: _Optional[_Union[ConsistencyRequest, _Mapping]] = ..., unmask: _Optional[_Union[UnmaskRequest, _Mapping]] = ..., round_end: _Optional[_Union[RoundEnd, _Mapping]] = ..., finished: _Optional[_Union[Finished, _Mapping]] = ...) -> None: ...
+    goodbye: Goodbye
+    def __init__(self, challenge: _Optional[_Union[Challenge, _Mapping]] = ..., round_start: _Optional[_Union[RoundStart, _Mapping]] = ..., chunk: _Optional[_Union[VectorChunk, _Mapping]] = ..., assignment: _Optional[_Union[ClusterAssignment, _Mapping]] = ..., keys: _Optional[_Union[KeysBroadcast, _Mapping]] = ..., masking: _Optional[_Union[MaskingRequest, _Mapping]] = ..., consistency: _Optional[_Union[ConsistencyRequest, _Mapping]] = ..., unmask: _Optional[_Union[UnmaskRequest, _Mapping]] = ..., round_end: _Optional[_Union[RoundEnd, _Mapping]] = ..., finished: _Optional[_Union[Finished, _Mapping]] = ..., goodbye: _Optional[_Union[Goodbye, _Mapping]] = ...) -> None: ...
+
+class Goodbye(_message.Message):
+    __slots__ = ("code", "reason")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    code: str
+    reason: str
+    def __init__(self, code: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
