@@ -53,7 +53,7 @@ from common import add_smoke_flag, emit, emit_machine, finish, timeit, use_smoke
 from sharefl.protocol import client_round, secure_sum
 from sharefl.protocol.assignment import plan_assignment
 from sharefl.protocol.audit import AuditBudgetExceeded, audit, sample_safe_reclusterings
-from sharefl.protocol.client import ClientPolicy
+from sharefl.protocol.client import ClientPolicy, ClientState
 from sharefl.protocol.client_round import ClientRound
 from sharefl.protocol.clustering import Clustering, random_clustering
 from sharefl.protocol.coordinator import ReleaseAuditor, SecureAggregationSettings, plan_round
@@ -124,6 +124,8 @@ class _Answering:
     def __init__(self, assignment) -> None:
         self.assignment = assignment
         self.context = assignment.context
+        # the state in which a session expects its unmask request (the guard checks it)
+        self.state = ClientState.SIGNED if assignment.signed else ClientState.MASKED
 
     def handle(self, message) -> None:
         return None

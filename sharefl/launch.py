@@ -260,12 +260,12 @@ def run_client(client_id: int, address: str, **kwargs: Any) -> int:
     except TrainerFailed as exc:
         _error(f"{exc} (fix the trainer; --debug shows its traceback)")
         return ExitStatus.USER_CODE_FAILED
+    except grpc.aio.AioRpcError as exc:  # before ProtocolError: a ServerEnded is both
+        _error(f"client {client_id}: the server refused: {exc.code().name}: {exc.details()}")
+        return 4
     except ProtocolError as exc:  # ServerMisbehaved: nothing was revealed
         _error(f"client {client_id}: leaving the server: {exc}")
         return 5
-    except grpc.aio.AioRpcError as exc:
-        _error(f"client {client_id}: the server refused: {exc.code().name}: {exc.details()}")
-        return 4
     except KeyboardInterrupt:
         _error(f"client {client_id} interrupted")
         return 130

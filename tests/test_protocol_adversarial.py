@@ -8,8 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from sharefl.crypto.kdf import KeyContext, Purpose, X25519KeyPair, pairwise_key
-from sharefl.crypto.prg import combine_masks
+from sharefl.crypto.kdf import KeyContext, X25519KeyPair
 from sharefl.crypto.shamir import PRIME, Share
 from sharefl.crypto.signatures import IdentityKey
 from sharefl.protocol.client import ClientPolicy, ClientSession, ClientState

@@ -120,9 +120,7 @@ def test_assignment_with_graph_encoding_and_plan_round_trip():
 def test_malformed_records_are_refused(mutate, match):
     from sharefl.protocol.messages import MaskedInput
 
-    record = records.to_record(
-        MaskedInput(1, KeyContext(0), np.zeros(4, np.uint32), (2,))
-    )
+    record = records.to_record(MaskedInput(1, KeyContext(0), np.zeros(4, np.uint32), (2,)))
     mutate(record)
     with pytest.raises(records.RecordError, match=match):
         records.from_record(record, MaskedInput)

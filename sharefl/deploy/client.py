@@ -125,16 +125,16 @@ class TrainerFailed(DeployError):
     dropped). The original exception is the ``__cause__``."""
 
 
-class ServerEnded(grpc.aio.AioRpcError):
+class ServerEnded(DeployError, grpc.aio.AioRpcError):
     """The server ended this client's stream and said why (``Goodbye``: the status code and
-    reason it then sends as the gRPC status). An ``AioRpcError`` with that code and reason,
-    so it is handled as the status would be, even when the status itself only reaches the
-    client as ``INTERNAL`` (a write that met the ended stream)."""
+    reason it then sends as the gRPC status). Also an ``AioRpcError`` with that code and
+    reason, so it is handled as the status would be, even when the status itself only
+    reaches the client as ``INTERNAL`` (a write that met the ended stream)."""
 
     def __init__(self, goodbye: pb.Goodbye) -> None:
         code = grpc.StatusCode.__members__.get(goodbye.code, grpc.StatusCode.UNKNOWN)
         reason = wire.printable(goodbye.reason)
-        super().__init__(code, grpc.aio.Metadata(), grpc.aio.Metadata(), reason)
+        grpc.aio.AioRpcError.__init__(self, code, grpc.aio.Metadata(), grpc.aio.Metadata(), reason)
 
 
 class ServerMisbehaved(DeployError):

@@ -42,17 +42,42 @@ raises :class:`AuditBudgetExceeded` as soon as the count would pass W, so a call
 must bound its time (a client auditing a plan an untrusted server sent) spends at most
 about W units whatever the plan. The default (``None``) is unbounded.
 
-Scope. Only 0/1 combinations (individual updates and sums of small groups) count as leaks.
-As soon as two reclusterings differ the server also learns other combinations, for example
-x_a − x_b when clusters {a, c, d} and {b, c, d} both occur; pairwise differences are listed
-in :attr:`LeakageReport.difference_classes` for information, other combinations are not
-reported.
+Scope. Without colluders (``colluders=0``) only 0/1 combinations (individual updates and
+sums of small groups) count as leaks. As soon as two reclusterings differ the server also
+learns other combinations, for example x_a − x_b when clusters {a, c, d} and {b, c, d} both
+occur; pairwise differences are listed in :attr:`LeakageReport.difference_classes` for
+information.
+
+Colluders. A server colluding with up to c clients knows their inputs x_C, so it learns
+x_i as soon as e_i ∈ rowspace(A) + span(e_C), i.e. Z_i ∈ span{Z_j : j ∈ C} (then
+e_i − Σ_{j∈C} λ_j e_j is orthogonal to the null space). With ``colluders = c >= 1`` the
+audit counts these as leaks (:attr:`LeakageReport.colluder_leaks`), exactly:
+
+* for every c >= 1, two clients with parallel nonzero rows Z_i ∥ Z_j (x_i follows from
+  x_j alone): each nonzero row is normalised (divided by the gcd of its entries, the sign
+  of its first nonzero entry made positive) and equal normalised rows are parallel;
+  linear in the number of clients, whatever the plan;
+* for c >= 2, Z_i in the span of some c other rows of its component (rows of different
+  components have disjoint supports, so colluders elsewhere never help): a component
+  seen through one sum is the uniform matroid (any c of its k clients determine the rest
+  iff k <= c + 1); a component whose other hidden rows number at most c, or whose nullity
+  is at most c, is decided by one span test of Z_i against all other rows (a spanning set
+  of them has at most ``nullity`` members); otherwise every c-subset of the component's
+  hidden rows is tested by exact integer elimination, for components of at most
+  :data:`COLLUDER_SEARCH_CLIENTS` clients and within the search budget. A larger
+  component, or a search that runs out, makes the report incomplete
+  (``complete = False``), which every caller treats as a refusal: such plans must be
+  built from smaller linked blocks.
+
+What colluders still do not count: sums of several honest inputs determined with the
+colluders' help (only individual inputs are checked against colluders; the 0/1 small-sum
+search is unchanged).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import chain, combinations
 from typing import Final
@@ -70,6 +95,10 @@ from sharefl.protocol.errors import ProtocolError
 
 DEFAULT_SEARCH_BUDGET: Final = 1_000_000
 """Default cap on subsets (and fingerprint matches) examined by the small-sum search."""
+
+COLLUDER_SEARCH_CLIENTS: Final = 16
+"""Largest component whose c-subsets the colluder check (c >= 2) enumerates; a larger one
+that no shortcut decides makes the audit incomplete (see the module docstring)."""
 
 DEFAULT_MAX_TRIES: Final = 1_000
 """Default number of draws per block and reclustering in :func:`sample_safe_reclusterings`."""
@@ -127,6 +156,13 @@ class LeakageReport:
             at least two clients, none individually recoverable, such that the difference
             x_i − x_j of any two members is recoverable (equal rows of Z).
         work: Entry operations the audit spent (what ``work_budget`` counts).
+        colluders: c, the clients assumed to collude with the server (their inputs known).
+        colluder_leaks: with c >= 1, tuples (i, j_1, ..., j_l), l <= c: x_i follows from
+            the sums and x_{j_1}..x_{j_l} (l = 1: parallel null-space rows, which is
+            symmetric; a group of g mutually parallel rows is listed as its first member
+            paired with each other one). Counted by :attr:`leaks`.
+        colluder_search_complete: False when the c >= 2 search could not decide some
+            component (too large, or out of search budget); ``complete`` is then False.
     """
 
     client_ids: tuple[int, ...]
@@ -139,6 +175,9 @@ class LeakageReport:
     searched_up_to: int
     difference_classes: tuple[tuple[int, ...], ...] = ()
     work: int = 0
+    colluders: int = 0
+    colluder_leaks: tuple[tuple[int, ...], ...] = ()
+    colluder_search_complete: bool = True
 
     @property
     def num_clients(self) -> int:
@@ -152,8 +191,9 @@ class LeakageReport:
 
     @property
     def leaks(self) -> bool:
-        """True if some individual update or some small sum is recoverable."""
-        return bool(self.recoverable_clients or self.recoverable_small_sums)
+        """True if some individual update or some small sum is recoverable, or (with
+        colluders) some update follows from the colluders' inputs."""
+        return bool(self.recoverable_clients or self.recoverable_small_sums or self.colluder_leaks)
 
     def summary(self) -> str:
         """A short human-readable account of the audit."""
@@ -167,12 +207,22 @@ class LeakageReport:
             f"  recoverable sums of 2..{self.min_sum_size - 1} clients: "
             f"{len(self.recoverable_small_sums)}" + _preview(self.recoverable_small_sums),
         ]
+        if self.colluders:
+            lines.append(
+                f"  updates that follow from the inputs of <= {self.colluders} colluder(s): "
+                f"{len(self.colluder_leaks)}" + _preview(self.colluder_leaks)
+            )
         if self.difference_classes:
             lines.append(
                 f"  (informational) classes with recoverable pairwise differences: "
                 f"{len(self.difference_classes)}" + _preview(self.difference_classes)
             )
-        if not self.complete:
+        if not self.colluder_search_complete:
+            lines.append(
+                f"  INCOMPLETE: the colluder check could not decide a component (more than "
+                f"{COLLUDER_SEARCH_CLIENTS} linked clients, or out of search budget)"
+            )
+        elif not self.complete:
             lines.append(
                 f"  INCOMPLETE: search budget exhausted; only subsets of size <= "
                 f"{self.searched_up_to} were examined"
@@ -324,22 +374,36 @@ def integer_rref(
         work.charge(width + len(basis))
         v = np.zeros(width, dtype=object)
         v[list(support)] = 1
-        for col, b in basis.items():
-            if v[col]:
-                work.charge(width)
-                v = _normalised(v * b[col] - b * v[col])
-        nonzero = np.flatnonzero(v)
-        if nonzero.size == 0:
-            continue
-        pivot = int(nonzero[0])
-        v = _normalised(v, pivot)
-        work.charge(len(basis))
-        for col, b in basis.items():
-            if b[pivot]:
-                work.charge(width)
-                basis[col] = _normalised(b * v[pivot] - v * b[pivot], col)
-        basis[pivot] = v
+        _insert(basis, v, width, work)
     return basis
+
+
+def _reduced(basis: dict[int, np.ndarray], v: np.ndarray, width: int, work: _Work) -> np.ndarray:
+    """``v`` (an integer object array) with every pivot column of the RREF ``basis``
+    eliminated, scaled to coprime entries: zero iff ``v`` lies in the span of ``basis``."""
+    for col, b in basis.items():
+        if v[col]:
+            work.charge(width)
+            v = _normalised(v * b[col] - b * v[col])
+    return v
+
+
+def _insert(basis: dict[int, np.ndarray], v: np.ndarray, width: int, work: _Work) -> bool:
+    """Add the integer row ``v`` to the RREF ``basis`` (keeping every row zero in the
+    other rows' pivot columns); False if ``v`` was already in its span."""
+    v = _reduced(basis, v, width, work)
+    nonzero = np.flatnonzero(v)
+    if nonzero.size == 0:
+        return False
+    pivot = int(nonzero[0])
+    v = _normalised(v, pivot)
+    work.charge(len(basis))
+    for col, b in basis.items():
+        if b[pivot]:
+            work.charge(width)
+            basis[col] = _normalised(b * v[pivot] - v * b[pivot], col)
+    basis[pivot] = v
+    return True
 
 
 def null_space_rows(
@@ -481,6 +545,75 @@ def _zero_sum_subsets(
     return new
 
 
+def _parallel_groups(comp: _Component) -> list[list[int]]:
+    """Groups (local indices, >= 2 each) of hidden clients whose null-space rows are
+    parallel: equal once divided by their gcd with the first nonzero entry made positive."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for k in comp.hidden:
+        row = comp.null_rows[k]
+        g = math.gcd(*row)
+        sign = -1 if next(z for z in row if z) < 0 else 1
+        groups.setdefault(tuple(sign * z // g for z in row), []).append(k)
+    return [g for g in groups.values() if len(g) > 1]
+
+
+def _colluder_leaks(
+    comp: _Component, colluders: int, budget: _Budget, work: _Work
+) -> tuple[list[tuple[int, ...]], bool]:
+    """Clients of ``comp`` whose input follows from the sums and the inputs of at most
+    ``colluders`` others (local indices: (i, j_1, ...)), and whether the check finished.
+    See the module docstring ("Colluders") for the argument of each case."""
+    found: list[tuple[int, ...]] = [(g[0], k) for g in _parallel_groups(comp) for k in g[1:]]
+    if colluders < 2 or found:
+        return found, True
+    hidden = comp.hidden
+    width = len(comp.null_rows[0]) if comp.null_rows else 0
+    if len(hidden) < 2 or width == 0:
+        return found, True
+    rows = {k: np.array(comp.null_rows[k], dtype=object) for k in hidden}
+    if comp.num_rows == 1:
+        # One sum over k clients: any k − 1 of them determine the last one, fewer nothing.
+        if len(comp.clients) <= colluders + 1:
+            found.append(tuple(range(len(comp.clients))))
+        return found, True
+    if len(hidden) - 1 <= colluders or width <= colluders:
+        # Z_i in the span of c others iff in the span of all others: a spanning subset of
+        # them has at most rank <= min(width, len(hidden) − 1) <= c members.
+        for i in hidden:
+            basis: dict[int, np.ndarray] = {}
+            others = [k for k in hidden if k != i]
+            for k in others:
+                _insert(basis, rows[k].copy(), width, work)
+            if not _reduced(basis, rows[i].copy(), width, work).any():
+                chosen = [k for k in others if k in _spanning(rows, others, width, work)]
+                found.append((i, *chosen))
+                return found, True
+        return found, True
+    if len(comp.clients) > COLLUDER_SEARCH_CLIENTS:
+        return found, False
+    if not budget.spend(math.comb(len(hidden), colluders) * (len(hidden) - colluders)):
+        return found, False
+    for subset in combinations(hidden, colluders):
+        basis = {}
+        for k in subset:
+            _insert(basis, rows[k].copy(), width, work)
+        for i in hidden:
+            if i in subset:
+                continue
+            if not _reduced(basis, rows[i].copy(), width, work).any():
+                found.append((i, *subset))
+                return found, True
+    return found, True
+
+
+def _spanning(
+    rows: dict[int, np.ndarray], candidates: Sequence[int], width: int, work: _Work
+) -> set[int]:
+    """A maximal independent subset of ``rows[candidates]`` (greedy, in order)."""
+    basis: dict[int, np.ndarray] = {}
+    return {k for k in candidates if _insert(basis, rows[k].copy(), width, work)}
+
+
 def _small_sums(
     components: Sequence[_Component], min_sum_size: int, budget: _Budget, work: _Work
 ) -> tuple[list[tuple[int, ...]], int, bool]:
@@ -531,6 +664,7 @@ def audit(
     min_sum_size: int | None = None,
     search_budget: int = DEFAULT_SEARCH_BUDGET,
     work_budget: int | None = None,
+    colluders: int = 0,
 ) -> LeakageReport:
     """Exactly what the server can recover from the cluster sums of ``clusterings``.
 
@@ -547,6 +681,11 @@ def audit(
             search; when it is exhausted the report has ``complete = False``.
         work_budget: Cap on the entry operations of the exact elimination, null-space
             basis and fingerprints (see the module docstring); ``None``: unbounded.
+        colluders: c >= 0 clients whose inputs the server knows (it colludes with them):
+            an update that follows from the sums and the inputs of at most c others is a
+            leak (:attr:`LeakageReport.colluder_leaks`; exact for c = 1 at any size, for
+            c >= 2 on components of at most :data:`COLLUDER_SEARCH_CLIENTS` clients unless
+            a shortcut decides: otherwise the report is incomplete; module docstring).
 
     Returns:
         A :class:`LeakageReport` with the exact rank, the individually recoverable clients
@@ -558,6 +697,8 @@ def audit(
         AuditError: for inconsistent input (see the class).
         AuditBudgetExceeded: the work would pass ``work_budget`` (no verdict).
     """
+    if colluders < 0:
+        raise AuditError(f"colluders must be >= 0, got {colluders}")
     work = _Work(work_budget)
     ids = _resolve_ids(clusterings, client_ids)
     rows = _equations(clusterings, dropouts, frozenset(ids))
@@ -569,7 +710,15 @@ def audit(
     for clients in _components(ids, rows):
         comp_rows = [row for c in clients for row in rows_by_first[c]]
         components.append(_solve(clients, comp_rows, work))
-    sums, searched, complete = _small_sums(components, target, _Budget(search_budget), work)
+    budget = _Budget(search_budget)
+    sums, searched, complete = _small_sums(components, target, budget, work)
+    colluder_leaks: list[tuple[int, ...]] = []
+    colluders_done = True
+    if colluders:
+        for comp in components:
+            local, done = _colluder_leaks(comp, colluders, budget, work)
+            colluder_leaks.extend(tuple(comp.clients[k] for k in leak) for leak in local)
+            colluders_done = colluders_done and done
     return LeakageReport(
         client_ids=ids,
         num_equations=len(rows),
@@ -577,21 +726,69 @@ def audit(
         recoverable_clients=tuple(sorted(chain.from_iterable(c.recoverable for c in components))),
         recoverable_small_sums=tuple(sums),
         min_sum_size=target,
-        complete=complete,
+        complete=complete and colluders_done,
         searched_up_to=searched,
         difference_classes=tuple(
             sorted(chain.from_iterable(c.difference_classes for c in components))
         ),
         work=work.spent,
+        colluders=colluders,
+        colluder_leaks=tuple(sorted(colluder_leaks)),
+        colluder_search_complete=colluders_done,
     )
+
+
+def revealed_sums(
+    survivors: Collection[int], neighbours: Mapping[int, Collection[int]] | None
+) -> list[frozenset[int]]:
+    """What unmasking the survivor set ``survivors`` of a cluster reveals: the sum of each
+    connected component of the neighbour graph induced on the survivors (sorted by their
+    smallest member; no survivor: nothing).
+
+    Why: a survivor's input carries a pair mask for each neighbour and its self mask. The
+    server removes the self masks (b of each survivor) and the pair masks shared with
+    dropped clients (their mask keys); what is left are the pair masks between two
+    survivors, which cancel only in a sum holding both ends. A sum over a union of
+    components of the induced graph holds both ends of every such mask, so each component's
+    sum unmasks on its own, and no finer sum does (every strict subset of a connected
+    component leaves an edge with one end out, whose PRG mask stays). ``neighbours=None``
+    is the complete graph: one sum of all the survivors. Neighbours outside ``survivors``
+    (dropped clients) are ignored; a survivor without a neighbour list has none."""
+    members = {int(u) for u in survivors}
+    if neighbours is None:
+        return [frozenset(members)] if members else []
+    pieces: list[frozenset[int]] = []
+    left = set(members)
+    while left:
+        start = min(left)
+        piece, frontier = {start}, [start]
+        while frontier:
+            u = frontier.pop()
+            for v in neighbours.get(u, ()):
+                v = int(v)
+                if v in left and v not in piece:
+                    piece.add(v)
+                    frontier.append(v)
+        left -= piece
+        pieces.append(frozenset(piece))
+    return pieces
 
 
 def linked_rows(row: frozenset[int], rows: Sequence[frozenset[int]]) -> list[frozenset[int]]:
     """The distinct rows linked to ``row`` through shared clients, transitively (``row``
     first). Leaks never cross such components (the equations are block-diagonal over
     them), so auditing the component of a new sum is auditing what the sum can change."""
-    clients, component = set(row), [row]
-    rest = [r for r in dict.fromkeys(rows) if r != row]
+    return linked_to([row], rows)
+
+
+def linked_to(
+    seeds: Sequence[frozenset[int]], rows: Sequence[frozenset[int]]
+) -> list[frozenset[int]]:
+    """The distinct ``seeds`` (first, in order) and the ``rows`` linked to any of them
+    through shared clients, transitively (see :func:`linked_rows`)."""
+    component = list(dict.fromkeys(seeds))
+    clients = set().union(*component) if component else set()
+    rest = [r for r in dict.fromkeys(rows) if r not in component]
     grew = True
     while grew:
         grew = False
@@ -609,15 +806,17 @@ def audit_rows(
     min_sum_size: int,
     search_budget: int = DEFAULT_SEARCH_BUDGET,
     work_budget: int | None = None,
+    colluders: int = 0,
 ) -> LeakageReport:
-    """:func:`audit` of arbitrary sums (each row the member set of one released sum);
-    raises :class:`AuditBudgetExceeded` past ``work_budget``."""
+    """:func:`audit` of arbitrary sums (each row the member set of one released sum, with
+    ``colluders`` as there); raises :class:`AuditBudgetExceeded` past ``work_budget``."""
     return audit(
         [Clustering((tuple(sorted(r)),)) for r in rows],
         client_ids=sorted(set().union(*rows)),
         min_sum_size=min_sum_size,
         search_budget=search_budget,
         work_budget=work_budget,
+        colluders=colluders,
     )
 
 
@@ -635,6 +834,7 @@ def sample_safe_reclusterings(
     min_sum_size: int | None = None,
     search_budget: int = DEFAULT_SEARCH_BUDGET,
     blocks: Clustering | None = None,
+    colluders: int = 0,
 ) -> list[Clustering]:
     """``reclusterings`` random clusterings whose cluster sums together do not leak.
 
@@ -686,6 +886,11 @@ def sample_safe_reclusterings(
             ``client_ids``, e.g. one that spreads suspects over the blocks,
             :mod:`sharefl.protocol.isolation`); ``block_size`` is then ignored. Every
             guarantee above holds for any block partition: each block's parts are audited.
+        colluders: c, passed to every :func:`audit` (draws, and the final audit): no update
+            may follow from the sums and the inputs of c colluders either. With c >= 1 a
+            block keeps no two clients with parallel null-space rows; for blocks of 6
+            split into triples any second split already gives a difference x_a − x_b, so
+            such blocks only repeat their first split (fewer distinct mixtures, no leak).
 
     Raises:
         ClusteringError: bad ids, ``cluster_size < 1``, ``reclusterings < 1``,
@@ -713,14 +918,22 @@ def sample_safe_reclusterings(
     plan: list[Clustering] = []
     for _ in range(reclusterings):
         drawn = [
-            _safe_block_part(members, cluster_size, accepted, target, gen, max_tries, search_budget)
+            _safe_block_part(
+                members, cluster_size, accepted, target, gen, max_tries, search_budget, colluders
+            )
             for members, accepted in zip(parts, history, strict=True)
         ]
         for accepted, part in zip(history, drawn, strict=True):
             if part not in accepted:
                 accepted.append(part)
         plan.append(Clustering(tuple(chain.from_iterable(p.clusters for p in drawn))))
-    report = audit(plan, client_ids=ids, min_sum_size=target, search_budget=search_budget)
+    report = audit(
+        plan,
+        client_ids=ids,
+        min_sum_size=target,
+        search_budget=search_budget,
+        colluders=colluders,
+    )
     if report.leaks or not report.complete:  # pragma: no cover - excluded by construction
         raise SafeSamplingError(f"assembled plan failed the final audit:\n{report}")
     return plan
@@ -734,6 +947,7 @@ def _safe_block_part(
     gen: np.random.Generator,
     max_tries: int,
     search_budget: int,
+    colluders: int = 0,
 ) -> Clustering:
     """A random partition of ``block`` that keeps the block's accepted parts leak-free."""
     for _ in range(max_tries):
@@ -745,6 +959,7 @@ def _safe_block_part(
             client_ids=block,
             min_sum_size=min_sum_size,
             search_budget=search_budget,
+            colluders=colluders,
         )
         if not report.leaks and report.complete:
             return part

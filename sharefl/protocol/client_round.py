@@ -10,20 +10,26 @@ and refuses, with a :class:`~sharefl.protocol.errors.ClientRefusal`:
 
 - a plan that does not contain the client, has more than ``policy.max_reclusterings``
   clusterings, puts the client in a cluster smaller than ``policy.min_cluster_size``, or
-  whose cluster sums reveal an update or a sum of fewer than ``policy.sum_floor`` clients
+  whose cluster sums reveal an update or a sum of fewer than ``policy.sum_floor`` clients,
+  or an update that follows from them and the inputs of the colluders this client resists
+  (:func:`plan_colluders`: ``policy.colluders``, else the default for its smallest cluster)
   (:func:`~sharefl.protocol.audit.audit`; an audit that runs out of budget is a refusal
   too) — :class:`PlanRefused`, :class:`ClusterTooSmall`;
 - an assignment of another round or plan, outside the plan, with other members than the
   plan's, or in a reclustering where the client already took part — :class:`OffPlan`,
   :class:`ReclusteringReused`;
-- a cluster below the minimum size, a neighbour graph that is malformed or gives any member
-  fewer than ``policy.min_neighbours`` neighbours — :class:`ClusterTooSmall`,
-  :class:`InconsistentRequest`; an unsigned assignment when signatures are required —
+- a cluster below the minimum size, a neighbour graph that is malformed, gives any member
+  fewer than ``policy.min_neighbours`` neighbours, or is not connected (each component
+  would unmask on its own) — :class:`ClusterTooSmall`, :class:`InconsistentRequest`; an
+  unsigned assignment when signatures are required —
   :class:`InconsistentRequest`; a threshold below the floor — :class:`ThresholdTooLow`
   (raised by :class:`ClientSession`);
-- an unmask request whose survivor list, together with the planned sums and the sums this
-  client already helped release in the round, would leak — :class:`ReleaseLeaks` (in
-  signed mode, or when ``policy.verify_releases`` asks for it);
+- an unmask request with an empty survivor list (:class:`InconsistentRequest`), or whose
+  revealed sums (one per connected component of the neighbour graph induced on the
+  survivors: :func:`~sharefl.protocol.audit.revealed_sums`), together with the planned sums
+  and the sums this client already helped release in the round, would leak —
+  :class:`ReleaseLeaks` (in signed mode, or when ``policy.verify_releases`` asks for it);
+  an unmask request the session does not expect (a second one) is refused by the session;
 - with a :class:`~sharefl.protocol.memory.ClientMemory` (invariant I4): a round number of
   the server's run that does not increase — :class:`RoundReplayed` — and a model this
   client already contributed on under other clusterings — :class:`ModelReplayed`; the
@@ -37,7 +43,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -49,9 +55,10 @@ from sharefl.protocol.audit import (
     LeakageReport,
     audit,
     audit_rows,
-    linked_rows,
+    linked_to,
+    revealed_sums,
 )
-from sharefl.protocol.client import ClientPolicy, ClientSession
+from sharefl.protocol.client import ClientPolicy, ClientSession, ClientState, default_colluders
 from sharefl.protocol.errors import (
     ClusterTooSmall,
     InconsistentRequest,
@@ -66,6 +73,34 @@ from sharefl.protocol.plan import RoundPlan
 
 Position = tuple[int, int]
 """(reclustering, cluster) of one cluster of the plan."""
+
+
+def plan_rows(
+    plan: RoundPlan, released: Mapping[Position, Sequence[frozenset[int]]] | None = None
+) -> list[frozenset[int]]:
+    """The member sets of every planned sum, each cluster in ``released`` replaced by the
+    sums its release revealed (:func:`~sharefl.protocol.audit.revealed_sums`: one per
+    component of the survivors' neighbour graph; empty ones left out): what a party that
+    saw those releases must assume the server holds."""
+    released = released or {}
+    rows: list[frozenset[int]] = []
+    for r, clustering in enumerate(plan.clusterings):
+        for k, cluster in enumerate(clustering.clusters):
+            pieces = released.get((r, k))
+            rows.extend(p for p in (pieces or (frozenset(cluster),)) if p)
+    return rows
+
+
+def plan_colluders(plan: RoundPlan, client: int, policy: ClientPolicy) -> int:
+    """The colluders ``client`` audits ``plan`` (and its releases) against:
+    ``policy.colluders`` when set, else :func:`~sharefl.protocol.client.default_colluders`
+    of its smallest cluster in the plan (in the mode it requires: a client that accepts
+    unsigned rounds trusts the server's key exchange, 0). The same rule as its threshold
+    floor, so the plan's sums resist the colluders its thresholds resist."""
+    if policy.colluders is not None:
+        return policy.colluders
+    sizes = [len(c.cluster_of(client)) for c in plan.clusterings if client in c]
+    return default_colluders(min(sizes, default=2), policy.require_signed)
 
 
 class ClientRound:
@@ -111,8 +146,10 @@ class ClientRound:
         self.model_digest = model_digest
         self.clusterings = plan.clusterings_digest()
         self._recorded = False  # whether this guard recorded its round in `memory`
-        self._released: dict[Position, frozenset[int]] = {}
+        # position -> the sums its accepted release revealed (revealed_sums of its survivors)
+        self._released: dict[Position, tuple[frozenset[int], ...]] = {}
         self._used: dict[int, int] = {}  # reclustering -> cluster this client took part in
+        self.colluders = plan_colluders(plan, client_id, self.policy)
         self._check_plan()
         if memory is not None:
             memory.check(self.run, plan.round, model_digest, self.clusterings, client=self.id)
@@ -150,7 +187,11 @@ class ClientRound:
                 )
         try:
             report = _plan_audit(
-                plan, policy.sum_floor, policy.max_audit_work, policy.audit_search_budget
+                plan,
+                policy.sum_floor,
+                policy.max_audit_work,
+                policy.audit_search_budget,
+                self.colluders,
             )
         except AuditError as exc:
             raise PlanRefused(f"client {self.id}: the round plan cannot be audited: {exc}") from exc
@@ -244,6 +285,16 @@ class ClientRound:
                 f"client {self.id}: members {low} have {min(degrees.values())} neighbour(s); "
                 f"the server must give every member at least {policy.min_neighbours}"
             )
+        # Pair masks link neighbours only, so each connected component of the graph
+        # unmasks on its own even when nobody drops out (revealed_sums): a disconnected
+        # graph releases sums of parts of the planned cluster that no audit covered.
+        parts = revealed_sums(a.members, a.neighbours)
+        if len(parts) > 1:
+            raise InconsistentRequest(
+                f"client {self.id}: the neighbour graph of cluster {a.context.cluster} "
+                f"falls apart into {len(parts)} components {[sorted(p) for p in parts]}, "
+                "each of whose sums would be revealed: the server must use a connected graph"
+            )
 
     def session(
         self,
@@ -265,8 +316,10 @@ class ClientRound:
     # -- releases ---------------------------------------------------------------------------
 
     def earlier_releases(self) -> list[frozenset[int]]:
-        """Every survivor set this client helped release on this round's model, in this
-        round or earlier ones (from ``memory``; empty without a memory or a model digest)."""
+        """Every sum this client helped release on this round's model, in this round or
+        earlier ones (from ``memory``, which holds the revealed sums of each accepted
+        release: :func:`~sharefl.protocol.audit.revealed_sums`; empty without a memory or a
+        model digest)."""
         if self.memory is None or self.model_digest is None:
             return []
         seen = self.memory.releases(self.model_digest)
@@ -274,33 +327,33 @@ class ClientRound:
 
     def check_release(self, session: ClientSession, request: UnmaskRequest) -> None:
         """Before ``session`` answers ``request``: the plan's sums, with every cluster this
-        client saw released in the round replaced by its survivor list (this one by
-        ``request``'s), together with every survivor set it helped release on the same
-        model in earlier rounds (:meth:`earlier_releases`; several per cluster possible:
-        all kept, which is conservative), must not leak. The earlier sets matter because
-        R2 of :mod:`~sharefl.protocol.memory` lets a model return under the same clusterings:
-        the server then holds sums of the same inputs over every survivor set of every
-        round on that model. Raises :class:`ReleaseLeaks`; records nothing (:meth:`handle`
-        records the release before the session answers)."""
-        context = session.context
-        position = (context.reclustering, context.cluster)
-        if context.plan != self.digest or self._used.get(position[0]) != position[1]:
-            raise OffPlan(f"client {self.id}: an unmask request for a cluster it was not vetted in")
-        survivors = frozenset(request.survivors)
-        if not survivors <= set(session.assignment.members):
-            raise InconsistentRequest("the unmask survivor list names non-members")
-        released = {**self._released, position: survivors}
-        rows = self.plan.rows(released)
+        client saw released in the round replaced by the sums that release revealed (this
+        one by ``request``'s: :func:`~sharefl.protocol.audit.revealed_sums` of its survivors
+        on this client's neighbour graph — one sum per connected component of the graph
+        induced on the survivors), together with every sum it helped release on the same
+        model in earlier rounds (:meth:`earlier_releases`; several per cluster possible: all
+        kept, which is conservative), must not leak, with this client's colluders
+        (:func:`plan_colluders`). The earlier sets matter because R2 of
+        :mod:`~sharefl.protocol.memory` lets a model return under the same clusterings: the
+        server then holds sums of the same inputs over every survivor set of every round on
+        that model. Raises :class:`ReleaseLeaks`, or :class:`InconsistentRequest` for an
+        empty survivor list or one naming non-members (before any audit); records nothing
+        (:meth:`handle` records the release before the session answers)."""
+        pieces = self.revealed(session, request)
+        position = (session.context.reclustering, session.context.cluster)
+        released = {**self._released, position: pieces}
+        rows = plan_rows(self.plan, released)
         planned = set(rows)
         extra = [s for s in self.earlier_releases() if s not in planned]
-        if survivors == frozenset(self.plan.members(*position)) and not extra:
+        if list(pieces) == [frozenset(self.plan.members(*position))] and not extra:
             return  # the view is unchanged since the plan's audit or the last accepted check
         try:
             report = audit_rows(
-                linked_rows(survivors, rows + extra),
+                linked_to(pieces, rows + extra),
                 self.policy.sum_floor,
                 self.policy.audit_search_budget,
                 self.policy.max_audit_work,
+                colluders=self.colluders,
             )
         except AuditBudgetExceeded as exc:
             raise ReleaseLeaks(
@@ -310,39 +363,60 @@ class ClientRound:
         if report.leaks or not report.complete:
             raise ReleaseLeaks(f"client {self.id}: this release is unsafe: {_reason(report)}")
 
+    def revealed(
+        self, session: ClientSession, request: UnmaskRequest
+    ) -> tuple[frozenset[int], ...]:
+        """The sums answering ``request`` would reveal, after the checks that come before
+        any audit (the session was vetted here, the survivor list is non-empty and names
+        members only; raises :class:`OffPlan`, :class:`InconsistentRequest`)."""
+        context = session.context
+        if context.plan != self.digest or self._used.get(context.reclustering) != context.cluster:
+            raise OffPlan(f"client {self.id}: an unmask request for a cluster it was not vetted in")
+        survivors = frozenset(request.survivors)
+        if not survivors:
+            raise InconsistentRequest(
+                f"client {self.id}: an unmask request with an empty survivor list; the server "
+                "must list the clients whose masked inputs it sums"
+            )
+        if not survivors <= set(session.assignment.members):
+            raise InconsistentRequest("the unmask survivor list names non-members")
+        return tuple(revealed_sums(survivors, session.assignment.neighbours))
+
     def handle(self, session: ClientSession, message: ServerMessage) -> ClientMessage:
         """Route one server message of ``session`` through the guard and return the reply;
-        an unmask request is checked by :meth:`check_release` first and, with a memory,
-        recorded there before the reply is built (a refusal aborts the session; a recorded
-        release the session then refuses stays recorded: conservative). Raises what
-        :meth:`ClientSession.handle` raises, :class:`ReleaseLeaks`, :class:`ModelReplayed`
-        (too many releases on one model) and ``OSError`` (the memory could not be written).
+        an unmask request the session expects is checked by :meth:`check_release` first
+        and, with a memory, each sum it reveals is recorded there before the reply is built
+        (a refusal aborts the session; a recorded release the session then refuses stays
+        recorded: conservative). An unmask request the session does not expect (another
+        context, a second request, one before the consistency stage) goes straight to the
+        session, which refuses it. Raises what :meth:`ClientSession.handle` raises,
+        :class:`ReleaseLeaks`, :class:`ModelReplayed` (too many releases on one model) and
+        ``OSError`` (the memory could not be written).
         """
         verify = self.policy.verify_releases
         if verify is None:
             verify = session.assignment.signed
         if not verify or not isinstance(message, UnmaskRequest):
             return session.handle(message)
-        if message.context != session.context:
+        expected = ClientState.SIGNED if session.assignment.signed else ClientState.MASKED
+        if message.context != session.context or session.state is not expected:
             return session.handle(message)
         context = session.context
         position = (context.reclustering, context.cluster)
         try:
             self.check_release(session, message)
+            pieces = self.revealed(session, message)
             if self.memory is not None and self.model_digest is not None:
                 # I4: the release is on record before the response that makes it leaves.
-                self.memory.record_release(
-                    self.model_digest,
-                    self.clusterings,
-                    position,
-                    message.survivors,
-                    client=self.id,
-                )
+                for piece in pieces:
+                    self.memory.record_release(
+                        self.model_digest, self.clusterings, position, piece, client=self.id
+                    )
         except Exception:
             session.abort()
             raise
         reply = session.handle(message)
-        self._released[position] = frozenset(message.survivors)
+        self._released[position] = pieces
         return reply
 
     # -- state export / import --------------------------------------------------------------
@@ -356,7 +430,8 @@ class ClientRound:
         used = sorted(self._used.items())
         r["used.reclusterings"] = [p for p, _ in used]
         r["used.clusters"] = [k for _, k in used]
-        released = sorted(self._released.items())
+        # One entry per revealed sum (a position repeats when its release revealed several).
+        released = [(p, piece) for p, pieces in sorted(self._released.items()) for piece in pieces]
         r["released.reclusterings"] = [p[0] for p, _ in released]
         r["released.clusters"] = [p[1] for p, _ in released]
         r["released.sizes"] = [len(s) for _, s in released]
@@ -410,8 +485,10 @@ class ClientRound:
             raise records.RecordError("'released.*' lists do not match")
         guard._released, start = {}, 0
         for r, k, size in zip(rr, rk, sizes, strict=True):
-            guard._released[(r, k)] = frozenset(members[start : start + size])
+            piece = frozenset(members[start : start + size])
+            guard._released[(r, k)] = (*guard._released.get((r, k), ()), piece)
             start += size
+        guard.colluders = plan_colluders(guard.plan, guard.id, guard.policy)
         return guard
 
 
@@ -421,22 +498,34 @@ ROUND_STATE_TYPE = "ClientRoundState"
 
 @functools.lru_cache(maxsize=8)
 def _plan_audit(
-    plan: RoundPlan, min_sum_size: int, work_budget: int | None, search_budget: int
+    plan: RoundPlan,
+    min_sum_size: int,
+    work_budget: int | None,
+    search_budget: int,
+    colluders: int = 0,
 ) -> LeakageReport:
-    """The audit of a plan's sums within the budgets; remembered, so the clients that one
-    process simulates audit each plan once (a real client audits its round's plan once
-    anyway). Raises :class:`AuditBudgetExceeded` when the work budget runs out."""
+    """The audit of a plan's sums within the budgets, against ``colluders``; remembered, so
+    the clients that one process simulates audit each plan once (a real client audits its
+    round's plan once anyway). Raises :class:`AuditBudgetExceeded` when the work budget
+    runs out."""
     return audit(
         plan.clusterings,
         client_ids=plan.participants,
         min_sum_size=min_sum_size,
         search_budget=search_budget,
         work_budget=work_budget,
+        colluders=colluders,
     )
 
 
 def _reason(report: LeakageReport) -> str:
     if not report.complete and not report.leaks:
+        if not report.colluder_search_complete:
+            return (
+                f"the check against {report.colluders} colluders could not decide a block of "
+                "linked clients (too many linked clients or out of budget); the server must "
+                "link fewer clients through shared sums (smaller blocks) or fewer reclusterings"
+            )
         return (
             f"the audit ran out of budget after sums of {report.searched_up_to} clients; the "
             "server must use fewer reclusterings or smaller rounds"
@@ -447,6 +536,9 @@ def _reason(report: LeakageReport) -> str:
     if report.recoverable_small_sums:
         sums = [list(s) for s in report.recoverable_small_sums[:4]]
         parts.append(f"sums of fewer than {report.min_sum_size} clients {sums}")
+    if report.colluder_leaks:
+        leaks = [f"x_{i} from {list(given)}" for i, *given in report.colluder_leaks[:4]]
+        parts.append(f"with {report.colluders} colluder(s), {', '.join(leaks)}")
     return (
         "the server could recover "
         + " and ".join(parts)

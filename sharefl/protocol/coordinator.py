@@ -73,9 +73,12 @@ from sharefl.protocol.audit import (
     SafeSamplingError,
     audit,
     audit_rows,
-    linked_rows,
+    linked_to,
+    revealed_sums,
     sample_safe_reclusterings,
 )
+from sharefl.protocol.client import default_colluders
+from sharefl.protocol.client_round import plan_rows
 from sharefl.protocol.clustering import Clustering, ClusteringError, random_clustering
 from sharefl.protocol.errors import ConfigurationError, LeakageError, RejectedMessage, StageError
 from sharefl.protocol.isolation import Suspicion, isolating_reclusterings
@@ -125,6 +128,13 @@ class SecureAggregationSettings:
             become recoverable from what the round releases (>= 2).
         planner: how the clusterings are drawn.
         allow_leakage: run and release even when the audit finds a leak (reported only).
+        colluders: c, the clients colluding with the server that the plan and every
+            release must resist (no update may follow from the sums and c colluders'
+            inputs: :func:`~sharefl.protocol.audit.audit`'s ``colluders``). ``None``: the
+            clients' default rule (:func:`~sharefl.protocol.client_round.plan_colluders`
+            under ``signed``), taken at its largest over the participants
+            (:func:`round_colluders`), so the server never proposes a plan or a release
+            that a client with the default policy refuses.
     """
 
     cluster_size: int
@@ -138,8 +148,13 @@ class SecureAggregationSettings:
     min_sum_size: int = 3
     planner: Planner = Planner.SAFE
     allow_leakage: bool = False
+    colluders: int | None = None
 
     def __post_init__(self) -> None:
+        if self.colluders is not None and self.colluders < 0:
+            raise ConfigurationError(
+                f"colluders must be >= 0 (None: default), got {self.colluders}"
+            )
         if self.cluster_size < 1 or self.reclusterings < 1:
             raise ConfigurationError("cluster_size and reclusterings must be >= 1")
         if self.min_sum_size < 2:
@@ -275,6 +290,21 @@ class RoundResult:
         return self.reclusterings[0]
 
 
+def round_colluders(clusterings: Sequence[Clustering], settings: SecureAggregationSettings) -> int:
+    """The colluders the round's audits resist: ``settings.colluders``, else the largest
+    of the clients' defaults (each client takes :func:`~sharefl.protocol.client.
+    default_colluders` of its smallest cluster in the plan, in ``settings.signed`` mode;
+    the audit is monotone in c, so the largest satisfies every client)."""
+    if settings.colluders is not None:
+        return settings.colluders
+    smallest: dict[int, int] = {}
+    for clustering in clusterings:
+        for cluster in clustering.clusters:
+            for client in cluster:
+                smallest[client] = min(smallest.get(client, len(cluster)), len(cluster))
+    return max((default_colluders(m, settings.signed) for m in smallest.values()), default=0)
+
+
 def plan_round(
     round_index: int,
     participants: Sequence[int],
@@ -300,24 +330,49 @@ def plan_round(
     if len(set(ids)) != len(ids) or not ids:
         raise ConfigurationError("participants must be distinct client ids, at least one")
     m, r = settings.cluster_size, settings.reclusterings
+    # The samplers audit each draw against c colluders; c depends on the drawn cluster
+    # sizes (round_colluders), so draw with a guess and redraw with the plan's c when the
+    # guess was too low (a plan safe against c is safe against fewer: the audit is monotone).
+    guess = settings.colluders
+    if guess is None:
+        guess = default_colluders(min(m, len(ids)), settings.signed)
     try:
-        if clusterings is not None:
-            plan = list(clusterings)
-        elif settings.planner is Planner.ISOLATE and settings.secure:
-            plan = isolating_reclusterings(
-                ids, m, r, suspicion, rng, min_sum_size=settings.min_sum_size
-            )
-        elif settings.planner is Planner.SAFE and r > 1 and settings.secure:
-            plan = sample_safe_reclusterings(ids, m, r, rng, min_sum_size=settings.min_sum_size)
-        else:
-            plan = [random_clustering(ids, m, rng) for _ in range(r)]
+        for _ in range(3):
+            if clusterings is not None:
+                plan = list(clusterings)
+            elif settings.planner is Planner.ISOLATE and settings.secure:
+                plan = isolating_reclusterings(
+                    ids,
+                    m,
+                    r,
+                    suspicion,
+                    rng,
+                    min_sum_size=settings.min_sum_size,
+                    colluders=guess,
+                )
+            elif settings.planner is Planner.SAFE and r > 1 and settings.secure:
+                plan = sample_safe_reclusterings(
+                    ids, m, r, rng, min_sum_size=settings.min_sum_size, colluders=guess
+                )
+            else:
+                plan = [random_clustering(ids, m, rng) for _ in range(r)]
+            sampled = clusterings is None and settings.secure and len(plan) > 1
+            needed = round_colluders(plan, settings)
+            if needed <= guess or not sampled or settings.planner is Planner.RANDOM:
+                break
+            guess = needed
     except (ClusteringError, SafeSamplingError) as exc:
         raise ConfigurationError(str(exc)) from exc
     if len(plan) != r or any(set(c.members) != set(ids) for c in plan):
         raise ConfigurationError(
             f"each of the {r} clusterings must partition exactly the round's participants"
         )
-    report = audit(plan, client_ids=ids, min_sum_size=settings.min_sum_size)
+    report = audit(
+        plan,
+        client_ids=ids,
+        min_sum_size=settings.min_sum_size,
+        colluders=round_colluders(plan, settings) if settings.secure else 0,
+    )
     if settings.secure and (report.leaks or not report.complete) and not settings.allow_leakage:
         raise LeakageError(
             f"{report.summary()}\nUse fewer reclusterings or larger clusters, the safe "
@@ -344,6 +399,11 @@ class ReleaseAuditor:
     With ``enforce`` off (``allow_leakage``, or no secure aggregation by design) every sum is
     approved and only recorded, for the realised audit.
 
+    A cluster with a sparse neighbour graph reveals one sum per connected component of the
+    graph induced on its survivors (:func:`~sharefl.protocol.audit.revealed_sums`): those
+    sums are what is checked and recorded (``approved``), and what the members' views hold.
+    Every audit resists ``colluders`` (:func:`round_colluders`).
+
     ``prior`` seeds it with the sums already released on the same model (earlier rounds,
     or a run that crashed, over the same clusterings): they count as approved, and as seen
     by their members at their positions, so every later check audits the union.
@@ -359,6 +419,7 @@ class ReleaseAuditor:
         client_views: bool = False,
         search_budget: int = DEFAULT_SEARCH_BUDGET,
         prior: Sequence[Release] = (),
+        colluders: int = 0,
     ) -> None:
         self._plan = plan
         self._planned = {frozenset(row) for row in plan.rows()}
@@ -367,43 +428,66 @@ class ReleaseAuditor:
         self._enforce = enforce
         self._client_views = client_views
         self._budget = search_budget
-        self._seen: dict[int, dict[tuple[int, int], frozenset[int]]] = {}
+        self._colluders = colluders
+        # client -> position -> the sums it saw released there (several: all kept)
+        self._seen: dict[int, dict[tuple[int, int], tuple[frozenset[int], ...]]] = {}
         self.approved: list[frozenset[int]] = []
         for release in prior:
             row = frozenset(release.members)
             self.approved.append(row)
             for client in row:
-                self._seen.setdefault(client, {})[release.position] = row
+                views = self._seen.setdefault(client, {})
+                views[release.position] = (*views.get(release.position, ()), row)
 
-    def check(self, members: Sequence[int], position: tuple[int, int] | None = None) -> str | None:
-        """``None`` (and the sum counts as released from now on) or why it is withheld.
-        ``position`` is the sum's (reclustering, cluster), needed for the members' views."""
-        row = frozenset(members)
+    def check(
+        self,
+        members: Sequence[int],
+        position: tuple[int, int] | None = None,
+        neighbours: Mapping[int, frozenset[int]] | None = None,
+    ) -> str | None:
+        """``None`` (and the sums count as released from now on) or why it is withheld.
+        ``position`` is the sum's (reclustering, cluster), needed for the members' views;
+        ``neighbours`` its cluster's neighbour graph (``None``: complete)."""
+        pieces = revealed_sums(members, neighbours)
         if not self._enforce:
-            self.approved.append(row)
+            self.approved.extend(pieces)
             return None
-        rows = [*self.approved, row]
+        rows = [*self.approved, *pieces]
         if not (self._plan_is_safe and all(r in self._planned for r in rows)):
-            report = audit_rows(linked_rows(row, rows), self._min, self._budget)
+            report = audit_rows(
+                linked_to(pieces, rows), self._min, self._budget, colluders=self._colluders
+            )
             if report.leaks or not report.complete:
                 return (
-                    f"withheld: with the sums released so far, releasing the sum of "
-                    f"{sorted(row)} would reveal {_revealed(report)}"
+                    f"withheld: with the sums released so far, releasing "
+                    f"{_sums(pieces)} would reveal {_revealed(report)}"
                 )
         if self._client_views and position is not None:
-            if row != frozenset(self._plan.members(*position)):
-                for client in sorted(row):
-                    seen = {**self._seen.get(client, {}), position: row}
-                    report = audit_rows(linked_rows(row, self._plan.rows(seen)), self._min)
+            if pieces != [frozenset(self._plan.members(*position))]:
+                for client in sorted(frozenset().union(*pieces)):
+                    seen = {**self._seen.get(client, {}), position: tuple(pieces)}
+                    report = audit_rows(
+                        linked_to(pieces, plan_rows(self._plan, seen)),
+                        self._min,
+                        colluders=self._colluders,
+                    )
                     if report.leaks or not report.complete:
                         return (
-                            f"withheld: client {client} would refuse to unmask {sorted(row)}: "
-                            f"by its own view of the round it would reveal {_revealed(report)}"
+                            f"withheld: client {client} would refuse to unmask "
+                            f"{_sums(pieces)}: by its own view of the round it would reveal "
+                            f"{_revealed(report)}"
                         )
-            for client in row:
-                self._seen.setdefault(client, {})[position] = row
-        self.approved.append(row)
+            for piece in pieces:
+                for client in piece:
+                    self._seen.setdefault(client, {})[position] = tuple(pieces)
+        self.approved.extend(pieces)
         return None
+
+
+def _sums(pieces: Sequence[frozenset[int]]) -> str:
+    if len(pieces) == 1:
+        return f"the sum of {sorted(pieces[0])}"
+    return f"the sums of {[sorted(p) for p in pieces]} (neighbour graph components)"
 
 
 def _revealed(report: LeakageReport) -> str:
@@ -466,6 +550,7 @@ class RoundCoordinator:
         self._rng = rng
         self._directory = dict(directory or {})
         self.plan, self.planned_audit = plan_round(round, participants, settings, rng, clusterings)
+        self.colluders = round_colluders(self.plan.clusterings, settings) if settings.secure else 0
         largest = max(max(c.sizes) for c in self.plan.clusterings)
         if encoding is None and settings.clip is not None:
             try:
@@ -489,6 +574,7 @@ class RoundCoordinator:
             enforce=settings.secure and not settings.allow_leakage,
             client_views=settings.signed,
             prior=prior_releases,
+            colluders=self.colluders,
         )
         self._on_release = on_release
         self.culprits: dict[int, str] = {}
@@ -538,7 +624,7 @@ class RoundCoordinator:
                 raise_to_floor=self.settings.raise_threshold_to_floor,
             )
             self._sessions[index] = ServerSession(
-                assignment, self._directory, self._approver((r, index))
+                assignment, self._directory, self._approver((r, index), assignment.neighbours)
             )
             for cid in members:
                 self._cluster_of[cid] = index
@@ -546,14 +632,23 @@ class RoundCoordinator:
         self._open = True
         return assignments
 
-    def _approver(self, position: tuple[int, int]) -> Callable[[Sequence[int]], str | None]:
-        """The release check of the cluster at ``position``: the audit, then (approved)
-        ``on_release`` before the session may return its unmask requests."""
+    def _approver(
+        self,
+        position: tuple[int, int],
+        neighbours: Mapping[int, frozenset[int]] | None = None,
+    ) -> Callable[[Sequence[int]], str | None]:
+        """The release check of the cluster at ``position`` (with its neighbour graph): the
+        audit, then (approved) ``on_release`` before the session may return its unmask
+        requests — once per sum the release reveals (:func:`~sharefl.protocol.audit.
+        revealed_sums`: one with a complete graph, one per component of the survivors'
+        graph otherwise), so a transport that journals approvals journals what the server
+        can learn and seeds later audits with it."""
 
         def approve(members: Sequence[int]) -> str | None:
-            withheld = self._release.check(members, position)
+            withheld = self._release.check(members, position, neighbours)
             if withheld is None and self._on_release is not None:
-                self._on_release(Release(self.plan.round, *position, tuple(sorted(members))))
+                for piece in revealed_sums(members, neighbours):
+                    self._on_release(Release(self.plan.round, *position, tuple(sorted(piece))))
             return withheld
 
         return approve
@@ -714,6 +809,7 @@ class RoundCoordinator:
             [Clustering((tuple(sorted(row)),)) for row in self._release.approved],
             client_ids=self.plan.participants,
             min_sum_size=self.settings.min_sum_size,
+            colluders=self.colluders,
         )
         return RoundResult(
             self.plan, self._results, self.planned_audit, realised, self.encoding, self.culprits

@@ -181,8 +181,10 @@ def isolating_reclusterings(
     rng: RngLike = None,
     *,
     min_sum_size: int | None = None,
+    colluders: int = 0,
 ) -> list[Clustering]:
-    """The R clusterings of a round that spread ``suspicion``'s suspects.
+    """The R clusterings of a round that spread ``suspicion``'s suspects (R > 1: audited
+    against ``colluders`` like the safe sampler's).
 
     R = 1: one :func:`spread_clustering`. R > 1: the safe sampler
     (:func:`~sharefl.protocol.audit.sample_safe_reclusterings`) over blocks of 2m drawn by
@@ -198,7 +200,13 @@ def isolating_reclusterings(
         return [spread_clustering(ids, cluster_size, suspects, gen)]
     blocks = spread_clustering(ids, 2 * cluster_size, suspects, gen)
     return sample_safe_reclusterings(
-        ids, cluster_size, reclusterings, gen, min_sum_size=min_sum_size, blocks=blocks
+        ids,
+        cluster_size,
+        reclusterings,
+        gen,
+        min_sum_size=min_sum_size,
+        blocks=blocks,
+        colluders=colluders,
     )
 
 
