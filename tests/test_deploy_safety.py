@@ -760,7 +760,8 @@ def test_a_server_killed_in_round_k_resumes_from_k_with_earlier_rounds_intact(tm
     wait_for_rounds(out / "rounds.jsonl", 3)
     server.kill()  # SIGKILL somewhere in round 4 or later
     server.wait()
-    assert all(c.wait(timeout=60) == 3 for c in clients)
+    codes = [c.wait(timeout=60) for c in clients]
+    assert all(code == 3 for code in codes), codes
     before = (out / "rounds.jsonl").read_text().splitlines()
     k = len(before)
     assert 3 <= k < rounds

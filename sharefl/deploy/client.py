@@ -38,6 +38,7 @@ restarts; without one it lasts as long as the process (a restarted client forget
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import importlib
 import os
@@ -99,7 +100,14 @@ SERVER_TIMEOUT_S = 60.0
 READ_TIMEOUT_S = 900.0
 """Default longest gap between two server messages during a run (training, stage
 deadlines and other clients' work happen in these gaps)."""
-RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+RETRYABLE = (
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    # What a write that met an ended stream reports when neither the server's Goodbye nor
+    # its status could be read (the server never ends a stream with INTERNAL itself): a
+    # reconnection gets the server's answer, or finds it gone.
+    grpc.StatusCode.INTERNAL,
+)
 
 
 def retryable(error: grpc.aio.AioRpcError) -> bool:
@@ -392,9 +400,36 @@ class ClientRuntime:
         self._heard = time.monotonic()
         return message
 
-    def _send(self, call, message: pb.ClientMessage):
+    async def _send(self, call, message: pb.ClientMessage) -> None:
+        """Write one message. A write that meets a stream the server ended (or lost) fails
+        with ``INTERNAL`` in place of the status: the server's ``Goodbye`` and status are
+        read instead, so the reason, not "Internal error from Core", reaches the caller."""
         self.report.bytes_sent += message.ByteSize()
-        return call.write(message)
+        try:
+            await call.write(message)
+        except (grpc.aio.AioRpcError, _GrpcInternalError) as exc:
+            await self._read_the_end(call)
+            if isinstance(exc, grpc.aio.AioRpcError):
+                raise
+            raise grpc.aio.AioRpcError(
+                grpc.StatusCode.INTERNAL,
+                grpc.aio.Metadata(),
+                grpc.aio.Metadata(),
+                f"the stream ended under a write ({exc})",
+            ) from exc
+
+    async def _read_the_end(self, call) -> None:
+        """Read what is left of an ended stream: raise its ``Goodbye`` (:class:`ServerEnded`)
+        or its status (``AioRpcError``) when it has one other than ``INTERNAL``."""
+        with contextlib.suppress(TimeoutError, _GrpcInternalError):
+            while (envelope := await asyncio.wait_for(call.read(), 5.0)) is not grpc.aio.EOF:
+                if envelope.WhichOneof("body") == "goodbye":
+                    raise ServerEnded(envelope.goodbye)
+        with contextlib.suppress(grpc.aio.AioRpcError, _GrpcInternalError, TimeoutError):
+            code = await asyncio.wait_for(call.code(), 5.0)
+            if code not in (grpc.StatusCode.OK, grpc.StatusCode.INTERNAL):
+                details = await call.details()
+                raise grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
 
     def _maybe_exit(self, stage: str) -> None:
         if stage == self.exit_before:
