@@ -2,8 +2,8 @@
 
 Honest clients are real :class:`~sharefl.protocol.client_round.ClientRound` +
 :class:`~sharefl.protocol.client.ClientSession` objects (signed mode with Ed25519 identities,
-or unsigned), each with its own :class:`~sharefl.protocol.memory.ClientMemory` when that
-exists. The server is :class:`Game`: at every stage of every cluster of every round it
+or unsigned), each with its own :class:`~sharefl.protocol.memory.ClientMemory`.
+The server is :class:`Game`: at every stage of every cluster of every round it
 reads its next choice from a :class:`Tape` — the honest move on a zero byte (and past the
 end of the tape), a deviation on a high one. The deviations, by family
 (``Setting.attacks`` picks the families a game uses):
@@ -62,6 +62,7 @@ from sharefl.protocol.client import SURVIVORS_LABEL, ClientPolicy, ClientSession
 from sharefl.protocol.client_round import ClientRound
 from sharefl.protocol.clustering import Clustering
 from sharefl.protocol.errors import ClientRefusal
+from sharefl.protocol.memory import ClientMemory
 from sharefl.protocol.messages import (
     AdvertiseKeys,
     ClusterAssignment,
@@ -74,11 +75,6 @@ from sharefl.protocol.messages import (
     UnmaskRequest,
 )
 from sharefl.protocol.plan import RoundPlan
-
-try:
-    from sharefl.protocol.memory import ClientMemory
-except ImportError:  # the code before invariant I4
-    ClientMemory = None  # type: ignore[assignment,misc]
 
 BITS = 32
 SHARE_BYTES = 37
@@ -114,7 +110,7 @@ class Setting:
 
     ``colluders``: at most this many clients collude (their policy resists as many);
     ``attacks``: the deviation families the server uses; ``rate``: how often it deviates
-    (out of 256 at each choice); ``memory``: clients keep a ClientMemory (when it exists).
+    (out of 256 at each choice); ``memory``: clients keep a ClientMemory.
     """
 
     signed: bool = True
@@ -258,11 +254,7 @@ class Game:
         self.colluders = frozenset(self.tape.permutation(list(self.clients))[:count])
         self.colluders = frozenset(self.hooks.get("colluders", self.colluders))
         self.policies = {u: s.policy(u) for u in self.clients}
-        self.memories = (
-            {u: ClientMemory() for u in self.clients}
-            if s.memory and ClientMemory is not None
-            else {}
-        )
+        self.memories = {u: ClientMemory() for u in self.clients} if s.memory else {}
         self.enc_privates: dict[bytes, bytes] = {}  # encryption keys the server controls
         self.runs = itertools.count()
         self.adverts_seen: list[AdvertiseKeys] = []
