@@ -751,7 +751,7 @@ def test_a_server_killed_in_round_k_resumes_from_k_with_earlier_rounds_intact(tm
         wait_for_line(tmp_path / "server.log", "listening")
         command = [*PYTHON, "client", "--server", address, "--server-timeout", "5"]
         clients = [
-            subprocess.Popen([*command, "--id", str(c)], stderr=subprocess.DEVNULL)
+            subprocess.Popen([*command, "--id", str(c)], stderr=subprocess.PIPE, text=True)
             for c in range(3)
         ]
         return server, clients, address
@@ -761,7 +761,9 @@ def test_a_server_killed_in_round_k_resumes_from_k_with_earlier_rounds_intact(tm
     server.kill()  # SIGKILL somewhere in round 4 or later
     server.wait()
     codes = [c.wait(timeout=60) for c in clients]
-    assert all(code == 3 for code in codes), codes
+    assert all(code == 3 for code in codes), [
+        (code, c.stderr.read()) for code, c in zip(codes, clients, strict=True)
+    ]
     before = (out / "rounds.jsonl").read_text().splitlines()
     k = len(before)
     assert 3 <= k < rounds

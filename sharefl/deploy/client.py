@@ -376,6 +376,11 @@ class ClientRuntime:
                     raise
                 cause: Exception = exc
                 why = f"{exc.code().name}: {exc.details()}"
+            except _GrpcInternalError as exc:
+                # gRPC core's own error for a call that broke under an operation (the
+                # server died mid-write or mid-close): no status to read; retried like
+                # INTERNAL, so a lost server is a lost connection, never a crash.
+                cause, why = exc, f"INTERNAL: {exc}"
             except ServerSilent as exc:
                 cause, why = exc, str(exc)
             silent = time.monotonic() - self._heard
