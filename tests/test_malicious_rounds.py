@@ -38,11 +38,19 @@ import subprocess
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-import grpc
 import numpy as np
 import pytest
 from conftest import PYTHON
-from test_malicious_server import CLIENTS, DIM, ENCODING, Double, Link, _drain, _replies
+from test_malicious_server import (
+    CLIENTS,
+    DIM,
+    ENCODING,
+    Double,
+    Link,
+    _drain,
+    _replies,
+    serve_double,
+)
 
 from sharefl.crypto import shamir
 from sharefl.crypto.encoding import encode
@@ -53,7 +61,6 @@ from sharefl.deploy.client import demo_trainer
 from sharefl.deploy.keygen import keygen
 from sharefl.deploy.server import load_directory
 from sharefl.proto import sharefl_pb2 as pb
-from sharefl.proto import sharefl_pb2_grpc as pb_grpc
 from sharefl.protocol.bundles import SEALED_BYTES, seed_commitment
 from sharefl.protocol.clustering import Clustering
 from sharefl.protocol.errors import RejectedMessage
@@ -237,17 +244,8 @@ async def _play(double: Double, directory) -> dict[str, Played]:
 
 
 async def _serve(keys: Path, start: Callable[[str], None]) -> dict[str, Played]:
-    credentials = grpc.ssl_server_credentials(
-        [((keys / "server.key").read_bytes(), (keys / "server.pem").read_bytes())],
-        root_certificates=(keys / "ca.pem").read_bytes(),
-        require_client_auth=True,
-    )
-    server = grpc.aio.server()
-    double = Double()
-    pb_grpc.add_AggregationServicer_to_server(double, server)
-    port = server.add_secure_port("127.0.0.1:0", credentials)
-    await server.start()
-    start(f"127.0.0.1:{port}")
+    server, double, address = await serve_double(keys)
+    start(address)
     try:
         played = await _play(double, load_directory(str(keys / "directory.json")))
         await asyncio.sleep(0.5)  # let the Finished messages leave

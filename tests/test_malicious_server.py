@@ -277,8 +277,9 @@ async def _play(double: Double) -> dict[str, dict[int, list[pb.ClientMessage]]]:
     return seen
 
 
-async def _serve(keys: Path, started: Callable[[str], list[subprocess.Popen]]):
-    """Serve the double on a port the OS picks; ``started(address)`` starts the clients."""
+async def serve_double(keys: Path) -> tuple[grpc.aio.Server, Double, str]:
+    """A started :class:`Double` behind mutual TLS with the ``keygen`` folder ``keys``, on a
+    loopback port the OS picks; returns the server, the double and its address."""
     credentials = grpc.ssl_server_credentials(
         [((keys / "server.key").read_bytes(), (keys / "server.pem").read_bytes())],
         root_certificates=(keys / "ca.pem").read_bytes(),
@@ -289,7 +290,13 @@ async def _serve(keys: Path, started: Callable[[str], list[subprocess.Popen]]):
     pb_grpc.add_AggregationServicer_to_server(double, server)
     port = server.add_secure_port("127.0.0.1:0", credentials)
     await server.start()
-    procs = started(f"127.0.0.1:{port}")
+    return server, double, f"127.0.0.1:{port}"
+
+
+async def _serve(keys: Path, started: Callable[[str], list[subprocess.Popen]]):
+    """Serve the double; ``started(address)`` starts the clients."""
+    server, double, address = await serve_double(keys)
+    procs = started(address)
     try:
         seen = await _play(double)
         await asyncio.sleep(0.5)  # let the Finished messages leave
