@@ -21,6 +21,13 @@ each case is measured twice, first with glibc's default malloc ("glibc-default")
 512 MiB: "glibc-retain"; freed memory stays in the heap instead of being unmapped and faulted
 in again on every step).
 Opacus (if importable) is timed on the same model and batch, against the same plain step.
+
+Distributed discrete noise (``--section distributed``, also in the default run): one
+client's whole step before masking at d = 10^6 — clip, randomised Hadamard rotation, scale,
+conditional rounding, discrete Gaussian or Skellam noise from the AES-CTR stream, mod 2^b
+(``DistributedEncoder.encode``) — against one AES-CTR mask expansion of the same length
+(``expand_mask``, the baseline of the target: ≤ 3×), and today's continuous path (Gaussian
+noise from torch, then the float encoding with stochastic rounding) beside it.
 """
 
 from __future__ import annotations
@@ -93,6 +100,58 @@ def opacus_step_fn(model, x, y):
     return run
 
 
+def distributed_records(dim: int, repeat: int) -> list[dict]:
+    """The distributed discrete pipeline at ``dim`` against one mask expansion."""
+    import numpy as np
+
+    from sharefl.crypto.encoding import choose_encoding, encode
+    from sharefl.crypto.prg import expand_mask
+    from sharefl.privacy.distributed import DistributedDPConfig, DistributedEncoder
+    from sharefl.privacy.secure_random import SecureRandom
+
+    update = np.random.default_rng(0).normal(size=dim).astype(np.float32)
+    update *= 0.5 / np.linalg.norm(update)
+    public, secret = bytes(48), SecureRandom()
+    mask_seed = bytes(range(32))
+
+    def expansion() -> None:
+        expand_mask(mask_seed, dim, 32)
+
+    float_encoding = choose_encoding(1.0, 5, bits=32)
+    noise_gen = torch.Generator().manual_seed(0)
+
+    def continuous() -> None:
+        noisy = torch.from_numpy(update) + torch.randn(dim, generator=noise_gen) * 0.6
+        encode(noisy.numpy(), float_encoding, None)
+
+    records = []
+    t_cont, t_base0 = compare(continuous, expansion, repeat=repeat)
+    for mechanism in ("discrete_gaussian", "skellam"):
+        for bits in (16, 32):
+            config = DistributedDPConfig(mechanism, 1.0, 1.0, 3, 5, bits=bits)
+            enc = DistributedEncoder(config, dim)
+
+            def step(enc: DistributedEncoder = enc) -> None:
+                enc.encode(update, public, secret)
+
+            t_step, t_base = compare(step, expansion, repeat=repeat)
+            record = {
+                "name": f"distributed_encode_{mechanism}_b{bits}",
+                "d": dim,
+                "padded_d": enc.padded,
+                "encode_best_s": t_step["best_s"],
+                "mask_expansion_best_s": t_base["best_s"],
+                "ratio": t_step["best_s"] / t_base["best_s"],
+                "continuous_encode_best_s": t_cont["best_s"],
+                "continuous_ratio": t_cont["best_s"] / t_base0["best_s"],
+                "target_ratio": 3.0,
+                "pass": t_step["best_s"] / t_base["best_s"] <= 3.0,
+            }
+            emit(record)
+            records.append(record)
+    return records
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
@@ -104,6 +163,12 @@ def main() -> None:
         choices=("both", "glibc-default", "glibc-retain"),
         default="both",
         help="allocator settings to measure (both: default first, then retain)",
+    )
+    parser.add_argument(
+        "--section",
+        choices=("all", "dpsgd", "distributed"),
+        default="all",
+        help="DP-SGD steps, the distributed discrete encode, or both",
     )
     add_smoke_flag(parser)
     args = parser.parse_args()
@@ -129,8 +194,12 @@ def main() -> None:
         device="cpu",
     )
     records = []
+    if args.section in ("all", "distributed"):
+        smoke = use_smoke(args)
+        records += distributed_records(10**4 if smoke else 10**6, 3 if smoke or args.quick else 10)
     both = ("glibc-default", "glibc-retain")
-    for allocator in both if args.allocator == "both" else (args.allocator,):
+    allocators = both if args.allocator == "both" else (args.allocator,)
+    for allocator in allocators if args.section != "distributed" else ():
         if allocator == "glibc-retain" and not keep_freed_memory():
             emit({"kind": "skipped", "allocator": allocator, "reason": "no glibc mallopt"})
             continue

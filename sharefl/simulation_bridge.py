@@ -68,6 +68,13 @@ def deployment_for(run: RunConfig, dim: int) -> DeploymentConfig:
         raise SimulationConfigError(
             "a deployment uses every client each round: set clients.per_round = 0"
         )
+    if run.privacy.enabled and run.privacy.distributed != "gaussian":
+        # Its clients add their noise in the ring (sharefl.privacy.distributed), a step the
+        # gRPC client does not run: deploying it would send updates without noise.
+        raise SimulationConfigError(
+            f'privacy.distributed = "{run.privacy.distributed}" runs in the simulator only: '
+            'deploy with privacy.distributed = "gaussian" (the float cluster split)'
+        )
     return DeploymentConfig(
         server=ServerSection(
             address=run.deployment.address,

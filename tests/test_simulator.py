@@ -513,6 +513,19 @@ def test_the_same_run_trains_over_grpc(tmp_path):
             {"clients": {"honest": 8, "per_round": 4}, "secure_aggregation": {"cluster_size": 3}},
             "per_round = 0",
         ),
+        (
+            {
+                "secure_aggregation": {"cluster_size": 3},
+                "privacy": {
+                    "enabled": True,
+                    "level": "client",
+                    "noise_split": "cluster",
+                    "noise_multiplier": 1.0,
+                    "distributed": "skellam",
+                },
+            },
+            "runs in the simulator only",
+        ),
     ],
 )
 def test_a_deployment_refuses_runs_it_cannot_carry(patch, message):

@@ -16,6 +16,13 @@ Client level (FedAvg under secure aggregation): :class:`ClientDPConfig`,
 Mechanisms on messages: seed002's :class:`SignFlip` and :class:`SignGaussian`; seed004's
 :class:`NoisyModelTransmitter` (σ^k = C·α^k on transmitted models).
 
+Distributed noise inside secure-aggregation clusters that survives discretisation and
+the modular sum: :class:`DistributedEncoder` (clip, randomised Hadamard rotation,
+conditional randomised rounding, exact :class:`DiscreteGaussian` or :class:`Skellam`
+shares from an AES-CTR :class:`SecureRandom`, mod 2^b; the server's decode),
+:func:`calibrate_distributed`, and its RDP accounting :class:`DistributedDPLedger` with
+:class:`DiscreteGaussianSum` / :class:`SkellamSum`.
+
 Accounting (``dp-accounting``): :class:`PrivacyAccountant` (RDP or PLD; improved or classic
 RDP conversion), :func:`compute_epsilon`, :func:`calibrate_noise`.
 
@@ -32,6 +39,15 @@ from .clipping import (
     Normalization,
     PerLayerClipping,
 )
+from .discrete_samplers import DiscreteGaussian, Skellam, discrete_gaussian, skellam
+from .distributed import (
+    DistributedDPConfig,
+    DistributedEncoder,
+    DistributedMechanism,
+    Rotation,
+    calibrate_distributed,
+)
+from .distributed_accounting import DiscreteGaussianSum, DistributedDPLedger, SkellamSum
 from .dpsgd import DPSGD, DPSGDConfig, PrivateGradient
 from .errors import (
     AccountantStateError,
@@ -57,6 +73,7 @@ from .schedules import (
     NoiseSchedule,
     StaircaseSchedule,
 )
+from .secure_random import SecureRandom
 from .sign import (
     SignFlip,
     SignGaussian,
@@ -76,6 +93,12 @@ __all__ = [
     "ConstantSchedule",
     "CyclicSchedule",
     "DPSGDConfig",
+    "DiscreteGaussian",
+    "DiscreteGaussianSum",
+    "DistributedDPConfig",
+    "DistributedDPLedger",
+    "DistributedEncoder",
+    "DistributedMechanism",
     "ExponentialSchedule",
     "FlatClipping",
     "L2MaxClipping",
@@ -91,17 +114,23 @@ __all__ = [
     "PrivacyConfigError",
     "PrivacyError",
     "PrivateGradient",
+    "Rotation",
     "ScheduleError",
+    "SecureRandom",
     "SignFlip",
     "SignGaussian",
+    "Skellam",
+    "SkellamSum",
     "StaircaseSchedule",
     "UnsupportedModuleError",
     "add_gaussian_noise_",
+    "calibrate_distributed",
     "calibrate_noise",
     "check_per_example_compatible",
     "classic_rdp_epsilon",
     "clip_update_",
     "compute_epsilon",
+    "discrete_gaussian",
     "gaussian_",
     "per_example_gradients",
     "poisson_sample",
@@ -110,5 +139,6 @@ __all__ = [
     "rsa_sign",
     "sign_flip_epsilon",
     "sign_flip_gamma",
+    "skellam",
     "theorem3_epsilon",
 ]

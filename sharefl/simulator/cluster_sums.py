@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -17,7 +17,7 @@ from sharefl.simulator.config import SecureAggregationConfig
 
 
 def secure_cluster_sums(
-    uploads: Tensor,
+    uploads: Tensor | Mapping[int, np.ndarray],
     ids: Sequence[int],
     settings: SecureAggregationConfig,
     rng: np.random.Generator,
@@ -25,15 +25,21 @@ def secure_cluster_sums(
     **plan: Any,
 ) -> RoundResult:
     """:func:`~sharefl.protocol.driver.secure_sum` of ``uploads`` (``[n, d]``, row i from
-    client ``ids[i]``) in clusters of ``settings.cluster_size``, ``settings.reclusterings``
-    times, seeded from ``rng``; ``plan`` passes ``planner`` / ``clusterings`` through."""
-    inputs = {cid: uploads[i].detach().cpu().numpy() for i, cid in enumerate(ids)}
+    client ``ids[i]``, encoded with ``settings.bits`` and ``settings.clip``; or client id →
+    ring vector, uint32/uint64, summed as they are) in clusters of
+    ``settings.cluster_size``, ``settings.reclusterings`` times, seeded from ``rng``;
+    ``plan`` passes ``planner`` / ``clusterings`` through."""
+    if isinstance(uploads, Mapping):
+        inputs, bits = dict(uploads), None
+    else:
+        inputs = {cid: uploads[i].detach().cpu().numpy() for i, cid in enumerate(ids)}
+        bits = settings.bits
     return secure_sum(
         inputs,
         cluster_size=settings.cluster_size,
         reclusterings=settings.reclusterings,
         seed=int(rng.integers(2**63)),
-        bits=settings.bits,
+        bits=bits,
         clip=settings.clip,
         allow_leakage=settings.allow_leakage,
         round=round_index,

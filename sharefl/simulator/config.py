@@ -205,6 +205,11 @@ class PrivacyConfig:
     # -- client level inside SHARE's clusters (sharefl.privacy.cluster_noise) --
     noise_split: str = "participants"  # or "cluster": each cluster sum carries σ²C²
     min_survivors: int = 0  # s of the cluster split (0: the cluster's Shamir threshold)
+    # the noise of the cluster split (sharefl.privacy.distributed): "gaussian" (continuous,
+    # float encoding), "discrete_gaussian" or "skellam" (integers mod 2^bits, rotated)
+    distributed: str = "gaussian"
+    bits: int = 16  # b of the discrete mechanisms' modular sum
+    rotation: str = "hadamard"  # or "none"
 
     def __post_init__(self) -> None:
         _require(
@@ -238,6 +243,20 @@ class PrivacyConfig:
             self.noise_split in NOISE_SPLITS, f"privacy.noise_split must be one of {NOISE_SPLITS}"
         )
         _require(self.min_survivors >= 0, "privacy.min_survivors must be >= 0")
+        _require(
+            self.distributed in DISTRIBUTED_MECHANISMS,
+            f"privacy.distributed must be one of {DISTRIBUTED_MECHANISMS}",
+        )
+        _require(
+            self.distributed == "gaussian" or self.noise_split == "cluster",
+            f'privacy.distributed = "{self.distributed}" is noise split over a cluster: set '
+            'privacy.noise_split = "cluster" (and privacy.level = "client")',
+        )
+        _require(
+            isinstance(self.bits, int) and 2 <= self.bits <= 64,
+            "privacy.bits must be an integer in [2, 64]",
+        )
+        _require(self.rotation in ROTATIONS, f"privacy.rotation must be one of {ROTATIONS}")
         _require(
             self.noise_split == "participants" or self.level == "client",
             'privacy.noise_split = "cluster" is client-level DP: set privacy.level = "client"',
@@ -539,6 +558,8 @@ class RunConfig:
 
 
 NOISE_SPLITS = ("participants", "cluster")
+DISTRIBUTED_MECHANISMS = ("gaussian", "discrete_gaussian", "skellam")
+ROTATIONS = ("hadamard", "none")
 
 _SHARE_DEFAULTS: dict[str, Any] = {
     "training": TrainingConfig(),
@@ -550,10 +571,14 @@ _SHARE_KEYS = (
     ("training", "weighted"),
     ("privacy", "noise_split"),
     ("privacy", "min_survivors"),
+    ("privacy", "distributed"),
+    ("privacy", "bits"),
+    ("privacy", "rotation"),
     ("secure_aggregation", "clustering"),
     ("secure_aggregation", "planner"),
 )
-"""Keys added for SHARE: left out of :attr:`RunConfig.run_id` at their defaults."""
+"""Keys added after runs were recorded (SHARE's, then distributed DP's): left out of
+:attr:`RunConfig.run_id` at their defaults."""
 
 
 def _check_client_level(run: RunConfig) -> None:

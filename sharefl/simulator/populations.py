@@ -90,7 +90,12 @@ class HonestClients:
 
         With ``privacy.noise_split = "cluster"`` each row gets N(0, σ²C²/s I) instead, so
         that every cluster sum the protocol can release carries the whole noise
-        (:mod:`sharefl.privacy.cluster_noise`)."""
+        (:mod:`sharefl.privacy.cluster_noise`). With a discrete ``privacy.distributed``
+        the uploads are returned as they are: the clip, the rounding and the noise happen
+        in the ring, where :class:`~sharefl.simulator.share.ShareAggregation` encodes them
+        (:class:`~sharefl.privacy.distributed.DistributedEncoder`)."""
+        if self.setup.run.privacy.distributed != "gaussian":
+            return uploads  # clipped and noised in the ring (ShareAggregation's encoder)
         scratch = torch.empty_like(uploads[0])
         if self.cluster_noise is not None:
             for row in uploads:

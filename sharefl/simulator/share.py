@@ -17,7 +17,12 @@ DP whose noise is split over each cluster.
    the other rules run over cluster means (:class:`~sharefl.robust.HierarchicalAggregator`
    with ``ClusterScale.MEAN``), and the R reclusterings are averaged;
 4. with ``privacy.noise_split = "cluster"``, accounts every honest client's ε from the sums
-   that were released (:class:`~sharefl.privacy.cluster_noise.ClusterPrivacyLedger`).
+   that were released (:class:`~sharefl.privacy.cluster_noise.ClusterPrivacyLedger`); with
+   ``privacy.distributed = "discrete_gaussian"`` or ``"skellam"`` the clients' step before
+   masking is :class:`~sharefl.privacy.distributed.DistributedEncoder`'s (rotation,
+   conditional rounding, discrete noise, mod 2^b), the protocol sums the ring vectors, and
+   each honest client is accounted by the mechanism of its cell (:func:`released_cells`)
+   with :class:`~sharefl.privacy.distributed_accounting.DistributedDPLedger`.
 """
 
 from __future__ import annotations
@@ -31,12 +36,22 @@ import torch
 from torch import Tensor
 
 from sharefl.privacy.cluster_noise import ClusterNoiseSplit, ClusterPrivacyLedger
+from sharefl.privacy.distributed import (
+    DistributedDPConfig,
+    DistributedEncoder,
+    DistributedMechanism,
+    Rotation,
+    calibrate_distributed,
+)
+from sharefl.privacy.distributed_accounting import DistributedDPLedger
+from sharefl.privacy.secure_random import SecureRandom
 from sharefl.protocol import threshold_floor
 from sharefl.robust import HierarchicalAggregator
 from sharefl.simulator.cluster_sums import secure_cluster_sums
 from sharefl.simulator.cluster_zeno import ClusterZeno
 from sharefl.simulator.clustering_schedule import AuditLog, ClusterSchedule
 from sharefl.simulator.config import RunConfig, SimulationConfigError
+from sharefl.simulator.setup import PrivacyPlan
 
 
 def delta_weights(sizes: Sequence[int]) -> Tensor:
@@ -64,15 +79,73 @@ def cluster_noise_split(run: RunConfig, noise_multiplier: float) -> ClusterNoise
     """The noise split of ``privacy.noise_split = "cluster"`` (``None`` otherwise); the
     default s is :func:`min_releasing_survivors`: a cluster that loses members still
     carries the whole noise in any sum the protocol releases."""
-    p, m = run.privacy, run.secure_aggregation.cluster_size
+    p = run.privacy
     if not (p.enabled and p.level == "client" and p.noise_split == "cluster"):
         return None
-    survivors = p.min_survivors or min_releasing_survivors(m)
+    if p.distributed != "gaussian":
+        return None
+    return ClusterNoiseSplit(p.clip, noise_multiplier, split_survivors(run))
+
+
+def split_survivors(run: RunConfig) -> int:
+    """s of the cluster split: ``privacy.min_survivors`` or :func:`min_releasing_survivors`."""
+    m = run.secure_aggregation.cluster_size
+    survivors = run.privacy.min_survivors or min_releasing_survivors(m)
     if survivors > m:
         raise SimulationConfigError(
             f"privacy.min_survivors = {survivors} exceeds the cluster size {m}"
         )
-    return ClusterNoiseSplit(p.clip, noise_multiplier, survivors)
+    return survivors
+
+
+def distributed_encoder(run: RunConfig, plan: PrivacyPlan, dim: int) -> DistributedEncoder | None:
+    """The discrete pipeline of ``privacy.distributed`` = ``"discrete_gaussian"`` or
+    ``"skellam"`` for updates of ``dim`` values (``None`` otherwise): the cluster split's s,
+    the cluster size as the most summands, ``privacy.bits`` and ``privacy.rotation``. With
+    a target ``privacy.epsilon`` σ is calibrated by the discrete mechanism's own
+    accounting for a released sum of s members every round
+    (:func:`~sharefl.privacy.distributed.calibrate_distributed`); else it is the plan's."""
+    p = run.privacy
+    if not (p.enabled and p.level == "client" and p.distributed != "gaussian"):
+        return None
+    config = DistributedDPConfig(
+        mechanism=DistributedMechanism(p.distributed),
+        clip=p.clip,
+        noise_multiplier=plan.noise_multiplier,
+        min_survivors=split_survivors(run),
+        max_summands=run.secure_aggregation.cluster_size,
+        bits=p.bits,
+        rotation=Rotation(p.rotation),
+    )
+    if plan.target_epsilon is None:
+        return DistributedEncoder(config, dim)
+    return calibrate_distributed(
+        config, dim, plan.target_epsilon, plan.delta, run.rounds, conversion=p.conversion
+    )
+
+
+def released_cells(released: Sequence[Sequence[int]], honest: Sequence[int]) -> list[list[int]]:
+    """The honest clients grouped by the set of released sums they are in (the cells of
+    the sets' Venn diagram), each cell a sorted list; clients in no released sum are left
+    out.
+
+    Every released sum is a sum of whole cells (plus known Byzantine inputs), so what the
+    server sees is a post-processing of the cell sums; the cells are disjoint, so client
+    a's privacy is at least that of its own cell's sum: the distributed mechanism with
+    that many noise-adding members. With one clustering the cells are the clusters'
+    honest survivors; overlapping reclusterings cut them finer (this bound, unlike the
+    Gaussian projection of :mod:`sharefl.privacy.cluster_noise`, does not use the
+    remaining noise of the other members of each sum)."""
+    honest_set = set(honest)
+    signature: dict[int, list[int]] = {}
+    for index, members in enumerate(released):
+        for c in members:
+            if c in honest_set:
+                signature.setdefault(c, []).append(index)
+    cells: dict[tuple[int, ...], list[int]] = {}
+    for c, where in signature.items():
+        cells.setdefault(tuple(where), []).append(c)
+    return sorted(sorted(cell) for cell in cells.values())
 
 
 @dataclass
@@ -92,9 +165,10 @@ class ShareAggregation:
     rule: HierarchicalAggregator | None
     zeno: ClusterZeno | None
     weights: Tensor | None
-    ledger: ClusterPrivacyLedger | None
+    ledger: ClusterPrivacyLedger | DistributedDPLedger | None
     schedule: ClusterSchedule
     audits: AuditLog
+    distributed: DistributedEncoder | None = None
     last_clusterings: tuple = ()
 
     @classmethod
@@ -106,6 +180,7 @@ class ShareAggregation:
         zeno: ClusterZeno | None,
         client_sizes: Sequence[int],
         noise_split: ClusterNoiseSplit | None,
+        distributed: DistributedEncoder | None = None,
     ) -> ShareAggregation:
         if (rule is None) == (zeno is None):
             raise SimulationConfigError("SHARE needs exactly one of a hierarchical rule and Zeno++")
@@ -115,10 +190,19 @@ class ShareAggregation:
                 "change their sensitivity: set training.weighted = false with privacy.level "
                 '= "client"'
             )
-        ledger = None
+        ledger: ClusterPrivacyLedger | DistributedDPLedger | None = None
         if noise_split is not None:
             ledger = ClusterPrivacyLedger(
                 noise_split, run.privacy.accountant, run.privacy.conversion
+            )
+        if distributed is not None:
+            if run.privacy.accountant != "rdp":
+                raise SimulationConfigError(
+                    f'privacy.distributed = "{run.privacy.distributed}" is accounted by its '
+                    'RDP bound: set privacy.accountant = "rdp"'
+                )
+            ledger = DistributedDPLedger(
+                distributed.config.mechanism.value, conversion=run.privacy.conversion
             )
         return cls(
             run=run,
@@ -128,6 +212,7 @@ class ShareAggregation:
             ledger=ledger,
             schedule=ClusterSchedule(run.secure_aggregation),
             audits=AuditLog(),
+            distributed=distributed,
         )
 
     @property
@@ -158,10 +243,8 @@ class ShareAggregation:
             assert self.zeno is not None, "without clusters only Zeno++ runs here"
             flags = [[c in byzantine for c in ids]]
             return self.zeno.aggregate([uploads], w, len(ids), flags)
-        released, members = self._secure_sums(uploads, ids, rng, round)
-        if self.ledger is not None:
-            honest = [c for c in ids if c not in byzantine]
-            self.ledger.record_round([m for r in members for m in r], honest)
+        released, members = self._secure_sums(uploads, ids, rng, round, byzantine)
+        self._account([m for r in members for m in r], [c for c in ids if c not in byzantine])
         if not released:  # every cluster failed: no update this round
             return torch.zeros_like(w)
         rounds = [torch.as_tensor(np.stack(sums)) for sums in released]
@@ -172,13 +255,46 @@ class ShareAggregation:
         sizes = [[len(m) for m in r] for r in members]
         return self.rule.average(rounds, sizes).to(w.dtype).to(w.device)
 
+    def _account(self, released: list[tuple[int, ...]], honest: list[int]) -> None:
+        """Record one round's released sums (survivors) for the ``honest`` clients."""
+        if isinstance(self.ledger, ClusterPrivacyLedger):
+            self.ledger.record_round(released, honest)
+        elif isinstance(self.ledger, DistributedDPLedger):
+            assert self.distributed is not None
+            for cell in released_cells(released, honest):
+                mechanism = self.distributed.released_mechanism(len(cell))
+                for c in cell:
+                    self.ledger.record(c, mechanism)
+            self.ledger.end_round()
+
     def _secure_sums(
-        self, uploads: Tensor, ids: Sequence[int], rng: np.random.Generator, round: int
+        self,
+        uploads: Tensor,
+        ids: Sequence[int],
+        rng: np.random.Generator,
+        round: int,
+        byzantine: set[int],
     ) -> tuple[list[list[np.ndarray]], list[list[tuple[int, ...]]]]:
-        """Per reclustering with a released sum: the decoded sums and their members."""
+        """Per reclustering with a released sum: the decoded sums and their members.
+
+        With a discrete mechanism every client's step before masking runs here (honest
+        clients add their noise share, Byzantine ones none), the protocol sums the ring
+        vectors and the server decodes each released sum."""
         clusterings = self.schedule.clusterings(ids, rng)
+        encoder = self.distributed
+        inputs: Tensor | dict[int, np.ndarray] = uploads
+        if encoder is not None:
+            public_seed = rng.bytes(48)  # the round's rotation, known to all
+            # Reproducible runs: the clients' AES-CTR noise stream is keyed from the run's
+            # seed here; deployed clients key it from OS entropy (SecureRandom()).
+            noise_rng = SecureRandom.from_seed(rng.bytes(48))
+            rows = uploads.detach().cpu().numpy()
+            inputs = {
+                cid: encoder.encode(rows[i], public_seed, noise_rng, noise=cid not in byzantine)
+                for i, cid in enumerate(ids)
+            }
         result = secure_cluster_sums(
-            uploads,
+            inputs,
             ids,
             self.run.secure_aggregation,
             rng,
@@ -189,7 +305,10 @@ class ShareAggregation:
         self.audits.record(result.planned_audit)
         self.last_clusterings = result.plan.clusterings
         kept = [r for r in result.reclusterings if r.clusters]
-        sums = [[s.float_sum for s in r.clusters] for r in kept]
+        if encoder is None:
+            sums = [[s.float_sum for s in r.clusters] for r in kept]
+        else:
+            sums = [[encoder.decode(s.ring_sum, public_seed) for s in r.clusters] for r in kept]
         members = [[tuple(s.members) for s in r.clusters] for r in kept]
         return sums, members
 
@@ -205,10 +324,24 @@ class ShareAggregation:
         out: dict[str, Any] = {"audit": self.audits.summary()}
         if self.zeno is not None:
             out.update(self.zeno.summary())
-        if self.ledger is not None and delta:
+        if isinstance(self.ledger, ClusterPrivacyLedger) and delta:
             out["client_dp"] = {
+                "mechanism": "gaussian",
                 "share_std": self.ledger.split.share_std,
                 "min_survivors": self.ledger.split.min_survivors,
+                **self.ledger.summary(delta),
+            }
+        elif isinstance(self.ledger, DistributedDPLedger) and delta:
+            assert self.distributed is not None
+            encoder = self.distributed
+            out["client_dp"] = {
+                "noise_multiplier": encoder.config.noise_multiplier,
+                "bits": encoder.config.bits,
+                "rotation": encoder.config.rotation.value,
+                "gamma": encoder.gamma,
+                "sensitivity_l1": encoder.sensitivity[0],
+                "sensitivity_l2": encoder.sensitivity[1],
+                "min_survivors": encoder.config.min_survivors,
                 **self.ledger.summary(delta),
             }
         return out

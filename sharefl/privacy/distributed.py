@@ -1,0 +1,435 @@
+"""Distributed DP inside secure-aggregation clusters that survives discretisation and the
+modular sum: the client pipeline of the distributed discrete Gaussian (Kairouz, Liu and
+Steinke, ICML 2021, arXiv:2102.06387, Algorithms 1–2) and of the Skellam mechanism
+(Agarwal, Kairouz and Liu, NeurIPS 2021, arXiv:2110.04995, Algorithm 1), and the server's
+decode.
+
+Client (:meth:`DistributedEncoder.encode`), for an update x ∈ R^d:
+
+1. **clip** to l2 norm C;
+2. **rotate** (``Rotation.HADAMARD``): pad to D = 2^⌈log₂ d⌉ and apply R = H·diag(ξ)/√D,
+   H the Walsh–Hadamard matrix, ξ ∈ {±1}^D drawn from the round's *public* seed (every
+   member of a round uses the same ξ, the server too). R is orthogonal, so ‖Rx‖ = ‖x‖ ≤ C,
+   and it spreads the norm evenly: each coordinate is sub-Gaussian with variance proxy
+   C²/D (Kairouz et al., Lemma 10), which is what lets a few bits per coordinate hold
+   the sum;
+3. **scale** by 1/γ (γ: :meth:`DistributedEncoder.gamma`, one ring unit in update units);
+4. **conditional randomised rounding**: every coordinate is rounded up with probability
+   its fractional part (unbiased), and the whole rounding is redrawn until the integer
+   vector's l2 norm is at most Δ₂ = ``rounded_sensitivity(C, γ, D, β).l2`` (Kairouz et al.
+   Sec. 4.1; a draw passes with probability ≥ 1 − β). **Invariant R**: the vector that
+   leaves the client has ‖z‖₂ ≤ Δ₂ and ‖z‖₁ ≤ min(Δ₂², √D·Δ₂) *whatever the float
+   arithmetic before it did*, because the check is on the integers themselves (the sum of
+   squares is compared with a float-error margin that can only make it stricter); so the
+   sensitivity that the accounting uses is enforced, not assumed;
+5. **noise** (honest members only): per coordinate a discrete Gaussian N_Z(0, σ_z²) or a
+   symmetric Skellam Sk(μ, μ), exact samplers driven by an AES-CTR stream keyed from OS
+   entropy (:mod:`sharefl.privacy.discrete_samplers`). The share is sized like
+   :mod:`sharefl.privacy.cluster_noise`'s split: a released sum of at least s members, of
+   whom at most t add no noise, carries variance ≥ (σC/γ)² in ring units;
+6. **modular clipping**: the integers are reduced mod 2^b and masked by the protocol. A
+   sum that leaves [−2^(b−1), 2^(b−1)) wraps around; γ is chosen so that k = ``k_stddevs``
+   standard deviations of a sum of ``max_summands`` members fit (Kairouz et al. Sec. 4.2):
+   with v the per-coordinate variance of one member (C²/D from the data, γ²/4 from the
+   rounding, σ_l² = (σC)²/(s − t) from the noise), m members need k·√(m·v) ≤ γ·2^(b−1),
+   i.e. γ = 2k·√(m·(C²/D + σ_l²)) / √(4^b − k²m), but no finer than σ_l/2^20 (wide rings
+   would otherwise resolve the noise to no purpose). Wrap-around costs accuracy, never
+   privacy (it is post-processing of the noisy sum).
+
+Server (:meth:`DistributedEncoder.decode`): the ring sum mod 2^b is read in two's
+complement, multiplied by γ, rotated back (R⁻¹ = diag(ξ)·H/√D) and cut to d coordinates.
+
+Rings: the protocol's ring is Z_2^32 or Z_2^64; a b-bit encoding (b ≤ 32 or ≤ 64) is
+stored in the low b bits of those words, and since 2^b divides the ring's modulus the
+protocol's sum mod 2^32 (2^64) reduced mod 2^b is the b-bit sum: the arithmetic is that of
+Z_2^b exactly (the wire still carries 32- or 64-bit words).
+
+Accounting (:meth:`DistributedEncoder.released_mechanism`): a released sum of n honest
+members is, in ring units, the DDG mechanism with n members (Kairouz et al., Theorem 1:
+sums of discrete Gaussians are not discrete Gaussians, the bound pays τ) or the Skellam
+mechanism Sk(nμ, nμ) (closed under sums; Agarwal et al., Theorem 3.5 RDP), with the
+sensitivities of invariant R (:mod:`sharefl.privacy.distributed_accounting`).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, replace
+from enum import StrEnum
+from fractions import Fraction
+from functools import cached_property
+
+import numpy as np
+
+from .accountant import Conversion
+from .discrete_samplers import DiscreteGaussian, skellam
+from .distributed_accounting import (
+    DEFAULT_ORDERS,
+    DiscreteGaussianSum,
+    SkellamSum,
+    rdp_to_epsilon,
+    rounded_sensitivity,
+)
+from .errors import CalibrationError, PrivacyConfigError
+from .secure_random import SecureRandom
+
+
+class DistributedMechanism(StrEnum):
+    """The noise the members of a cluster add (``privacy.distributed``)."""
+
+    GAUSSIAN = "gaussian"  # continuous, float encoding (sharefl.privacy.cluster_noise)
+    DISCRETE_GAUSSIAN = "discrete_gaussian"
+    SKELLAM = "skellam"
+
+    @property
+    def discrete(self) -> bool:
+        return self is not DistributedMechanism.GAUSSIAN
+
+
+class Rotation(StrEnum):
+    """The random rotation before quantisation (``privacy.rotation``)."""
+
+    HADAMARD = "hadamard"
+    NONE = "none"
+
+
+#: Conditional rounding's failure probability β: TF Federated's default e^(−1/2).
+DEFAULT_BETA = math.exp(-0.5)
+#: Standard deviations of a full sum that must fit the ring before it wraps.
+DEFAULT_K_STDDEVS = 4.0
+#: The most ring units one member's noise std may span: a finer γ adds resolution far
+#: below the noise (rounding variance γ²/4 < 2⁻⁴⁰ of it) and only slows the sampler.
+MAX_NOISE_UNITS = 2.0**20
+#: Redraws of the conditional rounding before giving up (each passes w.p. ≥ 1 − β).
+MAX_ROUNDING_TRIES = 1000
+
+
+class RoundingError(PrivacyConfigError):
+    """Conditional rounding found no rounding within the norm bound in
+    :data:`MAX_ROUNDING_TRIES` draws: the update was not clipped to C (a bug) or β is
+    tiny."""
+
+
+@dataclass(frozen=True)
+class DistributedDPConfig:
+    """Distributed discrete noise of one cluster (module docstring).
+
+    Attributes:
+        mechanism: the noise (discrete Gaussian or Skellam; ``GAUSSIAN`` is not encoded
+            here but by :mod:`sharefl.privacy.cluster_noise`).
+        clip: C, the l2 bound on one update (update units).
+        noise_multiplier: σ: a released sum carries noise of std ≥ σC per coordinate.
+        min_survivors: s, the fewest members a released sum may hold.
+        max_summands: m, the most members a sum may hold (the cluster size): sizes γ.
+        colluders: t < s members per sum that add no noise.
+        bits: b, the ring width of the encoding, 2 ≤ b ≤ 64.
+        rotation: the rotation before quantisation.
+        k_stddevs: k of the wrap-around bound.
+        beta: β of the conditional rounding, in [0, 1) (0: no conditioning, Δ₂ = C/γ + √D).
+    """
+
+    mechanism: DistributedMechanism
+    clip: float
+    noise_multiplier: float
+    min_survivors: int
+    max_summands: int
+    colluders: int = 0
+    bits: int = 16
+    rotation: Rotation = Rotation.HADAMARD
+    k_stddevs: float = DEFAULT_K_STDDEVS
+    beta: float = DEFAULT_BETA
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mechanism", DistributedMechanism(self.mechanism))
+        object.__setattr__(self, "rotation", Rotation(self.rotation))
+        if not self.mechanism.discrete:
+            raise PrivacyConfigError(
+                'DistributedDPConfig encodes discrete noise: "gaussian" is the float '
+                "encoding of sharefl.privacy.cluster_noise"
+            )
+        if not (math.isfinite(self.clip) and self.clip > 0):
+            raise PrivacyConfigError(f"clip must be > 0, got {self.clip!r}")
+        if not (math.isfinite(self.noise_multiplier) and self.noise_multiplier >= 0):
+            raise PrivacyConfigError(f"noise_multiplier must be >= 0, got {self.noise_multiplier}")
+        if not 0 <= self.colluders < self.min_survivors <= self.max_summands:
+            raise PrivacyConfigError(
+                "need 0 <= colluders < min_survivors <= max_summands, got "
+                f"{self.colluders}, {self.min_survivors}, {self.max_summands}"
+            )
+        if not 2 <= self.bits <= 64:
+            raise PrivacyConfigError(f"bits must be in [2, 64], got {self.bits}")
+        if not (math.isfinite(self.k_stddevs) and self.k_stddevs > 0):
+            raise PrivacyConfigError(f"k_stddevs must be > 0, got {self.k_stddevs}")
+        if not 0 <= self.beta < 1:
+            raise PrivacyConfigError(f"beta must be in [0, 1), got {self.beta}")
+        if 4.0**self.bits <= self.k_stddevs**2 * self.max_summands:
+            raise PrivacyConfigError(
+                f"{self.bits} bits cannot hold {self.k_stddevs:g} standard deviations of a "
+                f"sum of {self.max_summands}: raise bits or lower k_stddevs"
+            )
+
+    @property
+    def member_noise_std(self) -> float:
+        """σ_l = σC/√(s − t): one member's noise std in update units."""
+        return self.noise_multiplier * self.clip / math.sqrt(self.min_survivors - self.colluders)
+
+
+def padded_dim(dim: int, rotation: Rotation) -> int:
+    """D: ``dim`` rounded up to a power of two for the Hadamard rotation, else ``dim``."""
+    if dim < 1:
+        raise PrivacyConfigError(f"dim must be >= 1, got {dim}")
+    return 1 << (dim - 1).bit_length() if rotation is Rotation.HADAMARD else dim
+
+
+def hadamard_(x: np.ndarray) -> np.ndarray:
+    """The normalised Walsh–Hadamard transform H/√D of the last axis of ``x`` (float64,
+    length D a power of two), in place; returns ``x``. H/√D is symmetric and orthogonal,
+    so it is its own inverse.
+
+    Radix-4 butterflies (two of the log₂ D stages per pass: (a, b, c, d) ↦ (a+b+c+d,
+    a−b+c−d, a+b−c−d, a−b−c+d)) into preallocated scratch: half the passes over memory of
+    the radix-2 form and no allocation per stage."""
+    n = x.shape[-1]
+    if n & (n - 1):
+        raise PrivacyConfigError(f"the Hadamard transform needs a power-of-two length, got {n}")
+    flat = x.reshape(-1, n)
+    rows = flat.shape[0]
+    h = 1
+    if (n.bit_length() - 1) % 2:  # an odd number of stages: one radix-2 stage first
+        pairs = flat.reshape(rows, -1, 2)
+        low, high = pairs[:, :, 0], pairs[:, :, 1]
+        diff = low - high
+        low += high
+        high[...] = diff
+        h = 2
+    scratch = np.empty((3, rows * (n // 4))) if n >= 4 else np.empty((3, 0))
+    while h < n:
+        quad = flat.reshape(rows, -1, 4, h)
+        a, b, c, d = quad[:, :, 0, :], quad[:, :, 1, :], quad[:, :, 2, :], quad[:, :, 3, :]
+        s1, d1, s2 = (buffer.reshape(a.shape) for buffer in scratch)
+        np.add(a, b, out=s1)
+        np.subtract(a, b, out=d1)
+        np.add(c, d, out=s2)
+        np.subtract(c, d, out=d)  # d holds c − d from here
+        np.add(s1, s2, out=a)
+        np.subtract(s1, s2, out=c)
+        np.add(d1, d, out=b)
+        np.subtract(d1, d, out=d)
+        h *= 4
+    x *= 1.0 / math.sqrt(n)
+    return x
+
+
+@functools.lru_cache(maxsize=4)
+def rotation_signs(seed: bytes, length: int) -> np.ndarray:
+    """ξ ∈ {±1}^length (float64, read-only) drawn from the round's public ``seed`` (48
+    bytes); the last few rounds' are cached (every member of a round uses the same)."""
+    words = SecureRandom.from_seed(seed).words((length + 63) // 64)
+    bits = np.unpackbits(words.view(np.uint8))[:length]
+    signs = 1.0 - 2.0 * bits.astype(np.float64)
+    signs.flags.writeable = False
+    return signs
+
+
+@dataclass(frozen=True)
+class DistributedEncoder:
+    """The pipeline of one configuration for updates of ``dim`` coordinates."""
+
+    config: DistributedDPConfig
+    dim: int
+
+    @cached_property
+    def padded(self) -> int:
+        """D, the length of the rotated vector."""
+        return padded_dim(self.dim, self.config.rotation)
+
+    @cached_property
+    def gamma(self) -> float:
+        """γ: one ring unit in update units (the wrap-around bound, module docstring)."""
+        c = self.config
+        spread = c.clip**2 / self.padded if c.rotation is Rotation.HADAMARD else c.clip**2
+        m, k = c.max_summands, c.k_stddevs
+        fits = (
+            2
+            * k
+            * math.sqrt(m * (spread + c.member_noise_std**2))
+            / math.sqrt(4.0**c.bits - k * k * m)
+        )
+        return max(fits, c.member_noise_std / MAX_NOISE_UNITS)
+
+    @cached_property
+    def sensitivity(self) -> tuple[float, float]:
+        """(Δ₁, Δ₂) of one member's rounded vector in ring units (invariant R)."""
+        s = rounded_sensitivity(self.config.clip, self.gamma, self.padded, self.config.beta)
+        return float(s[0]), float(s[1])
+
+    @cached_property
+    def discrete_gaussian(self) -> DiscreteGaussian:
+        """One member's N_Z(0, σ_z²), σ_z = σ_l/γ (σ_z² rounded up by the sampler)."""
+        return DiscreteGaussian(Fraction((self.config.member_noise_std / self.gamma) ** 2))
+
+    @cached_property
+    def skellam_mu(self) -> float:
+        """One member's Skellam parameter μ: Sk(μ, μ) has variance 2μ = (σ_l/γ)²."""
+        return (self.config.member_noise_std / self.gamma) ** 2 / 2
+
+    @property
+    def ring_dtype(self) -> type[np.unsignedinteger]:
+        """The protocol ring the b-bit encoding lives in: uint32 for b ≤ 32, else uint64."""
+        return np.uint32 if self.config.bits <= 32 else np.uint64
+
+    def rotate(self, update: np.ndarray, seed: bytes) -> np.ndarray:
+        """R·(clipped update, zero-padded to D): float64 ``[D]``."""
+        x = np.zeros(self.padded)
+        x[: self.dim] = np.asarray(update, dtype=np.float64).reshape(-1)
+        norm = float(np.linalg.norm(x))
+        if norm > self.config.clip:
+            x *= self.config.clip / norm
+        if self.config.rotation is Rotation.HADAMARD:
+            x *= rotation_signs(seed, self.padded)
+            hadamard_(x)
+        return x
+
+    def round_conditionally(self, scaled: np.ndarray, rng: SecureRandom) -> np.ndarray:
+        """Invariant R: an unbiased rounding of ``scaled`` (float64 ``[D]``, ring units)
+        to int64 whose l2 norm is at most Δ₂, redrawn until it is. Raises
+        :class:`RoundingError` after :data:`MAX_ROUNDING_TRIES` draws."""
+        low = np.floor(scaled)
+        frac = scaled - low
+        base = low.astype(np.int64)
+        limit = self.sensitivity[1] ** 2
+        # The float64 sum of D squares errs by at most D·2⁻⁵² of itself (each square is
+        # exact below 2^26): shrinking the bound by that makes the check only stricter.
+        margin = 1.0 - 2.0 * len(scaled) * 2.0**-52
+        threshold = np.empty(len(scaled), dtype=np.uint32)
+        np.multiply(frac, 2.0**32, out=frac)
+        np.minimum(frac, 2.0**32 - 1, out=frac)
+        threshold[:] = frac
+        for _ in range(MAX_ROUNDING_TRIES):
+            draws = rng.words((len(scaled) + 1) // 2).view(np.uint32)[: len(scaled)]
+            rounded = base + (draws < threshold)
+            as_float = rounded.astype(np.float64)
+            if float(np.dot(as_float, as_float)) <= limit * margin:
+                return rounded
+        raise RoundingError(
+            f"no rounding of norm <= {self.sensitivity[1]:.6g} in {MAX_ROUNDING_TRIES} draws: "
+            "the update exceeds the clip or beta is too small"
+        )
+
+    def noise(self, rng: SecureRandom) -> np.ndarray:
+        """One member's noise share in ring units: int64 ``[D]``."""
+        if self.config.noise_multiplier == 0:
+            return np.zeros(self.padded, dtype=np.int64)
+        if self.config.mechanism is DistributedMechanism.DISCRETE_GAUSSIAN:
+            return self.discrete_gaussian.sample(self.padded, rng)
+        return skellam(self.skellam_mu, self.padded, rng)
+
+    def encode(
+        self, update: np.ndarray, seed: bytes, rng: SecureRandom, *, noise: bool = True
+    ) -> np.ndarray:
+        """One member's input: ``update`` (``[dim]``) clipped, rotated with the round's
+        public ``seed``, scaled, rounded (invariant R) and, when ``noise``, noised; reduced
+        mod 2^b into :attr:`ring_dtype` ``[D]``. ``rng`` must be secret to the client
+        (fresh :class:`SecureRandom`): it draws the noise."""
+        if np.asarray(update).size != self.dim:
+            raise PrivacyConfigError(
+                f"the update has {np.asarray(update).size} values, not {self.dim}"
+            )
+        scaled = self.rotate(update, seed)
+        scaled /= self.gamma
+        z = self.round_conditionally(scaled, rng)
+        if noise:
+            z += self.noise(rng)
+        return self.to_ring(z)
+
+    def to_ring(self, z: np.ndarray) -> np.ndarray:
+        """Integers (int64) reduced mod 2^b, stored in :attr:`ring_dtype`."""
+        mask = np.int64(-1) if self.config.bits == 64 else np.int64((1 << self.config.bits) - 1)
+        return (z & mask).astype(np.uint64).astype(self.ring_dtype)
+
+    def decode(self, ring_sum: np.ndarray, seed: bytes) -> np.ndarray:
+        """The server's estimate of the sum of the members' (clipped) updates: the protocol's
+        ring sum (:attr:`ring_dtype` ``[D]``) reduced mod 2^b, read in two's complement,
+        scaled by γ, rotated back with the round's ``seed``; float64 ``[dim]``."""
+        shift = np.uint64(64 - self.config.bits)
+        # Keep the low b bits and sign-extend them: shift them to the top, shift back
+        # arithmetically.
+        top = np.asarray(ring_sum).astype(np.uint64) << shift
+        x = (top.view(np.int64) >> shift.astype(np.int64)).astype(np.float64)
+        x *= self.gamma
+        if self.config.rotation is Rotation.HADAMARD:
+            hadamard_(x)
+            x *= rotation_signs(seed, self.padded)
+        return x[: self.dim]
+
+    def released_mechanism(self, members: int) -> DiscreteGaussianSum | SkellamSum:
+        """What a released sum of ``members`` honest (noise-adding) members is, in ring
+        units, for the accounting."""
+        l1, l2 = self.sensitivity
+        if self.config.mechanism is DistributedMechanism.DISCRETE_GAUSSIAN:
+            return DiscreteGaussianSum(
+                float(self.discrete_gaussian.sigma_squared), members, l1, l2, self.padded
+            )
+        return SkellamSum(members * self.skellam_mu, l1, l2)
+
+
+def epsilon_after(
+    encoder: DistributedEncoder,
+    rounds: int,
+    delta: float,
+    *,
+    members: int | None = None,
+    conversion: Conversion = "improved",
+) -> float:
+    """ε(δ) of a client whose update is in one released sum of ``members`` noise-adding
+    members (default s − t, the fewest a released sum carries) in each of ``rounds``
+    rounds: the mechanism's RDP composed ``rounds`` times."""
+    c = encoder.config
+    n = c.min_survivors - c.colluders if members is None else members
+    if c.noise_multiplier == 0:
+        return math.inf
+    curve = rounds * encoder.released_mechanism(n).rdp(np.asarray(DEFAULT_ORDERS))
+    return rdp_to_epsilon(DEFAULT_ORDERS, curve, delta, conversion)
+
+
+def calibrate_distributed(
+    config: DistributedDPConfig,
+    dim: int,
+    target_epsilon: float,
+    delta: float,
+    rounds: int,
+    *,
+    conversion: Conversion = "improved",
+    max_noise_multiplier: float = 1e4,
+) -> DistributedEncoder:
+    """The encoder of ``config`` with the smallest σ (to 0.1 %) whose :func:`epsilon_after`
+    over ``rounds`` rounds is at most ``target_epsilon``: the discrete mechanism's own
+    accounting (sensitivity inflated by the rounding, τ or Skellam's extra term), not the
+    continuous Gaussian's. Raises :class:`CalibrationError` when even
+    ``max_noise_multiplier`` overshoots."""
+    if not (target_epsilon > 0 and rounds >= 1):
+        raise PrivacyConfigError("calibration needs target_epsilon > 0 and rounds >= 1")
+
+    def encoder_at(sigma: float) -> DistributedEncoder:
+        return DistributedEncoder(replace(config, noise_multiplier=sigma), dim)
+
+    def eps(sigma: float) -> float:
+        return epsilon_after(encoder_at(sigma), rounds, delta, conversion=conversion)
+
+    high = 1.0
+    while eps(high) > target_epsilon:
+        high *= 2
+        if high > max_noise_multiplier:
+            raise CalibrationError(
+                f"even sigma = {max_noise_multiplier:g} gives more than epsilon = "
+                f"{target_epsilon} over {rounds} rounds: raise bits or the target"
+            )
+    low = 0.0
+    while high - low > 1e-3 * high:
+        middle = (low + high) / 2
+        if middle > 0 and eps(middle) <= target_epsilon:
+            high = middle
+        else:
+            low = middle
+    return encoder_at(high)
