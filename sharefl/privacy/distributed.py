@@ -296,16 +296,16 @@ class DistributedEncoder:
         to int64 whose l2 norm is at most Δ₂, redrawn until it is. Raises
         :class:`RoundingError` after :data:`MAX_ROUNDING_TRIES` draws."""
         low = np.floor(scaled)
-        frac = scaled - low
+        frac = scaled - low  # exact, in [0, 1)
         base = low.astype(np.int64)
         limit = self.sensitivity[1] ** 2
-        # The float64 sum of D squares errs by at most D·2⁻⁵² of itself (each square is
-        # exact below 2^26): shrinking the bound by that makes the check only stricter.
+        # A float64 dot product of D terms errs by at most D·2⁻⁵³/(1 − D·2⁻⁵³) of the exact
+        # sum of squares (Higham, Accuracy and Stability, Thm 3.1): shrinking the bound by
+        # 2·D·2⁻⁵² makes the check only stricter than the exact one.
         margin = 1.0 - 2.0 * len(scaled) * 2.0**-52
-        threshold = np.empty(len(scaled), dtype=np.uint32)
-        np.multiply(frac, 2.0**32, out=frac)
-        np.minimum(frac, 2.0**32 - 1, out=frac)
-        threshold[:] = frac
+        # Round up with probability ⌊frac·2³²⌋/2³² (a 2⁻³² bias at most; frac·2³² < 2³²).
+        frac *= 2.0**32
+        threshold = frac.astype(np.uint32)
         for _ in range(MAX_ROUNDING_TRIES):
             draws = rng.words((len(scaled) + 1) // 2).view(np.uint32)[: len(scaled)]
             rounded = base + (draws < threshold)

@@ -7,7 +7,8 @@ initial counter block, so its output is indistinguishable from uniform bits to a
 without the key (AES as a PRF; the counter never repeats within 2^128 blocks). Noise that
 protects privacy must come from such a source: an attacker who can predict it can subtract
 it. :meth:`SecureRandom.from_seed` keys it from 48 explicit bytes instead; that is **for
-reproducible tests only** (whoever knows the seed knows the noise).
+reproducible simulations, tests and public streams** (the round's rotation signs) only:
+whoever knows the seed knows the noise.
 
 Every draw is exact: the integer and Bernoulli draws are derived from the keystream bits by
 exact integer arithmetic with rejection, never by rounding a float, so their distributions
@@ -76,8 +77,9 @@ class SecureRandom:
         """A generator keyed from ``seed`` (``seed[:32]`` the AES key, ``seed[32:48]`` the
         initial counter block): the same seed gives the same draws.
 
-        **For reproducible tests only**: anyone who knows the seed knows every draw, so noise
-        drawn this way protects nothing. Raises :class:`PrivacyConfigError` unless ``seed``
+        **For reproducible simulations, tests and public streams only**: anyone who knows
+        the seed knows every draw, so noise drawn this way protects nothing against them.
+        Raises :class:`PrivacyConfigError` unless ``seed``
         is exactly 48 bytes.
         """
         if not isinstance(seed, bytes | bytearray | memoryview) or len(seed) != SEED_BYTES:
