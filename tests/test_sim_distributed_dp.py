@@ -1,16 +1,21 @@
 """Distributed discrete noise in the simulator's SHARE loop: the cells that bound each
-client's privacy (against a brute-force oracle), and whole runs with the discrete
-Gaussian and Skellam through the real protocol, accounted at the calibrated target."""
+client's privacy (against a brute-force oracle), drop-outs in the ring, and whole runs
+with the discrete Gaussian and Skellam through the real protocol, accounted at the
+calibrated target."""
 
 from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from test_share import simulation
 
+from sharefl.privacy.distributed import DistributedDPConfig, DistributedEncoder
+from sharefl.privacy.secure_random import SecureRandom
+from sharefl.protocol import secure_sum
 from sharefl.simulator.config import SimulationConfigError
 from sharefl.simulator.share import released_cells
 
@@ -85,3 +90,24 @@ def test_discrete_noise_needs_the_cluster_split_and_rdp():
             aggregator={"name": "trimmed_mean", "options": {"f": 1}},
             privacy=DP | {"distributed": "skellam", "accountant": "pld"},
         )
+
+
+@pytest.mark.parametrize("mechanism", ["discrete_gaussian", "skellam"])
+def test_a_cluster_that_loses_a_member_still_releases_the_full_noise_in_the_ring(mechanism):
+    """m = 4, s = 3: the ring vectors of 4 members, one drops before masking; the real
+    protocol releases the 3 survivors' sum mod 2^32, which decodes (mod 2^b, un-rotated) to
+    noise of std σC per coordinate; with two gone nothing is released. The cell of each
+    survivor is the 3 of them, which is what the ledger charges."""
+    sigma, clip, d = 1.0, 4.0, 16_384
+    config = DistributedDPConfig(mechanism, clip, sigma, min_survivors=3, max_summands=4)
+    encoder = DistributedEncoder(config, d)
+    public, secret = bytes(range(48)), SecureRandom.from_seed(bytes(range(1, 49)))
+    inputs = {c: encoder.encode(np.zeros(d), public, secret) for c in range(4)}
+    result = secure_sum(inputs, cluster_size=4, seed=5, dropouts={"mask": [3]})
+    (released,) = result.clusters
+    assert released.members == (0, 1, 2) and released.ring_sum.dtype == np.uint32
+    noise = encoder.decode(released.ring_sum, public)
+    assert noise.std() == pytest.approx(sigma * clip, rel=0.05)
+    assert released_cells([released.members], [0, 1, 2, 3]) == [[0, 1, 2]]
+    two_left = secure_sum(inputs, cluster_size=4, seed=5, dropouts={"mask": [2, 3]})
+    assert not two_left.clusters
