@@ -72,6 +72,7 @@ def test_a_run_with_discrete_noise_through_the_protocol_reports_the_mechanism_at
     dp = sim.extra_summary()["share"]["client_dp"]
     assert dp["mechanism"] == mechanism and dp["rounds"] == 4 and dp["bits"] == 16
     assert dp["epsilon_max"] == pytest.approx(2.0, rel=2e-3)
+    assert sim.privacy.noise_multiplier == dp["noise_multiplier"]  # one σ, the discrete one
     assert last.epsilon == pytest.approx(dp["epsilon_max"])
     assert last.accuracy is not None
 

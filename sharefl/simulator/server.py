@@ -123,7 +123,7 @@ class Server:
                 client_sizes=[len(p) for p in self.setup.honest_parts + self.setup.byzantine_parts],
                 noise_split=share.cluster_noise_split(run, self.setup.privacy.noise_multiplier),
                 distributed=share.distributed_encoder(
-                    run, self.setup.privacy, self.setup.model.dim
+                    run, self.setup.privacy.noise_multiplier, self.setup.model.dim
                 ),
             )
 

@@ -25,6 +25,7 @@ from sharefl.simulator.config import RunConfig, SimulationConfigError, default_d
 from sharefl.simulator.datasets import Dataset, load_dataset
 from sharefl.simulator.models import build_model
 from sharefl.simulator.partition import partition
+from sharefl.simulator.share import distributed_encoder
 from sharefl.simulator.training import FlatModel, sample_rate
 
 
@@ -114,9 +115,12 @@ def auxiliary_indices(targets: np.ndarray, per_class: int, seed: int) -> np.ndar
     return np.sort(np.concatenate(picks))
 
 
-def privacy_plan(run: RunConfig, smallest: int) -> PrivacyPlan:
+def privacy_plan(run: RunConfig, smallest: int, dim: int) -> PrivacyPlan:
     """σ (configured or calibrated), its schedule, δ and q of ``run``; ``smallest`` is the
-    fewest examples an honest client holds (example level: the worst-off client)."""
+    fewest examples an honest client holds (example level: the worst-off client), ``dim``
+    the model's size. A target ε is calibrated by the run's mechanism: the Gaussian's
+    accountant, or a discrete ``privacy.distributed``'s own bound
+    (:func:`~sharefl.simulator.share.distributed_encoder`)."""
     p = run.privacy
     if not p.enabled:
         return PrivacyPlan(0.0, 0.0, 0.0, run.training.local_steps, None, enabled=False)
@@ -136,6 +140,9 @@ def privacy_plan(run: RunConfig, smallest: int) -> PrivacyPlan:
     if p.epsilon > 0:
         target = p.epsilon
         sigma = calibrate_noise(p.epsilon, delta, q, steps, p.accountant, conversion=p.conversion)
+        discrete = distributed_encoder(run, sigma, dim, target=(p.epsilon, delta))
+        if discrete is not None:
+            sigma = discrete.config.noise_multiplier
     built = components.build_schedule(p, sigma)
     schedule = built if isinstance(built, NoiseSchedule) else None
     return PrivacyPlan(sigma, delta, q, steps_per_round, target, p.level, schedule)
@@ -254,5 +261,5 @@ def build_setup(
         byzantine_parts=byzantine_parts,
         model=model,
         initial=model.initial().to(where),
-        privacy=privacy_plan(run, min(len(p) for p in honest_parts)),
+        privacy=privacy_plan(run, min(len(p) for p in honest_parts), model.dim),
     )

@@ -51,7 +51,6 @@ from sharefl.simulator.cluster_sums import secure_cluster_sums
 from sharefl.simulator.cluster_zeno import ClusterZeno
 from sharefl.simulator.clustering_schedule import AuditLog, ClusterSchedule
 from sharefl.simulator.config import RunConfig, SimulationConfigError
-from sharefl.simulator.setup import PrivacyPlan
 
 
 def delta_weights(sizes: Sequence[int]) -> Tensor:
@@ -98,30 +97,36 @@ def split_survivors(run: RunConfig) -> int:
     return survivors
 
 
-def distributed_encoder(run: RunConfig, plan: PrivacyPlan, dim: int) -> DistributedEncoder | None:
+def distributed_encoder(
+    run: RunConfig,
+    noise_multiplier: float,
+    dim: int,
+    *,
+    target: tuple[float, float] | None = None,
+) -> DistributedEncoder | None:
     """The discrete pipeline of ``privacy.distributed`` = ``"discrete_gaussian"`` or
     ``"skellam"`` for updates of ``dim`` values (``None`` otherwise): the cluster split's s,
-    the cluster size as the most summands, ``privacy.bits`` and ``privacy.rotation``. With
-    a target ``privacy.epsilon`` σ is calibrated by the discrete mechanism's own
-    accounting for a released sum of s members every round
-    (:func:`~sharefl.privacy.distributed.calibrate_distributed`); else it is the plan's."""
+    the cluster size as the most summands, ``privacy.bits`` and ``privacy.rotation``, σ =
+    ``noise_multiplier``; or, with ``target = (ε, δ)``, σ calibrated by the discrete
+    mechanism's own accounting for a released sum of s members in each of the run's
+    rounds (:func:`~sharefl.privacy.distributed.calibrate_distributed`; raises its
+    ``CalibrationError`` when the ring is too narrow for ε)."""
     p = run.privacy
     if not (p.enabled and p.level == "client" and p.distributed != "gaussian"):
         return None
     config = DistributedDPConfig(
         mechanism=DistributedMechanism(p.distributed),
         clip=p.clip,
-        noise_multiplier=plan.noise_multiplier,
+        noise_multiplier=noise_multiplier,
         min_survivors=split_survivors(run),
         max_summands=run.secure_aggregation.cluster_size,
         bits=p.bits,
         rotation=Rotation(p.rotation),
     )
-    if plan.target_epsilon is None:
+    if target is None:
         return DistributedEncoder(config, dim)
-    return calibrate_distributed(
-        config, dim, plan.target_epsilon, plan.delta, run.rounds, conversion=p.conversion
-    )
+    epsilon, delta = target
+    return calibrate_distributed(config, dim, epsilon, delta, run.rounds, conversion=p.conversion)
 
 
 def released_cells(released: Sequence[Sequence[int]], honest: Sequence[int]) -> list[list[int]]:
