@@ -23,7 +23,7 @@ A round, as a transport drives it::
         rc.close_reclustering()
     result = rc.result()                                # RoundResult
 
-What the coordinator promises (the threat model of DESIGN.md):
+What the coordinator promises (the threat model of docs/security.md):
 
 - Byzantine clients. Every sum is decoded to its signed representative; a sum outside the
   honest range (cluster size × clip) is *corrupted*: reported with its cluster and left out,
