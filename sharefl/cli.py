@@ -20,6 +20,7 @@ from typing import NoReturn
 from sharefl import __version__
 from sharefl.exit_status import ExitStatus, UserError, epilog
 from sharefl.machine import machine_info
+from sharefl.wording import counted
 
 
 def _torch_info() -> dict[str, str | bool]:
@@ -44,8 +45,9 @@ def _cmd_info(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(info))
     else:
+        width = max(map(len, info))  # the longest key sets the column of every colon
         for key, value in info.items():
-            print(f"{key:>14}: {value}")
+            print(f"{key:>{width}}: {value}")
     return 0
 
 
@@ -59,7 +61,7 @@ def _cmd_keygen(args: argparse.Namespace) -> int:
             "a new CA and keys only into a new or empty folder (never over a deployment's keys)"
         )
     folder = keygen(out, range(args.clients), args.hosts.split(","))
-    print(f"wrote keys for {args.clients} clients to {folder}")
+    print(f"wrote keys for {counted(args.clients, 'client')} to {folder}")
     return 0
 
 
@@ -120,8 +122,13 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     keep_freed_memory()  # per-example gradients: ~2× faster without a page fault per page
     sigterm_interrupts()  # SIGTERM stops like Ctrl-C: exit 130, finished runs kept
     _check_out(args.out)
-    overrides = {"rounds": args.rounds} if args.rounds is not None else None
-    runs = load_runs(args.config, overrides)
+    as_written = load_runs(args.config)  # a bad value is an error even where a flag replaces it
+    runs = as_written
+    file_rounds: dict[str, int] = {}  # run id -> the file's rounds, where --rounds changed them
+    if args.rounds is not None:
+        runs = load_runs(args.config, {"rounds": args.rounds})
+        if len(runs) == len(as_written):  # the same grid, run for run
+            file_rounds = {r.run_id: w.rounds for w, r in zip(as_written, runs, strict=True)}
     if args.seeds:
         runs = [r for r in runs if r.seed in args.seeds]
     if args.match:
@@ -130,7 +137,9 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         raise SimulationConfigError("no run of the file matches --seeds/--match")
     check_runs(runs, args.device)  # every name and option, before any data loads
     try:
-        outcomes = run_grid(runs, args.out, device=args.device, progress=Progress())
+        outcomes = run_grid(
+            runs, args.out, device=args.device, progress=Progress(), file_rounds=file_rounds
+        )
     except KeyboardInterrupt:
         print("\nsharefl simulate: interrupted; finished runs are kept", file=sys.stderr)
         return ExitStatus.INTERRUPTED
@@ -154,7 +163,12 @@ def _add_simulation_commands(sub) -> None:
     simulate.add_argument("config", help="simulation TOML (see README, experiments/)")
     simulate.add_argument("--out", default="runs", help="results folder (default: runs)")
     simulate.add_argument("--device", help="cpu, cuda or cuda:N (overrides the file's)")
-    simulate.add_argument("--rounds", type=_positive, help="override the number of rounds (>= 1)")
+    simulate.add_argument(
+        "--rounds",
+        type=_positive,
+        help="override the number of rounds (>= 1); with a target privacy.epsilon σ is "
+        "recalibrated to reach it in these rounds (a line says so)",
+    )
     simulate.add_argument("--seeds", type=int, nargs="+", help="only the runs with these seeds")
     simulate.add_argument("--match", help="only the runs whose label contains this text")
     simulate.set_defaults(func=_cmd_simulate)
@@ -242,7 +256,13 @@ def _add_deployment_commands(sub) -> None:
         help="client processes (default: the file's clients.honest + clients.byzantine, "
         "or [server] clients)",
     )
-    launch.add_argument("--trainer", default="sharefl.deploy.client:demo_trainer")
+    launch.add_argument(
+        "--trainer",
+        default="sharefl.deploy.client:demo_trainer",
+        help="module:function every client calls as f(model, round=..., client_id=...) -> "
+        "update, for a deployment file (a simulation file's clients train its run; default: "
+        "a demo trainer)",
+    )
     launch.add_argument(
         "--out",
         help="folder for result.json and model.npy (a simulation: rounds, summary); "
@@ -270,6 +290,16 @@ def build_parser() -> argparse.ArgumentParser:
     info.set_defaults(func=_cmd_info)
     _add_simulation_commands(sub)
     _add_deployment_commands(sub)
+    return parser
+
+
+def _command_parser(
+    parser: argparse.ArgumentParser, command: str | None
+) -> argparse.ArgumentParser:
+    """The sub-parser of ``command`` (``parser`` itself without one)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+            return action.choices[command]
     return parser
 
 
@@ -334,7 +364,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     (:class:`~sharefl.exit_status.ExitStatus`). A user-caused error prints one line (the
     command and what to change); ``--debug`` adds the traceback; a bug raises."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # reported by the command's parser: "sharefl COMMAND: ..." like every error
+        _command_parser(parser, args.command).error(f"unrecognized arguments: {' '.join(unknown)}")
     if not getattr(args, "func", None):
         parser.print_help()
         return ExitStatus.CONFIG

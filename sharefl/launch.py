@@ -46,6 +46,7 @@ from sharefl.exit_status import ExitStatus
 from sharefl.machine import keep_freed_memory
 from sharefl.protocol.client import ClientPolicy
 from sharefl.protocol.errors import ConfigurationError, LeakageError, ProtocolError
+from sharefl.wording import counted
 
 
 def sigterm_interrupts() -> None:
@@ -90,11 +91,12 @@ def _run_cancellable(coroutine: Coroutine[Any, Any, Any]) -> Any:
     return asyncio.run(main())
 
 
-def _error(message: str) -> None:
-    """One line on stderr (and the traceback being handled, under ``sharefl --debug``)."""
+def _error(command: str, message: str) -> None:
+    """One line on stderr, ``sharefl COMMAND: message`` like every error of the CLI (and
+    the traceback being handled, under ``sharefl --debug``)."""
     if os.environ.get("SHAREFL_DEBUG") == "1":
         traceback.print_exc()
-    print(f"sharefl: {' '.join(message.split())}", file=sys.stderr, flush=True)
+    print(f"sharefl {command}: {' '.join(message.split())}", file=sys.stderr, flush=True)
 
 
 def write_results(out: str | Path, result: RunResult) -> Path:
@@ -157,14 +159,14 @@ def run_server(
     except (ConfigurationError, LeakageError, ValueError) as exc:
         if writer is not None and writer.rows:  # a run stopped after some rounds: keep them
             writer.finish(error=str(exc))
-        _error(str(exc))
+        _error("serve", str(exc))
         return 2
     except KeyboardInterrupt:
         kept = ""
         if writer is not None:
             writer.finish(interrupted=True)
-            kept = f"; {len(writer.rows)} finished round(s) kept in {writer.folder}"
-        _error("server interrupted" + kept)
+            kept = f"; {counted(len(writer.rows), 'finished round')} kept in {writer.folder}"
+        _error("serve", "server interrupted" + kept)
         return 130
     if writer is not None:
         print(f"results in {writer.finish(result.traffic)}", file=sys.stderr)
@@ -252,28 +254,31 @@ def run_client(client_id: int, address: str, **kwargs: Any) -> int:
         runtime = client_runtime(client_id, address, **kwargs)
         report = _run_cancellable(runtime.run())
     except (ValueError, OSError) as exc:
-        _error(str(exc))
+        _error("client", str(exc))
         return 2
     except ConnectionLost as exc:
-        _error(str(exc))
+        _error("client", str(exc))
         return 3
     except TrainerFailed as exc:
-        _error(f"{exc} (fix the trainer; --debug shows its traceback)")
+        _error("client", f"{exc} (fix the trainer; --debug shows its traceback)")
         return ExitStatus.USER_CODE_FAILED
     except grpc.aio.AioRpcError as exc:  # before ProtocolError: a ServerEnded is both
-        _error(f"client {client_id}: the server refused: {exc.code().name}: {exc.details()}")
+        _error(
+            "client",
+            f"client {client_id}: the server refused: {exc.code().name}: {exc.details()}",
+        )
         return 4
     except ProtocolError as exc:  # ServerMisbehaved: nothing was revealed
-        _error(f"client {client_id}: leaving the server: {exc}")
+        _error("client", f"client {client_id}: leaving the server: {exc}")
         return 5
     except KeyboardInterrupt:
-        _error(f"client {client_id} interrupted")
+        _error("client", f"client {client_id} interrupted")
         return 130
     print(
-        f"client {client_id}: {report.rounds} rounds"
+        f"client {client_id}: {counted(report.rounds, 'round')}"
         + (f" ({report.sampled_out} not sampled)" if report.sampled_out else "")
-        + f", {report.bytes_sent} bytes sent"
-        + (f", refused {len(report.refusals)} requests" if report.refusals else ""),
+        + f", {counted(report.bytes_sent, 'byte')} sent"
+        + (f", refused {counted(len(report.refusals), 'request')}" if report.refusals else ""),
         file=sys.stderr,
     )
     return 0
@@ -352,7 +357,7 @@ def launch(config_path: str, clients: int | None, *, trainer: str, out: str | No
             config = load_config(config_path)
             clients = clients or config.server.clients
     except (ConfigurationError, SimulationConfigError) as exc:
-        _error(str(exc))
+        _error("launch", str(exc))
         return 2
     if not out:
         print(
@@ -389,13 +394,14 @@ def launch(config_path: str, clients: int | None, *, trainer: str, out: str | No
         # it would fail its round (too few to aggregate) instead of writing its results.
         _stop([server], grace=0)
         _stop(procs, grace=0)
-        _error(f"launch interrupted; server and {len(procs)} client(s) stopped")
+        _error("launch", f"interrupted; server and {counted(len(procs), 'client')} stopped")
         return 130
     finally:
         port_dir.cleanup()
     failed = sum(1 for p in procs if p.returncode not in (0, None))
     print(
-        f"launch: server exited {status}; {clients - failed} of {clients} clients exited cleanly",
+        f"sharefl launch: server exited {status}; {clients - failed} of "
+        f"{counted(clients, 'client')} exited cleanly",
         file=sys.stderr,
     )
     if any(p.returncode == ExitStatus.USER_CODE_FAILED for p in procs):

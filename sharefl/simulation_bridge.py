@@ -1,6 +1,6 @@
 """The same simulation configuration across real processes over gRPC.
 
-``sharefl launch --config experiments/quickstart.toml`` starts one server and
+``sharefl launch experiments/quickstart.toml`` starts one server and
 ``clients.total`` client processes on loopback. Every process builds the run's
 :class:`~sharefl.simulator.engine.Simulation` from the same file and seed, so each holds the
 same data partition and model; then

@@ -402,7 +402,7 @@ def test_a_run_the_server_stops_is_reported_to_clients_as_a_refusal(tmp_path):
     )
     assert server.wait(timeout=30) == 2
     assert client.returncode == 4, client.stderr
-    assert "FAILED_PRECONDITION" in client.stderr and "only 1 clients connected" in client.stderr
+    assert "FAILED_PRECONDITION" in client.stderr and "only 1 client connected" in client.stderr
     assert "unreachable" not in client.stderr
 
 

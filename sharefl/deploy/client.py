@@ -83,6 +83,7 @@ from sharefl.protocol.messages import (
     MaskedInput,
     UnmaskResponse,
 )
+from sharefl.wording import counted
 
 Trainer = Callable[..., np.ndarray]
 """``f(model, round=r, client_id=i)`` → the update the server steps against:
@@ -387,7 +388,7 @@ class ClientRuntime:
             if attempt == self.retries or silent + delay >= self.server_timeout_s:
                 raise ConnectionLost(
                     f"client {self.client_id}: server {self.address} unreachable after "
-                    f"{attempt} attempts, silent for {silent:.1f} s ({why})"
+                    f"{counted(attempt, 'attempt')}, silent for {silent:.1f} s ({why})"
                 ) from cause
             await asyncio.sleep(delay)
             delay = min(delay * 2, 8.0)

@@ -63,6 +63,7 @@ from sharefl.protocol.coordinator import (
 )
 from sharefl.protocol.errors import ConfigurationError, LeakageError, RejectedMessage
 from sharefl.protocol.plan import RoundPlan
+from sharefl.wording import counted
 
 HELLO_TAG = b"sharefl/hello\x00"
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
@@ -600,9 +601,9 @@ class ServerRun:
                 await asyncio.wait_for(self.changed.wait(), deadline - time.monotonic())
         self.accepting = False
         have = len(self.alive())
-        self.log(f"{have} of {wanted} clients connected")
+        self.log(f"{have} of {counted(wanted, 'client')} connected")
         if have < 2:
-            raise ConfigurationError(f"only {have} clients connected; need at least 2")
+            raise ConfigurationError(f"only {counted(have, 'client')} connected; need at least 2")
 
     async def run(self) -> list[RoundReport]:
         """All rounds, then the final model to every client. A failure of the run (too few
@@ -702,10 +703,11 @@ class ServerRun:
                 )
             )
         self.log(
-            f"round {round_index + 1}/{self.config.server.rounds}: {len(participants)} clients, "
-            f"{len(report.clusters)} clusters ok, {len(report.failed)} failed, "
+            f"round {round_index + 1}/{self.config.server.rounds}: "
+            f"{counted(len(participants), 'client')}, "
+            f"{counted(len(report.clusters), 'cluster')} ok, {len(report.failed)} failed, "
             f"{len(report.withheld)} withheld, {len(report.corrupted)} corrupted, "
-            f"{report.contributors} contributions, {report.seconds:.2f} s"
+            f"{counted(report.contributors, 'contribution')}, {report.seconds:.2f} s"
             + (f", culprits {sorted(report.culprits)}" if report.culprits else "")
             + (f", {len(report.sampled_out)} not sampled" if report.sampled_out else "")
             + note
@@ -760,7 +762,7 @@ class ServerRun:
         else:
             self.log(
                 f"round {round_index + 1}: the model is unchanged, so its clusterings are "
-                f"reused ({len(record.releases)} sums already released on it)"
+                f"reused ({counted(len(record.releases), 'sum')} already released on it)"
             )
         if self.journal is not None:
             self.journal.plan(digest, rc.plan)
@@ -1177,7 +1179,8 @@ async def serve(
         log(
             f"resuming at round {resume.next_round + 1}/{config.server.rounds}"
             + (
-                f" with the model's clusterings and {len(known.releases)} sums released on it"
+                f" with the model's clusterings and {counted(len(known.releases), 'sum')} "
+                "released on it"
                 if known is not None
                 else ""
             )

@@ -726,15 +726,22 @@ def expand(data: dict[str, Any]) -> list[RunConfig]:
 
 
 def load_runs(path: str | Path, overrides: dict[str, Any] | None = None) -> list[RunConfig]:
-    """Read a simulation TOML file and expand its grid; raises :class:`SimulationConfigError`."""
+    """Read a simulation TOML file and expand its grid, with ``overrides`` (tables merged
+    key by key, e.g. the command line's ``{"rounds": 20}``) applied to its base; raises
+    :class:`SimulationConfigError`. The file is checked as written first, so a bad value
+    that an override replaces is still an error naming the file and its key."""
     path = Path(path)
     try:
         data = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise SimulationConfigError(f"cannot read {path}: {exc}") from exc
-    if overrides:
-        data = _merge(data, overrides)
-    return expand(data)
+    if not overrides:
+        return expand(data)
+    try:
+        expand(data)
+    except SimulationConfigError as exc:
+        raise SimulationConfigError(f"{path}: {exc}") from exc
+    return expand(_merge(data, overrides))
 
 
 def is_simulation_config(path: str | Path) -> bool:

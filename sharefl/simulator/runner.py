@@ -5,6 +5,10 @@ the run goes, ``summary.json`` last), written by :class:`~sharefl.simulator.resu
 RunWriter` in the format of :mod:`sharefl.simulator.results`.
 
 A run whose ``summary.json`` exists is skipped; an unfinished one starts again.
+
+A run whose rounds the command line changed (``sharefl simulate --rounds N``) and whose σ
+is calibrated to a target ε says so before its first round (:func:`rounds_override_note`):
+the same ε over other rounds is another σ, which the user did not write.
 """
 
 from __future__ import annotations
@@ -12,11 +16,13 @@ from __future__ import annotations
 import shutil
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from sharefl.privacy.calibration import calibrate_noise
+from sharefl.privacy.errors import CalibrationError
 from sharefl.simulator.config import RunConfig
 from sharefl.simulator.loops import Loop, build_loop
 from sharefl.simulator.results import (
@@ -26,8 +32,18 @@ from sharefl.simulator.results import (
     read_summary,
     run_summary,
 )
+from sharefl.simulator.setup import PrivacyPlan
+from sharefl.wording import counted
 
-__all__ = ["Progress", "RunOutcome", "device_description", "run_grid", "run_one", "run_summary"]
+__all__ = [
+    "Progress",
+    "RunOutcome",
+    "device_description",
+    "rounds_override_note",
+    "run_grid",
+    "run_one",
+    "run_summary",
+]
 
 
 @dataclass(frozen=True)
@@ -41,11 +57,12 @@ class RunOutcome:
 
 
 class Progress:
-    """A one-line progress display on a terminal (plain lines otherwise)."""
+    """A one-line progress display on a terminal (plain lines otherwise), on ``stream``
+    (default: ``sys.stderr`` as it is when the display is made)."""
 
-    def __init__(self, stream: TextIO = sys.stderr) -> None:
-        self.stream = stream
-        self.tty = stream.isatty()
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self.stream = sys.stderr if stream is None else stream
+        self.tty = self.stream.isatty()
         self.last = 0.0
 
     def update(self, text: str, *, final: bool = False) -> None:
@@ -77,6 +94,47 @@ def _remaining(elapsed: float, done: int, total: int) -> float:
     return elapsed / max(1, done) * max(0, total - done)
 
 
+def rounds_override_note(sim: Loop, file_rounds: int) -> str | None:
+    """One line saying what running ``sim.run.rounds`` rounds instead of the file's
+    ``file_rounds`` did to σ, or ``None`` when it did nothing to it (same rounds, no
+    privacy, a configured σ, a loop without a :class:`PrivacyPlan`).
+
+    With a target ε (``privacy.epsilon``) σ is the smallest noise multiplier whose ε after
+    all the run's mechanism steps stays within the target (:func:`calibrate_noise`), so
+    fewer rounds give a smaller σ, more rounds a larger one; δ and q do not depend on the
+    rounds, so the file's σ is the calibration with the plan's δ and q over
+    ``file_rounds`` × ``steps_per_round`` steps. ``privacy.distributed`` =
+    ``"discrete_gaussian"`` / ``"skellam"`` calibrate with their own accounting (in the
+    cluster split), so their line names no σ values. Costs one calibration (~2 s).
+    """
+    run = sim.run
+    plan = getattr(sim, "privacy", None)
+    if file_rounds == run.rounds or not isinstance(plan, PrivacyPlan):
+        return None
+    if not plan.enabled or plan.target_epsilon is None:
+        return None
+    head = (
+        f"--rounds {run.rounds}: σ recalibrated to reach ε = {plan.target_epsilon:g} in "
+        f"{counted(run.rounds, 'round')} instead of the file's {file_rounds}"
+    )
+    p = run.privacy
+    if p.level == "client" and p.distributed != "gaussian":
+        return f"{head} (by the {p.distributed} mechanism's accounting)"
+    after = f"{plan.noise_multiplier:.3g}"
+    try:
+        before = calibrate_noise(
+            plan.target_epsilon,
+            plan.delta,
+            plan.sample_rate,
+            file_rounds * plan.steps_per_round,
+            p.accountant,
+            conversion=p.conversion,
+        )
+    except CalibrationError:  # the file's rounds need more noise than calibration tries
+        return f"{head}: σ = {after}"
+    return f"{head}: {before:.3g} → {after}"
+
+
 def run_one(
     run: RunConfig,
     out: Path,
@@ -85,11 +143,14 @@ def run_one(
     progress: Progress | None = None,
     position: str = "",
     simulation_factory: Callable[..., Loop] = build_loop,
+    file_rounds: int | None = None,
 ) -> RunOutcome:
     """Run (or skip, if finished) one configuration, writing its folder under ``out``.
 
     A skipped run's summary takes the configuration's current paper value, which is not
-    part of the run's identity (:attr:`RunConfig.run_id`).
+    part of the run's identity (:attr:`RunConfig.run_id`). ``file_rounds``: the rounds the
+    file gave this run before the command line replaced them (``None``: not replaced);
+    when that changed σ, ``progress`` gets one line saying so (:func:`rounds_override_note`).
     """
     folder = out / run.run_id
     writer = RunWriter(folder)
@@ -110,6 +171,12 @@ def run_one(
         if created is not None:
             shutil.rmtree(created, ignore_errors=True)
         raise
+    if progress is not None and file_rounds is not None:
+        note = rounds_override_note(sim, file_rounds)
+        if note is not None:
+            progress.update(
+                f"{position}{run.label or run.name} seed {run.seed}: {note}", final=True
+            )
     last_line = ""
 
     def on_round(record: RoundRecord) -> None:
@@ -145,13 +212,23 @@ def run_grid(
     *,
     device: str | None = None,
     progress: Progress | None = None,
+    file_rounds: Mapping[str, int] | None = None,
 ) -> list[RunOutcome]:
-    """Run every configuration in order, skipping finished ones."""
+    """Run every configuration in order, skipping finished ones. ``file_rounds`` maps the
+    :attr:`~RunConfig.run_id` of a run whose rounds the command line replaced to the
+    file's rounds (see :func:`run_one`)."""
     out = Path(out)
     outcomes = []
     for i, run in enumerate(runs):
         position = f"[{i + 1}/{len(runs)}] " if len(runs) > 1 else ""
-        outcome = run_one(run, out, device=device, progress=progress, position=position)
+        outcome = run_one(
+            run,
+            out,
+            device=device,
+            progress=progress,
+            position=position,
+            file_rounds=(file_rounds or {}).get(run.run_id),
+        )
         if outcome.skipped and progress is not None:
             progress.update(
                 f"{position}{run.label or run.name} seed {run.seed}: done already "
