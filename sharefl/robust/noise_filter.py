@@ -40,7 +40,6 @@ from typing import Literal
 
 import numpy as np
 import torch
-from scipy import special, stats
 from torch import Tensor
 
 from sharefl.robust._parallel import thread_pool
@@ -61,6 +60,9 @@ AuxiliaryGradient = Tensor | Callable[[], Tensor]
 def ks_statistic(x: Tensor, std: float) -> float:
     """One-sample Kolmogorov-Smirnov statistic of the values ``x`` against ``N(0, std²)``:
     ``sup_t |F_emp(t) - Φ(t / std)|``, as :func:`scipy.stats.kstest` computes it."""
+    from scipy import special  # the [sim] extra; imported here so that the Flower
+    # integration ([flower]: torch, no scipy) can import this package's other rules
+
     values = np.sort(x.detach().to("cpu", compute_dtype(x.dtype)).numpy().ravel())
     d = values.size
     cdf = special.ndtr(values.astype(np.float64) / std)
@@ -72,6 +74,8 @@ def ks_statistic(x: Tensor, std: float) -> float:
 def ks_pvalue(statistic: float, d: int) -> float:
     """P-value of a one-sample KS statistic over ``d`` values (exact distribution, as
     :func:`scipy.stats.kstest` uses)."""
+    from scipy import stats  # the [sim] extra (see ks_statistic)
+
     return float(stats.kstwo.sf(statistic, d))
 
 
@@ -185,6 +189,8 @@ class NoiseAwareFilter:
         passed = torch.isfinite(sq_norms) & (sq_norms >= lo) & (sq_norms <= hi)
         pvalues = torch.full((n,), float("nan"), dtype=torch.float64)
         candidates = torch.nonzero(passed).flatten().tolist()
+        # scipy's first import happens here, once, not concurrently in the pool's threads.
+        import scipy.stats  # noqa: F401
 
         def test(i: int) -> float:  # sorts d values: numpy releases the GIL, rows in parallel
             return ks_pvalue(ks_statistic(X[i], self.noise_std), d)
