@@ -47,6 +47,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeAlias, cast
 
 import grpc
 import numpy as np
@@ -84,6 +85,12 @@ from sharefl.protocol.messages import (
     UnmaskResponse,
 )
 from sharefl.wording import counted
+
+if TYPE_CHECKING:  # grpc ships no type stubs here: to mypy these are Any, kept for the reader
+    from grpc.aio._typing import EOFType  # the type of grpc.aio.EOF, what read() gives at the end
+
+    SessionCall: TypeAlias = grpc.aio.StreamStreamCall[pb.ClientMessage, pb.ServerMessage]
+    """The client's end of the ``Session`` stream."""
 
 Trainer = Callable[..., np.ndarray]
 """``f(model, round=r, client_id=i)`` → the update the server steps against:
@@ -215,7 +222,7 @@ def load_trainer(spec: str) -> Trainer:
         raise ConfigurationError(f"cannot load trainer {spec!r}: {exc}") from exc
     if not callable(trainer):
         raise ConfigurationError(f"trainer {spec!r} is not callable")
-    return trainer
+    return cast(Trainer, trainer)  # callable, checked; its signature is the spec's contract
 
 
 def demo_trainer(model: np.ndarray, *, round: int, client_id: int) -> np.ndarray:
@@ -394,7 +401,9 @@ class ClientRuntime:
             delay = min(delay * 2, 8.0)
         return self.report
 
-    async def _read(self, call, timeout: float | None = None):
+    async def _read(
+        self, call: SessionCall, timeout: float | None = None
+    ) -> pb.ServerMessage | EOFType:
         """The next server message, within ``timeout`` (default ``read_timeout_s``);
         raises :class:`ServerSilent` when nothing came."""
         timeout = self.read_timeout_s if timeout is None else timeout
@@ -406,7 +415,7 @@ class ClientRuntime:
         self._heard = time.monotonic()
         return message
 
-    async def _send(self, call, message: pb.ClientMessage) -> None:
+    async def _send(self, call: SessionCall, message: pb.ClientMessage) -> None:
         """Write one message. A write that meets a stream the server ended (or lost) fails
         with ``INTERNAL`` in place of the status: the server's ``Goodbye`` and status are
         read instead, so the reason, not "Internal error from Core", reaches the caller."""
@@ -424,7 +433,7 @@ class ClientRuntime:
                 f"the stream ended under a write ({exc})",
             ) from exc
 
-    async def _read_the_end(self, call) -> None:
+    async def _read_the_end(self, call: SessionCall) -> None:
         """Read what is left of an ended stream: raise its ``Goodbye`` (:class:`ServerEnded`)
         or its status (``AioRpcError``) when it has one other than ``INTERNAL``."""
         with contextlib.suppress(TimeoutError, _GrpcInternalError):
@@ -442,7 +451,7 @@ class ClientRuntime:
             os.kill(os.getpid(), signal.SIGKILL)
 
     async def _session(self, stub: pb_grpc.AggregationStub) -> None:
-        call = stub.Session()
+        call: SessionCall = stub.Session()
         challenge = await self._read(call, self.server_timeout_s - (time.monotonic() - self._heard))
         if challenge is grpc.aio.EOF or challenge.WhichOneof("body") != "challenge":
             raise ServerMisbehaved("the server did not open with a Challenge")
@@ -518,7 +527,7 @@ class ClientRuntime:
                 f"{type(exc).__name__}: {exc}"
             ) from exc
 
-    async def _read_vector(self, call, header: pb.VectorHeader) -> np.ndarray:
+    async def _read_vector(self, call: SessionCall, header: pb.VectorHeader) -> np.ndarray:
         """The model that follows ``header``: at most ``max_model_length`` elements, and the
         same length every time. Raises :class:`ServerMisbehaved`."""
         try:
@@ -540,7 +549,11 @@ class ClientRuntime:
         return model
 
     async def _start_cluster(
-        self, call, proto: pb.ClusterAssignment, update, round_guard: RoundGuard
+        self,
+        call: SessionCall,
+        proto: pb.ClusterAssignment,
+        update: np.ndarray | None,
+        round_guard: RoundGuard,
     ) -> ClientSession | None:
         try:
             assignment, encoding = wire.assignment_from_proto(proto)
@@ -564,18 +577,18 @@ class ClientRuntime:
         )
         return session
 
-    async def _refuse(self, call, context: pb.Context, exc: Exception) -> None:
+    async def _refuse(self, call: SessionCall, context: pb.Context, exc: Exception) -> None:
         reason = wire.printable(f"{type(exc).__name__}: {exc}")
         self.report.refusals.append(reason)
         await self._send(call, pb.ClientMessage(refusal=wire.refusal_to_proto(context, reason)))
 
     async def _step(
         self,
-        call,
+        call: SessionCall,
         session: ClientSession,
         envelope: pb.ServerMessage,
         guard: ClientRound | None,
-    ):
+    ) -> ClientSession | None:
         try:
             message = wire.server_message_from_proto(envelope)
             reply = guard.handle(session, message) if guard else session.handle(message)

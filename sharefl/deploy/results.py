@@ -95,7 +95,7 @@ class Checkpoint:
     the journal holds about that model (``None``: no round was planned on it yet); the
     next round is ``len(rows)``."""
 
-    rows: list[dict]
+    rows: list[dict[str, Any]]
     model: np.ndarray
     run: bytes | None = None
     current: ModelRecord | None = None
@@ -165,7 +165,7 @@ def load_checkpoint(out: str | Path) -> Checkpoint:
     return Checkpoint(rows, model, run, current)
 
 
-def read_journal(folder: Path, run: bytes | None) -> list[dict]:
+def read_journal(folder: Path, run: bytes | None) -> list[dict[str, Any]]:
     """The journal lines of ``run`` (every line when ``run`` is None), in order. A last
     line without its newline (torn by a crash mid-append) is dropped and cut from the
     file, so later appends start on a line of their own. Raises :class:`ResumeError` for
@@ -177,7 +177,7 @@ def read_journal(folder: Path, run: bytes | None) -> list[dict]:
     if data and not data.endswith(b"\n"):
         data = data[: data.rfind(b"\n") + 1]
         atomic_write_bytes(path, data)
-    entries = []
+    entries: list[dict[str, Any]] = []
     for number, line in enumerate(data.decode().splitlines(), 1):
         try:
             entry = json.loads(line)
@@ -188,7 +188,7 @@ def read_journal(folder: Path, run: bytes | None) -> list[dict]:
     return entries
 
 
-def model_record(entries: list[dict], model: str) -> ModelRecord | None:
+def model_record(entries: list[dict[str, Any]], model: str) -> ModelRecord | None:
     """What ``entries`` (the journal of one run) hold about ``model``: the clusterings of
     its first plan and every release approved on it (None: it was never planned)."""
     plans = [e for e in entries if e["kind"] == "plan" and e["model"] == model]
@@ -205,7 +205,12 @@ def model_record(entries: list[dict], model: str) -> ModelRecord | None:
     return ModelRecord(model, clusterings, releases)
 
 
-def interrupted_row(round_number: int, plan: dict, entries: list[dict], rows: list[dict]) -> dict:
+def interrupted_row(
+    round_number: int,
+    plan: dict[str, Any],
+    entries: list[dict[str, Any]],
+    rows: list[dict[str, Any]],
+) -> dict[str, Any]:
     """The ``rounds.jsonl`` object of a round (numbered from 1) that committed ``plan`` but
     did not finish: its participants, the sums it released (as far as the journal knows:
     ``dropped``, ``excluded`` and ``complaints`` are not), no aggregate, no culprits."""
@@ -243,7 +248,9 @@ def interrupted_row(round_number: int, plan: dict, entries: list[dict], rows: li
     }
 
 
-def write_checkpoint(folder: Path, model: np.ndarray, row: dict | None, run: bytes | None) -> None:
+def write_checkpoint(
+    folder: Path, model: np.ndarray, row: dict[str, Any] | None, run: bytes | None
+) -> None:
     """Replace ``checkpoint.npz`` atomically: the model, the JSON object of the round it
     follows (``None`` before the first round) and the run id."""
     buffer = io.BytesIO()
@@ -278,7 +285,7 @@ def atomic_save_npy(path: Path, array: np.ndarray) -> None:
     os.replace(tmp, path)
 
 
-def report_row(report: Any) -> dict:
+def report_row(report: Any) -> dict[str, Any]:
     """The JSON object of one round report: every field but the aggregate, and ``round``
     numbered from 1 (the report's index is from 0, as on the wire)."""
     row = {k: v for k, v in dataclasses.asdict(report).items() if k != "total"}
@@ -299,7 +306,7 @@ class ResultsWriter:
     def __init__(self, out: str | Path, resume: Checkpoint | None = None) -> None:
         self.folder = Path(out)
         self.folder.mkdir(parents=True, exist_ok=True)
-        self.rows: list[dict] = list(resume.rows) if resume else []
+        self.rows: list[dict[str, Any]] = list(resume.rows) if resume else []
         self._resume = resume
         self._log = (self.folder / ROUNDS_FILE).open("a" if resume else "w")
         self.run: bytes | None = resume.run if resume else None
@@ -389,7 +396,11 @@ class ResultsWriter:
         os.fsync(self._log.fileno())
 
     def finish(
-        self, traffic: dict | None = None, *, interrupted: bool = False, error: str = ""
+        self,
+        traffic: dict[int, dict[str, int]] | None = None,
+        *,
+        interrupted: bool = False,
+        error: str = "",
     ) -> Path:
         """Write ``result.json`` (every round so far, ``traffic_total``: bytes per client
         over the run; ``"interrupted": true``

@@ -34,10 +34,10 @@ import os
 import secrets
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 import grpc
 import numpy as np
@@ -53,6 +53,7 @@ from sharefl.deploy.errors import DeployError
 from sharefl.deploy.results import Checkpoint, ModelRecord, model_id
 from sharefl.proto import sharefl_pb2 as pb
 from sharefl.proto import sharefl_pb2_grpc as pb_grpc
+from sharefl.protocol import messages as m
 from sharefl.protocol.coordinator import (
     Exclusions,
     Planner,
@@ -64,6 +65,10 @@ from sharefl.protocol.coordinator import (
 from sharefl.protocol.errors import ConfigurationError, LeakageError, RejectedMessage
 from sharefl.protocol.plan import RoundPlan
 from sharefl.wording import counted
+
+if TYPE_CHECKING:  # grpc ships no type stubs here: to mypy this is Any, kept for the reader
+    SessionContext: TypeAlias = grpc.aio.ServicerContext[pb.ClientMessage, pb.ServerMessage]
+    """The server's end of one ``Session`` stream."""
 
 HELLO_TAG = b"sharefl/hello\x00"
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
@@ -120,7 +125,7 @@ class ClientLink:
     """One authenticated client stream."""
 
     client_id: int
-    outbox: asyncio.Queue = field(default_factory=asyncio.Queue)
+    outbox: asyncio.Queue[pb.ServerMessage | None] = field(default_factory=asyncio.Queue)
     alive: bool = True
     bytes_in: int = 0
     bytes_out: int = 0
@@ -134,7 +139,9 @@ class ClientLink:
             self.bytes_out += message.ByteSize()
             self.outbox.put_nowait(message)
 
-    def send_vector(self, header_message: pb.ServerMessage, chunks) -> None:
+    def send_vector(
+        self, header_message: pb.ServerMessage, chunks: Iterable[pb.VectorChunk]
+    ) -> None:
         self.send(header_message)
         for chunk in chunks:
             self.send(pb.ServerMessage(chunk=chunk))
@@ -175,10 +182,10 @@ class RoundReport:
 
     round: int
     participants: list[int]
-    clusters: list[dict]
-    failed: list[dict]
-    withheld: list[dict]
-    corrupted: list[dict]
+    clusters: list[dict[str, Any]]
+    failed: list[dict[str, Any]]
+    withheld: list[dict[str, Any]]
+    corrupted: list[dict[str, Any]]
     culprits: dict[int, str]
     excluded: list[int]
     contributors: int
@@ -539,7 +546,8 @@ class ServerRun:
                     link.client_id, f"client {link.client_id} refused: {envelope.refusal.reason}"
                 )
             else:
-                converters = {
+                # each takes the envelope's field of that name (a pb message of its own type)
+                converters: dict[str, Callable[[Any], m.ClientMessage]] = {
                     "advertise": wire.advert_from_proto,
                     "shares": wire.shares_from_proto,
                     "consistency": wire.signature_from_proto,
@@ -553,7 +561,7 @@ class ServerRun:
         except RejectedMessage as exc:
             raise StreamError(grpc.StatusCode.FAILED_PRECONDITION, str(exc)) from exc
 
-    def _deliver(self, link: ClientLink, message) -> None:
+    def _deliver(self, link: ClientLink, message: m.ClientMessage) -> None:
         """Hand ``message`` to the round as sent by the link's authenticated client. A late
         message (its stage or reclustering has closed) is dropped with a log line; anything
         else the round rejects ends the stream."""
@@ -845,7 +853,9 @@ class AggregationService(pb_grpc.AggregationServicer):
         self.require_certificate = require_certificate
         self.unauthenticated = 0
 
-    async def Session(self, request_iterator, context):
+    async def Session(
+        self, request_iterator: AsyncIterable[pb.ClientMessage], context: SessionContext
+    ) -> None:
         server = self.run.config.server
         if self.unauthenticated >= server.max_unauthenticated:
             await context.abort(
@@ -864,7 +874,9 @@ class AggregationService(pb_grpc.AggregationServicer):
             self.unauthenticated -= 1
         await self._serve(link, incoming, context)
 
-    async def _open(self, incoming, context) -> ClientLink:
+    async def _open(
+        self, incoming: AsyncIterator[pb.ClientMessage], context: SessionContext
+    ) -> ClientLink:
         """Challenge, authenticate and register the stream's client. Raises
         :class:`StreamError` (see :meth:`_authenticate`, :func:`check_certificate`,
         :meth:`ServerRun.register`)."""
@@ -877,7 +889,12 @@ class AggregationService(pb_grpc.AggregationServicer):
             check_certificate(context.auth_context(), client_id)
         return self.run.register(client_id, identity)
 
-    async def _serve(self, link: ClientLink, incoming, context) -> None:
+    async def _serve(
+        self,
+        link: ClientLink,
+        incoming: AsyncIterator[pb.ClientMessage],
+        context: SessionContext,
+    ) -> None:
         """Move the link's outbox to the stream and its messages to the run until it ends;
         a link closed with an error sends a ``Goodbye`` with its code and reason, then ends
         the stream with the same status once the client has stopped writing
@@ -899,7 +916,7 @@ class AggregationService(pb_grpc.AggregationServicer):
             await context.abort(link.error.code, str(link.error))
 
     @staticmethod
-    async def _let_client_finish(link: ClientLink, reader: asyncio.Task) -> None:
+    async def _let_client_finish(link: ClientLink, reader: asyncio.Task[None]) -> None:
         """Wait, reading and dropping (see :meth:`_read`), until the client has sent
         nothing for :data:`END_QUIET_S` (at most :data:`END_GRACE_S`).
 
@@ -917,7 +934,9 @@ class AggregationService(pb_grpc.AggregationServicer):
                 return
             await asyncio.wait({reader}, timeout=until - now)
 
-    async def _authenticate(self, incoming, nonce: bytes) -> tuple[int, bytes]:
+    async def _authenticate(
+        self, incoming: AsyncIterator[pb.ClientMessage], nonce: bytes
+    ) -> tuple[int, bytes]:
         """The client id and Ed25519 identity of a stream whose first message is a valid
         signed Hello.
 
@@ -956,7 +975,7 @@ class AggregationService(pb_grpc.AggregationServicer):
             ) from exc
         return client_id, bytes(hello.identity_public)
 
-    async def _read(self, link: ClientLink, incoming) -> None:
+    async def _read(self, link: ClientLink, incoming: AsyncIterator[pb.ClientMessage]) -> None:
         """Route the client's messages until its stream ends; a failure ends this stream.
 
         grpc.aio raises protobuf's ``DecodeError`` out of the request iterator for bytes

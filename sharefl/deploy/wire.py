@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -189,7 +189,10 @@ def context_from_proto(c: pb.Context) -> KeyContext:
         raise WireError(f"bad context: {exc}") from exc
 
 
-def _capped(values: Sequence, what: str, cap: int = MAX_CLUSTER_MEMBERS) -> Sequence:
+_T = TypeVar("_T")
+
+
+def _capped(values: Sequence[_T], what: str, cap: int = MAX_CLUSTER_MEMBERS) -> Sequence[_T]:
     if len(values) > cap:
         raise WireError(f"{what} has {len(values)} entries; at most {cap}")
     return values
@@ -208,7 +211,12 @@ def _bytes(value: bytes, size: int | None, what: str) -> bytes:
     return bytes(value)
 
 
-def _peer_map(entries: Sequence, what: str, field: str, size: int) -> dict[int, bytes]:
+def _peer_map(
+    entries: Sequence[pb.Bundle | pb.SignatureEntry | pb.PeerShare],
+    what: str,
+    field: str,
+    size: int,
+) -> dict[int, bytes]:
     """``{peer: bytes}`` from repeated entries: capped in number, each value exactly
     ``size`` bytes, no peer twice."""
     result: dict[int, bytes] = {}
