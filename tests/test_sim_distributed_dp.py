@@ -112,3 +112,25 @@ def test_a_cluster_that_loses_a_member_still_releases_the_full_noise_in_the_ring
     assert released_cells([released.members], [0, 1, 2, 3]) == [[0, 1, 2]]
     two_left = secure_sum(inputs, cluster_size=4, seed=5, dropouts={"mask": [2, 3]})
     assert not two_left.clusters
+
+
+def test_a_float_encoding_that_would_clip_the_noisy_shares_is_refused():
+    """Why: clipping each noisy share before the sum removes noise the accounting counts
+    (the oracle: the released sum's noise std falls far below σC); so the float cluster
+    split needs secure_aggregation.clip >= C + 7 share stds."""
+    sigma, clip, d = 2.0, 1.0, 20_000
+    rng = np.random.default_rng(0)
+    shares = {c: rng.normal(0, sigma * clip / np.sqrt(3), d) for c in range(3)}
+    released = secure_sum(shares, cluster_size=3, clip=1.0, seed=1, protocol=False)
+    assert released.clusters[0].sum.std() < 0.7 * sigma * clip  # noise lost to clipping
+    kept = secure_sum(shares, cluster_size=3, clip=20.0, seed=1, protocol=False)
+    assert kept.clusters[0].sum.std() == pytest.approx(sigma * clip, rel=0.03)
+    gaussian = DP | {"epsilon": 1.0, "clip": 1.0}
+    common = {
+        "attack": {"name": "none"},
+        "clients": {"honest": 12, "byzantine": 0},
+        "aggregator": {"name": "trimmed_mean", "options": {"f": 1}},
+    }
+    with pytest.raises(SimulationConfigError, match=r"secure_aggregation\.clip >= "):
+        simulation(**common, secure_aggregation={"cluster_size": 3, "clip": 10.0}, privacy=gaussian)
+    simulation(**common, secure_aggregation={"cluster_size": 3, "clip": 1000.0}, privacy=gaussian)

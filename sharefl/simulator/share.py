@@ -86,6 +86,36 @@ def cluster_noise_split(run: RunConfig, noise_multiplier: float) -> ClusterNoise
     return ClusterNoiseSplit(p.clip, noise_multiplier, split_survivors(run))
 
 
+#: Standard deviations of one member's noise share the float encoding must carry unclipped.
+SHARE_TAIL_STDDEVS = 7.0
+
+
+def check_encoding_keeps_the_noise(run: RunConfig, split: ClusterNoiseSplit) -> None:
+    """Refuse a float encoding that would clip the members' noisy shares.
+
+    The cluster split's guarantee is that of the *sum* Σ(x_i + z_i) of the members' shares:
+    each share alone carries only 1/(s − t) of the noise variance. The float encoding clips
+    every coordinate to ``secure_aggregation.clip`` before summing, and a clipped share
+    clip(x_i + z_i) is a function of that one member's weakly noised value, so the
+    released sum is no longer the Gaussian mechanism the ledger accounts (in the worst case
+    a client keeps only its own share's protection). So the encoding must carry
+    ``C + 7·share_std`` (a coordinate exceeds it with probability about 10⁻¹², once in a
+    run of 10⁵ clients × 10⁶ coordinates). Raises :class:`SimulationConfigError` naming the
+    value to set. The discrete mechanisms need no such check: they add the noise in the ring
+    after rounding, and reduce mod 2^b, which commutes with the sum."""
+    if not run.secure_aggregation.cluster_size >= 2:
+        return
+    needed = split.clip_norm + SHARE_TAIL_STDDEVS * split.share_std
+    if run.secure_aggregation.clip < needed:
+        raise SimulationConfigError(
+            f"secure_aggregation.clip = {run.secure_aggregation.clip:g} would clip the "
+            f"members' noisy shares (one share's noise has std {split.share_std:.3g}), and a "
+            "sum of clipped shares is not the Gaussian mechanism the accounting assumes: set "
+            f"secure_aggregation.clip >= {needed:.3g}, or add the noise in the ring with "
+            'privacy.distributed = "discrete_gaussian" or "skellam"'
+        )
+
+
 def split_survivors(run: RunConfig) -> int:
     """s of the cluster split: ``privacy.min_survivors`` or :func:`min_releasing_survivors`."""
     m = run.secure_aggregation.cluster_size
@@ -197,6 +227,7 @@ class ShareAggregation:
             )
         ledger: ClusterPrivacyLedger | DistributedDPLedger | None = None
         if noise_split is not None:
+            check_encoding_keeps_the_noise(run, noise_split)
             ledger = ClusterPrivacyLedger(
                 noise_split, run.privacy.accountant, run.privacy.conversion
             )
