@@ -113,8 +113,7 @@ def _check_out(out: str) -> None:
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
-    from sharefl.launch import sigterm_interrupts
-    from sharefl.machine import keep_freed_memory
+    from sharefl.machine import keep_freed_memory, sigterm_interrupts
     from sharefl.simulator.config import SimulationConfigError, load_runs
     from sharefl.simulator.preflight import check_runs
     from sharefl.simulator.runner import Progress, run_grid

@@ -43,20 +43,10 @@ from sharefl.deploy.keygen import load_identity
 from sharefl.deploy.results import ResultsWriter, load_checkpoint
 from sharefl.deploy.server import RunResult, load_directory, serve
 from sharefl.exit_status import ExitStatus
-from sharefl.machine import keep_freed_memory
+from sharefl.machine import keep_freed_memory, sigterm_interrupts
 from sharefl.protocol.client import ClientPolicy
 from sharefl.protocol.errors import ConfigurationError, LeakageError, ProtocolError
 from sharefl.wording import counted
-
-
-def sigterm_interrupts() -> None:
-    """Make SIGTERM raise ``KeyboardInterrupt`` in the main thread, like SIGINT."""
-
-    def interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, interrupt)
-
 
 CANCEL_RETRY_S = 0.2
 """How often a signalled run is cancelled again until it stops (see :func:`_run_cancellable`)."""

@@ -6,7 +6,9 @@ from __future__ import annotations
 import contextlib
 import os
 import platform
+import signal
 from collections.abc import Iterator
+from typing import Any
 
 
 def _cpu_model() -> str:
@@ -90,3 +92,14 @@ def torch_threads(count: int | None) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(previous)
+
+
+def sigterm_interrupts() -> None:
+    """Make SIGTERM raise ``KeyboardInterrupt`` in the main thread, like SIGINT (``simulate``
+    and ``launch`` stop the same way on both; here, not in the gRPC code, so that
+    ``simulate`` runs with the ``[sim]`` extra alone)."""
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)

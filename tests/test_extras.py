@@ -465,3 +465,39 @@ def test_a_fresh_flower_install_runs_a_secure_round(tmp_path):
     assert len(set(members)) == len(members) == 6, report
     assert report["error"] is not None and report["error"] <= report["bound"], report
     print(f"fresh [flower] environment and one round: {time.perf_counter() - start:.0f} s")
+
+
+SIMULATE_TINY = """
+import pathlib, tempfile
+from sharefl.cli import main
+folder = pathlib.Path(tempfile.mkdtemp())
+config = folder / "tiny.toml"
+config.write_text('''
+name = "tiny"
+rounds = 1
+[data]
+dataset = "synthetic"
+options = { num_examples = 120, shape = [1, 4, 4] }
+[model]
+name = "mlp"
+options = { hidden = [4] }
+[clients]
+honest = 6
+[secure_aggregation]
+cluster_size = 3
+clip = 1.0
+''')
+assert main(["simulate", str(config), "--out", str(folder / "out")]) == 0
+"""
+
+
+def test_simulate_runs_with_the_sim_extra_alone():
+    """README's main command installs [sim] only: ``sharefl simulate`` (the command line,
+    its signal handling, one secure round) must not reach a [grpc] or [flower] package."""
+    install = INSTALLS["sim"]
+    needs_installed(install)
+    # The other extras' packages; not the test-only ones, which torch probes for at run time.
+    others = sorted(set(blocked_imports(install)) & {"grpc", "flwr", "ray", "google"})
+    assert {"grpc", "flwr"} <= set(others)
+    report = guard_report(start_guard(others, ["sharefl.cli"], SIMULATE_TINY))
+    assert report["failures"] == {}, report

@@ -183,9 +183,9 @@ def test_test_command_installs_what_the_main_job_needs():
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
         "optional-dependencies"
     ]
-    assert "sharefl[all]" in extras["test"]
+    assert "sharefl[all]" in extras["test"] and "sim" in extras["all"][0]
     for install in _installs(main):
-        expected = install.replace('".[all]"', '".[test]"')
+        expected = install.replace('".[sim]"', '".[test]"')
         assert expected in _installs(test), f"the test command lacks `{install}`"
 
 
