@@ -52,6 +52,7 @@ from torch import Tensor
 
 from sharefl.simulator.config import RunConfig, SimulationConfigError
 from sharefl.simulator.datasets import Dataset
+from sharefl.simulator.final_model import FinalModel
 from sharefl.simulator.populations import ByzantineClients, HonestClients
 from sharefl.simulator.results import RoundRecord
 from sharefl.simulator.server import Ledger, Server
@@ -326,6 +327,21 @@ class Simulation(SteppedLoop):
         if share is not None and share.ledger is not None and self.ledger.sigmas:
             return share.epsilon(self.privacy.delta)
         return self.ledger.epsilon()
+
+    def final_model(self) -> FinalModel:
+        """The global model w after the rounds run so far, as the module's ``state_dict``
+        (:class:`~sharefl.simulator.final_model.FinalModel`, the server's dtype)."""
+        train = self.setup.train
+        return FinalModel.from_flat(
+            self.setup.model,
+            self.model_vector,
+            loop="federated",
+            describes="the server's global model w",
+            run=self.run,
+            input_shape=tuple(train.inputs.shape[1:]),
+            num_classes=train.num_classes,
+            round=self.round,
+        )
 
     @property
     def share(self):  # SHARE's aggregation (simulator/share.py) or None

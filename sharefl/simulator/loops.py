@@ -1,7 +1,10 @@
 """The training loops a run can select (``[algorithm] name``), behind one interface.
 
 :class:`Loop` is what the runner and the results writer need from a loop: its run, device,
-``run_rounds(callback)`` and ``privacy_summary()``. :func:`build_loop` picks the loop.
+``run_rounds(callback)``, ``privacy_summary()`` and ``final_model()`` (the model the run's
+evaluations report, as a :class:`~sharefl.simulator.final_model.FinalModel`: a
+``state_dict`` of numpy arrays plus what rebuilds the module, written as ``model.npz`` and
+``model.json``). :func:`build_loop` picks the loop.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import torch
 
 from sharefl.simulator.config import RunConfig
 from sharefl.simulator.engine import Simulation
+from sharefl.simulator.final_model import FinalModel
 from sharefl.simulator.results import RoundRecord
 
 
@@ -28,6 +32,8 @@ class Loop(Protocol):
     def run_rounds(self, callback: Callable[[RoundRecord], None] | None = None) -> RoundRecord: ...
 
     def privacy_summary(self) -> tuple[float | None, dict[str, Any]]: ...
+
+    def final_model(self) -> FinalModel: ...
 
 
 def build_loop(run: RunConfig, *, device: str | None = None) -> Loop:

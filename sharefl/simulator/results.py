@@ -5,6 +5,12 @@ A run's folder (``sharefl simulate``, ``sharefl launch``; read by ``sharefl repo
     <run>/config.json    the expanded run configuration (any JSON object)
     <run>/rounds.jsonl   one JSON object per evaluated round:
                          {"round", "accuracy", "loss", "epsilon", "seconds", <extra keys>}
+    <run>/rounds.csv     the same records as CSV (header row, then one row per line of
+                         rounds.jsonl; nested keys flattened as "a.b", null as "")
+    <run>/model.npz      the final model's state_dict, one array per entry (simulate only)
+    <run>/model.json     what rebuilds that model: name, options, input shape, classes,
+                         dtype, parameter names and shapes, round (simulate only)
+    <run>/agents.npz     the decentralized loop's agents' models, [R, *shape] per entry
     <run>/summary.json   written when the run finished:
                          {"run_id", "name", "label", "seed", "final_accuracy", "best_accuracy",
                           "epsilon", "delta", "rounds", "wall_seconds", "device", "paper",
@@ -12,7 +18,9 @@ A run's folder (``sharefl simulate``, ``sharefl launch``; read by ``sharefl repo
 
 :class:`RoundRecord` is a round's outcome in memory and on disk (a loop's extra values, e.g.
 the RSA loop's ``disagreement``, travel in ``extra`` and come back from the reader);
-:class:`RunWriter` writes a folder as the run goes, :func:`run_summary` builds the summary
+:class:`RunWriter` writes a folder as the run goes (``rounds.csv`` beside ``rounds.jsonl``;
+the final model, :class:`~sharefl.simulator.final_model.FinalModel`, then ``summary.json``,
+each file complete or absent: temp file + rename), :func:`run_summary` builds the summary
 of a finished loop, and :func:`load_runs` reads folders back (:class:`RunRecord`), checking
 every value: a malformed file raises :class:`ResultsError` naming the file (and the line of
 ``rounds.jsonl``).
@@ -24,6 +32,8 @@ the name is the parent folder's path relative to the root and the label the fold
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
 import os
@@ -31,13 +41,22 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sharefl.simulator.errors import SimulatorError
 
+if TYPE_CHECKING:
+    import numpy as np
+
+    from sharefl.simulator.final_model import FinalModel
+
 SUMMARY_FILE = "summary.json"
 ROUNDS_FILE = "rounds.jsonl"
+ROUNDS_CSV_FILE = "rounds.csv"
 CONFIG_FILE = "config.json"
+MODEL_FILE = "model.npz"
+MODEL_META_FILE = "model.json"
+AGENTS_FILE = "agents.npz"
 SERVER_LOG_MARKERS = ("checkpoint.npz", "result.json")
 """Files of a deployment server's protocol log (:mod:`sharefl.deploy.results`, whose
 ``rounds.jsonl`` holds cluster reports, not accuracies): a folder holding one of them and
@@ -148,25 +167,82 @@ def run_summary(
     }
 
 
+def csv_row(obj: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """One ``rounds.jsonl`` object as ``rounds.csv`` cells: nested objects flattened to
+    ``"outer.inner"`` columns, ``None`` as ``""``, booleans as ``true``/``false``, floats by
+    ``repr`` (``inf``, ``nan`` included: ``float(cell)`` gives the value back exactly), lists
+    as JSON text, strings as they are."""
+    row: dict[str, str] = {}
+    for key, value in obj.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            row |= csv_row(value, f"{name}.")
+        elif value is None:
+            row[name] = ""
+        elif isinstance(value, bool):
+            row[name] = "true" if value else "false"
+        elif isinstance(value, int | float | str):
+            row[name] = repr(value) if isinstance(value, float) else str(value)
+        else:
+            row[name] = json.dumps(value, default=str)
+    return row
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that ``path`` is either absent/old or complete: a temp
+    file in the same folder, flushed to disk, then renamed over ``path`` (atomic on POSIX
+    and Windows, ``os.replace``)."""
+    temp = path.with_name(f".{path.name}.tmp")
+    with temp.open("wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(temp, path)
+
+
+def _npz_bytes(arrays: Mapping[str, np.ndarray]) -> bytes:
+    import numpy as np
+
+    buffer = io.BytesIO()
+    savez: Any = np.savez  # keyword names are the arrays' keys (numpy's stubs type them)
+    savez(buffer, **dict(arrays))
+    return buffer.getvalue()
+
+
 class RunWriter:
     """Writes one run's folder as it goes: :meth:`start` (``config.json``, an empty
-    ``rounds.jsonl``), :meth:`record` per round (evaluated rounds are appended and flushed,
-    so an interrupted run stays readable), :meth:`finish` (``summary.json``, last: its
-    presence marks the run finished)."""
+    ``rounds.jsonl`` and ``rounds.csv``), :meth:`record` per round (evaluated rounds are
+    appended and flushed to both, so an interrupted run stays readable), :meth:`write_model`
+    (``model.npz``, ``model.json``), :meth:`finish` (``summary.json``, last: its presence
+    marks the run finished). The model and the summary are written atomically
+    (:func:`write_atomically`), so a folder with ``summary.json`` has its whole model.
+
+    ``rounds.csv`` holds the rows of ``rounds.jsonl`` (:func:`csv_row`); its header is the
+    union of the keys seen, in order of first appearance: a record with a key the header
+    lacks rewrites the file (atomically) with the longer header, earlier rows leaving that
+    cell empty; otherwise a row is appended."""
 
     def __init__(self, folder: str | os.PathLike[str]) -> None:
         self.folder = Path(folder)
         self.accuracies: list[float] = []
+        self._csv_header: list[str] | None = None  # None: not read yet
 
     @property
     def summary_path(self) -> Path:
         return self.folder / SUMMARY_FILE
 
+    @property
+    def csv_path(self) -> Path:
+        return self.folder / ROUNDS_CSV_FILE
+
     def start(self, config: Mapping[str, Any]) -> None:
-        """Create the folder, write ``config.json`` and truncate ``rounds.jsonl``."""
+        """Create the folder, write ``config.json`` and truncate ``rounds.jsonl`` and
+        ``rounds.csv``."""
         self.folder.mkdir(parents=True, exist_ok=True)
         (self.folder / CONFIG_FILE).write_text(json.dumps(dict(config), indent=2, default=str))
         (self.folder / ROUNDS_FILE).write_text("")
+        self.csv_path.write_text("")
+        self._csv_header = []
         self.accuracies = []
 
     def record(self, record: RoundRecord) -> bool:
@@ -175,13 +251,57 @@ class RunWriter:
             return False
         assert record.accuracy is not None
         self.accuracies.append(record.accuracy)
+        obj = record.to_json()
         with (self.folder / ROUNDS_FILE).open("a") as log:
-            log.write(json.dumps(record.to_json(), default=str) + "\n")
+            log.write(json.dumps(obj, default=str) + "\n")
+        self._append_csv(csv_row(obj))
         return True
 
+    def _append_csv(self, row: dict[str, str]) -> None:
+        header = self._read_csv_header() if self._csv_header is None else self._csv_header
+        new = [k for k in row if k not in header]
+        if not header or new:
+            rows = self._read_csv_rows() if header else []
+            header = [*header, *new]
+            text = io.StringIO()
+            out = csv.DictWriter(text, header, restval="", lineterminator="\n")
+            out.writeheader()
+            out.writerows([*rows, row])
+            write_atomically(self.csv_path, text.getvalue().encode("utf-8"))
+        else:
+            with self.csv_path.open("a", newline="", encoding="utf-8") as f:
+                csv.DictWriter(f, header, restval="", lineterminator="\n").writerow(row)
+        self._csv_header = header
+
+    def _read_csv_header(self) -> list[str]:
+        """The header of an existing ``rounds.csv`` (a writer made for a folder whose run
+        goes on), ``[]`` if there is none."""
+        if not self.csv_path.is_file():
+            return []
+        with self.csv_path.open(newline="", encoding="utf-8") as f:
+            return next(csv.reader(f), [])
+
+    def _read_csv_rows(self) -> list[dict[str, str]]:
+        with self.csv_path.open(newline="", encoding="utf-8") as f:
+            return list(csv.DictReader(f))
+
+    def write_model(self, model: FinalModel, **extra: Any) -> Path:
+        """Write ``model.npz`` (``model.state``), ``agents.npz`` (``model.agents``, if any)
+        and then ``model.json`` (:meth:`FinalModel.metadata` plus ``extra``, e.g. the
+        final accuracy), each atomically; returns the path of ``model.npz``."""
+        path = self.folder / MODEL_FILE
+        write_atomically(path, _npz_bytes(model.state))
+        if model.agents is not None:
+            write_atomically(self.folder / AGENTS_FILE, _npz_bytes(model.agents))
+        meta = {**model.metadata(), **extra}
+        text = json.dumps(meta, indent=2, default=str)
+        write_atomically(self.folder / MODEL_META_FILE, text.encode("utf-8"))
+        return path
+
     def finish(self, summary: Mapping[str, Any]) -> Path:
-        """Write ``summary.json``; returns its path."""
-        self.summary_path.write_text(json.dumps(dict(summary), indent=2, default=str))
+        """Write ``summary.json`` atomically; returns its path."""
+        text = json.dumps(dict(summary), indent=2, default=str)
+        write_atomically(self.summary_path, text.encode("utf-8"))
         return self.summary_path
 
 

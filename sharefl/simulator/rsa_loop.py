@@ -70,6 +70,7 @@ from sharefl.protocol.driver import secure_sum
 from sharefl.robust import GeometricMedian, RSAMaster, rsa_sign, rsa_worker_step
 from sharefl.simulator.config import RunConfig, SimulationConfigError
 from sharefl.simulator.datasets import Dataset
+from sharefl.simulator.final_model import FinalModel
 from sharefl.simulator.models import build_model
 from sharefl.simulator.partition import partition
 from sharefl.simulator.results import RoundRecord
@@ -282,6 +283,21 @@ class RSALoop(SteppedLoop):
         if self.mechanism is None or self.round == 0:
             return None
         return composed_epsilon(self.algo.epsilon, self.round, self.algo.delta, discretization=1e-3)
+
+    def final_model(self) -> FinalModel:
+        """The model every evaluation reports, after the iterations so far: the master model
+        x_0 (RSA family) or the shared model x (baselines), as the module's ``state_dict``
+        (:class:`~sharefl.simulator.final_model.FinalModel`, float32)."""
+        return FinalModel.from_flat(
+            self.model,
+            self.x0,
+            loop="dp_rsa",
+            describes="the master model x_0" if self.rsa_family else "the shared model x",
+            run=self.run,
+            input_shape=tuple(self.train_set.inputs.shape[1:]),
+            num_classes=self.train_set.num_classes,
+            round=self.round,
+        )
 
     def privacy_summary(self) -> tuple[float | None, dict[str, Any]]:
         """(δ of the reported ε or ``None``, the JSON-ready privacy parameters)."""

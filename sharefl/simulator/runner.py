@@ -1,10 +1,12 @@
 """Runs a grid of simulations, writes their results and shows progress.
 
-Output, one folder per run under ``out`` (``config.json``, ``rounds.jsonl`` appended as
-the run goes, ``summary.json`` last), written by :class:`~sharefl.simulator.results.
-RunWriter` in the format of :mod:`sharefl.simulator.results`.
+Output, one folder per run under ``out`` (``config.json``, ``rounds.jsonl`` and
+``rounds.csv`` appended as the run goes, then the final model ``model.npz`` + ``model.json``,
+``summary.json`` last), written by :class:`~sharefl.simulator.results.RunWriter` in the
+format of :mod:`sharefl.simulator.results`.
 
-A run whose ``summary.json`` exists is skipped; an unfinished one starts again.
+A run whose ``summary.json`` exists is skipped (nothing of it is rewritten but a changed
+paper value in its summary); an unfinished one starts again.
 
 A run whose rounds the command line changed (``sharefl simulate --rounds N``) and whose σ
 is calibrated to a target ε says so before its first round (:func:`rounds_override_note`):
@@ -194,6 +196,9 @@ def run_one(
             )
 
     last = sim.run_rounds(on_round)
+    writer.write_model(
+        sim.final_model(), run_id=run.run_id, test_accuracy=last.accuracy, test_loss=last.loss
+    )
     summary = run_summary(sim, last, writer.accuracies)
     writer.finish(summary)
     if progress is not None:

@@ -53,6 +53,7 @@ from sharefl.simulator.decentralized.attacks import NeighbourAttack, ReceiverVie
 from sharefl.simulator.decentralized.gradients import clipped_mean_gradients
 from sharefl.simulator.decentralized.graph import AgentGraph, erdos_renyi_graph, graph_from_edges
 from sharefl.simulator.engine import RoundRecord, SteppedLoop, load_data, resolve_device
+from sharefl.simulator.final_model import FinalModel
 from sharefl.simulator.models import build_model
 from sharefl.simulator.partition import partition
 from sharefl.simulator.training import FlatModel
@@ -256,6 +257,23 @@ class DecentralizedLoop(SteppedLoop):
         accuracy, loss = self.model.evaluate(mean, self.test_inputs, self.test_set.targets)
         extra = {"consensus_error": self.consensus_error()}
         return RoundRecord(self.round, accuracy, loss, self.epsilon(), self.elapsed(), extra)
+
+    def final_model(self) -> FinalModel:
+        """x̄ = mean_n x_n (the model every evaluation reports) after the iterations so far,
+        as the module's ``state_dict`` in ``decentralized.dtype``, with every honest agent's
+        model (``agents``, rows in the order of :attr:`honest`)
+        (:class:`~sharefl.simulator.final_model.FinalModel`)."""
+        return FinalModel.from_flat(
+            self.model,
+            self.x.mean(dim=0),
+            loop="decentralized",
+            describes="the average honest model x̄ = mean of the honest agents' models",
+            run=self.run,
+            input_shape=tuple(self.train_set.inputs.shape[1:]),
+            num_classes=self.train_set.num_classes,
+            round=self.round,
+            agents=self.x,
+        )
 
     def agent_privacy(self, iterations: int | None = None) -> list[AgentPrivacy]:
         """The accounting parameters of every honest agent after ``iterations`` (default:
