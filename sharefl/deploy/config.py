@@ -14,6 +14,7 @@ A TOML file with five tables; every key is optional except where noted::
     hello_timeout_s = 10.0    # a stream without a valid Hello by then is closed
     max_unauthenticated = 64  # streams without a Hello yet, at once; more: RESOURCE_EXHAUSTED
     peer_log_lines = 5        # log lines of peers' text per client and round, then a summary
+    keep_aggregates = 3       # --out keeps the last k rounds' aggregates (0: none, -1: all)
 
     [model]
     dim = 1000                # length of the model / update vector
@@ -64,6 +65,23 @@ from typing import Any
 from sharefl.protocol.errors import ConfigurationError
 from sharefl.toml_tables import build_dataclass
 
+KEEP_ALL_AGGREGATES = -1
+"""``server.keep_aggregates`` value that keeps every round's aggregate file."""
+DEFAULT_KEEP_AGGREGATES = 3
+"""How many of the latest rounds' aggregate files a results folder keeps by default: a
+10^5-parameter model over 200 rounds then holds 3 × 400 kB of aggregates, not 80 MB."""
+
+
+def check_keep_aggregates(value: int) -> int:
+    """``value`` if it is a valid ``server.keep_aggregates``: -1 (every round's aggregate),
+    0 (none) or k >= 1 (the last k). Raises :class:`ConfigurationError` otherwise."""
+    _require(
+        isinstance(value, int) and not isinstance(value, bool) and value >= KEEP_ALL_AGGREGATES,
+        f"server.keep_aggregates must be an integer: k >= 1 keeps the aggregates of the last "
+        f"k rounds, 0 keeps none, {KEEP_ALL_AGGREGATES} keeps every round's; got {value!r}",
+    )
+    return value
+
 
 @dataclass(frozen=True)
 class ServerSection:
@@ -78,6 +96,7 @@ class ServerSection:
     hello_timeout_s: float = 10.0
     max_unauthenticated: int = 64
     peer_log_lines: int = 5
+    keep_aggregates: int = DEFAULT_KEEP_AGGREGATES
 
     def __post_init__(self) -> None:
         _require(self.clients >= 2, "server.clients must be >= 2")
@@ -92,6 +111,7 @@ class ServerSection:
         _require(self.hello_timeout_s > 0, "server.hello_timeout_s must be > 0")
         _require(self.max_unauthenticated >= 1, "server.max_unauthenticated must be >= 1")
         _require(self.peer_log_lines >= 1, "server.peer_log_lines must be >= 1")
+        check_keep_aggregates(self.keep_aggregates)
 
     @property
     def sampled(self) -> int:

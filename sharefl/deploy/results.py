@@ -6,7 +6,12 @@ Under the results folder:
   RoundReport` without its aggregate, its ``round`` numbered from 1 as the log prints it),
   appended, flushed and fsynced before the next round;
 - ``round-R-aggregate.npy``: the aggregate of round R (from 1), and ``model.npy``: the model after
-  the last finished round, each replaced atomically (write a temporary file, then rename);
+  the last finished round, each replaced atomically (write a temporary file, then rename).
+  Both are float32 ``[dim]`` (:data:`OUTPUT_DTYPE`, the model's dtype on the wire and in
+  the model step, :func:`~sharefl.deploy.server.descend`). Only the aggregates of the last
+  ``server.keep_aggregates`` rounds that produced one are kept (0: none, -1: all; see
+  :func:`prune_aggregates`); the older files are deleted once the round that displaces
+  them is on disk. No aggregate file is needed to resume;
 - ``checkpoint.npz``: the model after the last finished round with that round's JSON
   object, replaced atomically *before* the line is appended, so that
   :func:`load_checkpoint` can always tell which model goes with which rounds;
@@ -47,6 +52,11 @@ from typing import Any
 
 import numpy as np
 
+from sharefl.deploy.config import (
+    DEFAULT_KEEP_AGGREGATES,
+    KEEP_ALL_AGGREGATES,
+    check_keep_aggregates,
+)
 from sharefl.deploy.errors import DeployError
 from sharefl.protocol.clustering import Clustering
 from sharefl.protocol.coordinator import Release
@@ -59,6 +69,10 @@ RESULT_FILE = "result.json"
 CHECKPOINT_FILE = "checkpoint.npz"
 RELEASES_FILE = "releases.jsonl"
 SUMS_FOLDER = "releases"
+AGGREGATE_SUFFIX = "-aggregate.npy"
+OUTPUT_DTYPE = np.float32
+"""The dtype of ``model.npy``, ``round-R-aggregate.npy`` and the checkpoint's model: the
+model's on the wire (:func:`sharefl.deploy.wire.vector_to_proto` of a float32 model)."""
 
 
 class ResumeError(DeployError, ValueError):
@@ -252,10 +266,11 @@ def write_checkpoint(
     folder: Path, model: np.ndarray, row: dict[str, Any] | None, run: bytes | None
 ) -> None:
     """Replace ``checkpoint.npz`` atomically: the model, the JSON object of the round it
-    follows (``None`` before the first round) and the run id."""
+    follows (``None`` before the first round) and the run id; the model as
+    :data:`OUTPUT_DTYPE`, as ``model.npy``."""
     buffer = io.BytesIO()
     arrays: dict[str, np.ndarray] = {
-        "model": model,
+        "model": np.asarray(model, dtype=OUTPUT_DTYPE),
         "row": np.frombuffer(json.dumps(row).encode(), np.uint8),
     }
     if run is not None:
@@ -285,6 +300,49 @@ def atomic_save_npy(path: Path, array: np.ndarray) -> None:
     os.replace(tmp, path)
 
 
+def aggregate_path(folder: Path, round_number: int) -> Path:
+    """The aggregate file of round ``round_number`` (numbered from 1) under ``folder``."""
+    return folder / f"round-{round_number}{AGGREGATE_SUFFIX}"
+
+
+def aggregate_files(folder: Path) -> dict[int, Path]:
+    """Every ``round-R-aggregate.npy`` under ``folder``, by R (temporary files and other
+    names are not aggregates and are left out)."""
+    found: dict[int, Path] = {}
+    for path in folder.glob(f"round-*{AGGREGATE_SUFFIX}"):
+        number = path.name[len("round-") : -len(AGGREGATE_SUFFIX)]
+        if number.isdecimal():
+            found[int(number)] = path
+    return found
+
+
+def prune_aggregates(folder: Path, finished: int, keep: int) -> list[int]:
+    """Delete the aggregate files that a folder whose run finished ``finished`` rounds
+    does not keep; returns the deleted rounds (from 1), in order.
+
+    Kept: the ``keep`` highest-numbered files of rounds ``1..finished`` (``keep`` -1: all
+    of them, 0: none). Deleted: the others, and any file of a round after ``finished``
+    (written by a server killed before that round's checkpoint, or by an earlier run in
+    the folder): it belongs to no finished round. Only ``round-R-aggregate.npy`` files
+    are touched, never ``checkpoint.npz``, ``rounds.jsonl``, the journal or its sums,
+    which is all that :func:`load_checkpoint` reads.
+
+    Invariant (a crash at any point): each deletion is one ``unlink``, atomic, and the
+    caller prunes only once the round it finished is on disk (aggregate, checkpoint and
+    line), oldest file first, so the folder always holds the newest ``keep`` aggregates of
+    its finished rounds; a crash mid-prune leaves older files over, never fewer, and the
+    next prune removes them.
+    """
+    check_keep_aggregates(keep)
+    files = aggregate_files(folder)
+    finished_rounds = sorted(r for r in files if r <= finished)
+    kept = set(finished_rounds if keep < 0 else finished_rounds[-keep:] if keep else [])
+    deleted = sorted(r for r in files if r not in kept)
+    for number in deleted:
+        files[number].unlink(missing_ok=True)
+    return deleted
+
+
 def report_row(report: Any) -> dict[str, Any]:
     """The JSON object of one round report: every field but the aggregate, and ``round``
     numbered from 1 (the report's index is from 0, as on the wire)."""
@@ -299,14 +357,29 @@ class ResultsWriter:
 
     Args:
         out: the results folder (created). An existing ``rounds.jsonl`` and
-            ``releases.jsonl`` are started afresh (and old sum files deleted) when the run
-            begins, unless ``resume`` gives the checkpoint it continues (appended).
+            ``releases.jsonl`` are started afresh (and old sum and aggregate files
+            deleted) when the run begins, unless ``resume`` gives the checkpoint it
+            continues (appended; aggregate files of rounds after it are deleted).
+        keep_aggregates: how many of the latest rounds' aggregate files to keep (0: none,
+            -1: all; :func:`prune_aggregates`). The server's :meth:`begin` replaces it by
+            the deployment's ``server.keep_aggregates``. Raises
+            :class:`~sharefl.protocol.errors.ConfigurationError` for a value below -1.
     """
 
-    def __init__(self, out: str | Path, resume: Checkpoint | None = None) -> None:
+    def __init__(
+        self,
+        out: str | Path,
+        resume: Checkpoint | None = None,
+        *,
+        keep_aggregates: int = DEFAULT_KEEP_AGGREGATES,
+    ) -> None:
+        self.keep_aggregates = check_keep_aggregates(keep_aggregates)
         self.folder = Path(out)
         self.folder.mkdir(parents=True, exist_ok=True)
         self.rows: list[dict[str, Any]] = list(resume.rows) if resume else []
+        # Delete the aggregates of no finished round of this run (all of them for a fresh
+        # run); a resumed run prunes to its keep_aggregates in begin().
+        prune_aggregates(self.folder, len(self.rows), KEEP_ALL_AGGREGATES if resume else 0)
         self._resume = resume
         self._log = (self.folder / ROUNDS_FILE).open("a" if resume else "w")
         self.run: bytes | None = resume.run if resume else None
@@ -315,10 +388,16 @@ class ResultsWriter:
 
     # -- the release journal (sharefl.deploy.server.RunJournal) ----------------------------
 
-    def begin(self, run: bytes, model: np.ndarray) -> None:
-        """Open the journal of ``run`` whose first round will run on ``model``. A fresh
-        run truncates the journal, deletes old sum files and writes a checkpoint before
-        any round (so a crash in round 1 can be resumed); a resumed run appends."""
+    def begin(
+        self, run: bytes, model: np.ndarray, *, keep_aggregates: int = DEFAULT_KEEP_AGGREGATES
+    ) -> None:
+        """Open the journal of ``run`` whose first round will run on ``model``, keeping the
+        aggregates of the last ``keep_aggregates`` rounds (the deployment's
+        ``server.keep_aggregates``; a resumed run prunes to it at once). A fresh run
+        truncates the journal, deletes old sum files and writes a checkpoint before any
+        round (so a crash in round 1 can be resumed); a resumed run appends."""
+        self.keep_aggregates = check_keep_aggregates(keep_aggregates)
+        prune_aggregates(self.folder, len(self.rows), self.keep_aggregates)
         self.run = bytes(run)
         fresh = self._resume is None
         path = self.folder / RELEASES_FILE
@@ -384,9 +463,14 @@ class ResultsWriter:
     # -- rounds -----------------------------------------------------------------------------
 
     def round(self, report: Any, model: np.ndarray) -> None:
-        """Record one finished round: its aggregate, the model after it, its JSON line."""
-        if report.total is not None:
-            atomic_save_npy(self.folder / f"round-{report.round + 1}-aggregate.npy", report.total)
+        """Record one finished round: its aggregate (unless ``keep_aggregates`` is 0), the
+        model after it, its JSON line, in that order; then delete the aggregates it
+        displaces (:func:`prune_aggregates`). The aggregate and the model are written as
+        :data:`OUTPUT_DTYPE` (float32)."""
+        if report.total is not None and self.keep_aggregates != 0:
+            total = np.asarray(report.total, dtype=OUTPUT_DTYPE)
+            atomic_save_npy(aggregate_path(self.folder, report.round + 1), total)
+        model = np.asarray(model, dtype=OUTPUT_DTYPE)
         row = report_row(report)
         write_checkpoint(self.folder, model, row, self.run)
         atomic_save_npy(self.folder / MODEL_FILE, model)
@@ -394,6 +478,7 @@ class ResultsWriter:
         self._log.write(json.dumps(row) + "\n")
         self._log.flush()
         os.fsync(self._log.fileno())
+        prune_aggregates(self.folder, len(self.rows), self.keep_aggregates)
 
     def finish(
         self,

@@ -284,8 +284,9 @@ class RunJournal(Protocol):
     model_id` of the round's model.
     """
 
-    def begin(self, run: bytes, model: np.ndarray) -> None:
-        """The run (id and starting model) begins or resumes."""
+    def begin(self, run: bytes, model: np.ndarray, *, keep_aggregates: int) -> None:
+        """The run (id and starting model) begins or resumes; its results keep the
+        aggregates of the last ``keep_aggregates`` rounds (``server.keep_aggregates``)."""
 
     def plan(self, model: str, plan: RoundPlan) -> None:
         """A round's plan, before its RoundStart is sent."""
@@ -620,7 +621,11 @@ class ServerRun:
         is raised again."""
         try:
             if self.journal is not None:
-                self.journal.begin(self.run_id, self.model)
+                self.journal.begin(
+                    self.run_id,
+                    self.model,
+                    keep_aggregates=self.config.server.keep_aggregates,
+                )
             await self.wait_for_clients()
             for round_index in range(self.start_round, self.config.server.rounds):
                 self._warn_insecure()
