@@ -83,13 +83,21 @@ def test_the_checking_tools_are_pinned_and_installed_at_their_pins():
         assert version(tool) == pins[tool], f"installed {tool} {version(tool)} != {pins[tool]}"
 
 
-def test_mypy_is_strict_for_the_secure_layer():
-    """.ci/run runs mypy; pyproject makes it strict for crypto and protocol."""
+def test_mypy_is_strict_for_the_secure_layer_and_the_transport():
+    """.ci/run runs mypy; pyproject makes it strict for crypto and protocol, and types the
+    gRPC transport (the code that parses hostile bytes) fully; every body is checked."""
     mypy = _pyproject()["tool"]["mypy"]
-    assert mypy["packages"] == ["sharefl"]
-    strict = [o for o in mypy["overrides"] if o.get("disallow_untyped_defs")]
-    assert len(strict) == 1
-    assert {"sharefl.crypto.*", "sharefl.protocol.*"} <= set(strict[0]["module"])
+    assert mypy["packages"] == ["sharefl"] and mypy["check_untyped_defs"] is True
+    strict = {
+        module: o
+        for o in mypy["overrides"]
+        if o.get("disallow_untyped_defs")
+        for module in o["module"]
+    }
+    secure = strict["sharefl.protocol.*"]
+    assert strict["sharefl.crypto.*"] is secure
     for flag in ("disallow_any_generics", "warn_return_any", "no_implicit_reexport"):
-        assert strict[0][flag] is True
+        assert secure[flag] is True
+    for flag in ("disallow_any_generics", "warn_return_any", "disallow_incomplete_defs"):
+        assert strict["sharefl.deploy.*"][flag] is True
     assert "\nmypy\n" in (ROOT / ".ci" / "run").read_text()
