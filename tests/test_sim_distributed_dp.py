@@ -134,3 +134,27 @@ def test_a_float_encoding_that_would_clip_the_noisy_shares_is_refused():
     with pytest.raises(SimulationConfigError, match=r"secure_aggregation\.clip >= "):
         simulation(**common, secure_aggregation={"cluster_size": 3, "clip": 10.0}, privacy=gaussian)
     simulation(**common, secure_aggregation={"cluster_size": 3, "clip": 1000.0}, privacy=gaussian)
+
+
+def test_with_reclusterings_sigma_is_calibrated_for_the_finest_cell_and_the_target_holds():
+    """R = 2 overlapping clusterings cut the cells down to single clients: calibrated for a
+    cell of one, every client's accounted ε stays within the target."""
+    sim = simulation(
+        attack={"name": "none"},
+        clients={"honest": 12, "byzantine": 0},
+        aggregator={"name": "trimmed_mean", "options": {"f": 1}},
+        secure_aggregation={"cluster_size": 3, "reclusterings": 2},
+        privacy=DP | {"distributed": "skellam", "bits": 20},
+        rounds=2,
+    )
+    sim.run_rounds()
+    dp = sim.extra_summary()["share"]["client_dp"]
+    assert dp["rounds"] == 2 and dp["epsilon_max"] <= 2.0
+    one_cell = simulation(
+        attack={"name": "none"},
+        clients={"honest": 12, "byzantine": 0},
+        aggregator={"name": "trimmed_mean", "options": {"f": 1}},
+        privacy=DP | {"distributed": "skellam", "bits": 20},
+        rounds=2,
+    )
+    assert sim.privacy.noise_multiplier > 1.5 * one_cell.privacy.noise_multiplier

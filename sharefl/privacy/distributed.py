@@ -401,10 +401,12 @@ def calibrate_distributed(
     rounds: int,
     *,
     conversion: Conversion = "improved",
+    members: int | None = None,
     max_noise_multiplier: float = 1e4,
 ) -> DistributedEncoder:
     """The encoder of ``config`` with the smallest σ (to 0.1 %) whose :func:`epsilon_after`
-    over ``rounds`` rounds is at most ``target_epsilon``: the discrete mechanism's own
+    over ``rounds`` rounds, for a released sum (cell) of ``members`` noise-adding members
+    (default s − t), is at most ``target_epsilon``: the discrete mechanism's own
     accounting (sensitivity inflated by the rounding, τ or Skellam's extra term), not the
     continuous Gaussian's. Raises :class:`CalibrationError` when even
     ``max_noise_multiplier`` overshoots."""
@@ -415,7 +417,9 @@ def calibrate_distributed(
         return DistributedEncoder(replace(config, noise_multiplier=sigma), dim)
 
     def eps(sigma: float) -> float:
-        return epsilon_after(encoder_at(sigma), rounds, delta, conversion=conversion)
+        return epsilon_after(
+            encoder_at(sigma), rounds, delta, members=members, conversion=conversion
+        )
 
     high = 1.0
     while eps(high) > target_epsilon:

@@ -138,9 +138,11 @@ def distributed_encoder(
     ``"skellam"`` for updates of ``dim`` values (``None`` otherwise): the cluster split's s,
     the cluster size as the most summands, ``privacy.bits`` and ``privacy.rotation``, σ =
     ``noise_multiplier``; or, with ``target = (ε, δ)``, σ calibrated by the discrete
-    mechanism's own accounting for a released sum of s members in each of the run's
-    rounds (:func:`~sharefl.privacy.distributed.calibrate_distributed`; raises its
-    ``CalibrationError`` when the ring is too narrow for ε)."""
+    mechanism's own accounting for the smallest cell a client can be charged in each of
+    the run's rounds (:func:`~sharefl.privacy.distributed.calibrate_distributed`; raises
+    its ``CalibrationError`` when the ring is too narrow for ε): s members with one
+    clustering; with R > 1 overlapping reclusterings a cell can be one client
+    (:func:`released_cells`), so σ is calibrated for one member's share."""
     p = run.privacy
     if not (p.enabled and p.level == "client" and p.distributed != "gaussian"):
         return None
@@ -156,7 +158,10 @@ def distributed_encoder(
     if target is None:
         return DistributedEncoder(config, dim)
     epsilon, delta = target
-    return calibrate_distributed(config, dim, epsilon, delta, run.rounds, conversion=p.conversion)
+    members = None if run.secure_aggregation.reclusterings == 1 else 1
+    return calibrate_distributed(
+        config, dim, epsilon, delta, run.rounds, conversion=p.conversion, members=members
+    )
 
 
 def released_cells(released: Sequence[Sequence[int]], honest: Sequence[int]) -> list[list[int]]:
