@@ -209,3 +209,23 @@ def test_experiment_comments_use_current_commands_and_existing_sections(path):
 
 def test_readme_uses_the_current_launch_spelling():
     assert "launch --config" not in (ROOT / "README.md").read_text()
+
+
+def test_an_interrupt_before_the_first_run_still_exits_130(monkeypatch, tmp_path, capsys):
+    """SIGTERM (or Ctrl-C) while the grid is still being checked is the same stop as during a
+    run: exit 130 and one line, not an uncaught KeyboardInterrupt (seen once in CI as -2)."""
+    import signal
+
+    import sharefl.simulator.preflight as preflight
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    previous = signal.getsignal(signal.SIGTERM)
+    monkeypatch.setattr(preflight, "check_runs", interrupted)
+    try:
+        status = main(["simulate", "experiments/quickstart.toml", "--out", str(tmp_path)])
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert status == ExitStatus.INTERRUPTED == 130
+    assert "interrupted" in capsys.readouterr().err

@@ -139,9 +139,9 @@ def test_the_documented_snippet_loads_the_final_model_of_every_loop(finished):
     assert meta["round"] == loop.run.rounds and meta["run_id"] == outcome.run.run_id
     assert meta["input_shape"] == list(loop.test_set.inputs.shape[1:])
 
-    scope: dict[str, Any] = {"folder": str(folder)}
+    scope: dict[str, Any] = {}
     exec(_doc_snippet(), scope)
-    model = scope["model"]
+    model = scope["load_model"](str(folder))
     arrays = dict(np.load(folder / MODEL_FILE))
     assert {k: v.dtype.name for k, v in arrays.items()} == {k: dtype for k in arrays}
     assert [[p["name"], p["shape"]] for p in meta["parameters"]] == [
