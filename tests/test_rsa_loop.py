@@ -134,6 +134,85 @@ def test_gaussian_attack_breaks_sgd_not_rsa():
     assert learn("sgd_gm", "gaussian") > 0.6
 
 
+def baseline_loop(method: str, rounds: int = 5, **options) -> RSALoop:
+    """27 regular and 3 Byzantine workers (MNIST's b/K) under sign-flipping, α = 0.05."""
+    data = config(method=method, lr=0.05)
+    data.update(rounds=rounds, eval_every=rounds)
+    data["clients"] = {"honest": 27, "byzantine": 3}
+    data["training"] = {"batch_size": 4}
+    data["attack"] = {"name": "sign_flipping", "options": options}
+    return loop_of(data)
+
+
+def honest_gradients(loop: RSALoop) -> torch.Tensor:
+    """The regular workers' gradients of the loop's next step at x0, one worker at a time
+    with autograd from a copy of its generator and sampler (an oracle for the vmap path)."""
+    gen = torch.Generator().set_state(loop.generator.get_state())
+    sampler = loop.gradients.sampler
+    state = (sampler.order, sampler.position)
+    rows = sampler.next(gen)
+    sampler.order, sampler.position = state
+    data, grads = loop.train_set, []
+    for k in range(loop.regular):
+        w = loop.x0.clone().requires_grad_(True)
+        out = loop.model(w, data.inputs[rows[k]])
+        (g,) = torch.autograd.grad(nn.functional.cross_entropy(out, data.targets[rows[k]]), w)
+        grads.append(g)
+    return torch.stack(grads)
+
+
+@pytest.mark.parametrize("method", ["sgd", "signsgd", "sgd_gm"])
+def test_sign_flipping_baselines_receive_minus_five_times_the_model(method):
+    loop = baseline_loop(method)
+    x0, g = loop.x0.clone(), honest_gradients(loop)
+    byzantine = (-5.0 * x0).expand(3, -1)
+    seen = []
+    median = loop.median
+    loop.median = lambda rows: (seen.append(rows.clone()), median(rows))[1]
+    loop.step()
+    if method == "sgd":  # x ← x − α (Σ g_k − 15 x) / 30
+        expected = x0 - 0.05 * (g.sum(0) - 15.0 * x0) / 30
+        torch.testing.assert_close(loop.x0, expected, rtol=1e-5, atol=1e-6)
+    elif method == "signsgd":
+        signs = torch.cat([torch.where(g >= 0, 1.0, -1.0), torch.where(-x0 >= 0, 1.0, -1.0)[None]])
+        weights = torch.tensor([1.0] * 27 + [3.0])[:, None]
+        expected = x0 - 0.05 * (weights * signs).sum(0) / 30
+        torch.testing.assert_close(loop.x0, expected, rtol=0, atol=1e-7)
+    else:
+        (rows,) = seen
+        torch.testing.assert_close(rows[27:], byzantine)
+        torch.testing.assert_close(rows[:27], g, rtol=1e-5, atol=1e-6)
+
+
+def test_sign_flipping_now_drives_sgd_away_where_the_gradient_reading_only_shortened_it():
+    # one step, b/K = 3/30 as on MNIST: the model reading moves x by +α·0.5·x away from the
+    # honest step, the gradient reading moves it by exactly 0.4 × the honest mean step
+    model, grad = baseline_loop("sgd"), baseline_loop("sgd", baseline_flip="gradient")
+    x0, g = model.x0.clone(), honest_gradients(model)
+    honest_step = -0.05 * g.mean(0)
+    model.step()
+    grad.step()
+    torch.testing.assert_close(grad.x0 - x0, 0.4 * honest_step, rtol=1e-4, atol=1e-7)
+    moved = model.x0 - x0
+    torch.testing.assert_close(moved, 0.9 * honest_step + 0.05 * 0.5 * x0, rtol=1e-4, atol=1e-7)
+    assert torch.linalg.vector_norm(model.x0) > torch.linalg.vector_norm(x0)
+    # over 300 steps: under the model reading ‖x‖ grows like 1.025^t (α·5b/K = 0.025) and
+    # the test loss explodes; the gradient reading learns (no attack: 83% here)
+    growth, loss, accuracy = sgd_run_under_flipping("model")
+    assert growth > 1.025**300 / 10 and loss > 10 * math.log(10)
+    growth, loss, accuracy = sgd_run_under_flipping("gradient")
+    assert growth < 2 and loss < math.log(10) and accuracy > 0.5
+
+
+def sgd_run_under_flipping(flip: str, rounds: int = 300) -> tuple[float, float, float]:
+    """(‖x_T‖ / ‖x_0‖, test loss, test accuracy) of SGD after ``rounds`` steps."""
+    loop = baseline_loop("sgd", rounds=rounds, baseline_flip=flip)
+    start = torch.linalg.vector_norm(loop.x0)
+    record = loop.run_rounds()
+    growth = float(torch.linalg.vector_norm(loop.x0) / start)
+    return growth, record.loss, record.accuracy
+
+
 def test_sign_ring_round_trip_and_secure_sum_equals_clear_sum():
     gen = torch.Generator().manual_seed(0)
     messages = rsa_sign(torch.randn(9, 50, generator=gen))
@@ -179,7 +258,17 @@ def test_attack_messages():
     shared = SignAttack(name="gaussian").messages(3, x0, raw, sent, gen)
     assert (shared == shared[0]).all() and set(shared.unique().tolist()) <= {-1.0, 1.0}
     grads = torch.tensor([[1.0, 2.0, 3.0], [3.0, 2.0, 1.0]])
-    assert SignAttack(name="sign_flipping").gradients(1, grads, gen).tolist() == [[-10.0] * 3]
+    # the paper's attack (ii): −5 × the true model, here the shared model x0 = [0.5, −0.2, 0]
+    flipped = SignAttack(name="sign_flipping").gradients(2, x0, grads, gen)
+    assert flipped.tolist() == [[-2.5, 1.0, 0.0]] * 2
+    earlier = SignAttack(name="sign_flipping", baseline_flip="gradient")
+    assert earlier.gradients(1, x0, grads, gen).tolist() == [[-10.0] * 3]  # −5 × mean [2, 2, 2]
+    assert (
+        SignAttack(name="sample_duplicating").gradients(2, x0, grads, gen).tolist()
+        == [[1.0, 2.0, 3.0]] * 2
+    )
+    with pytest.raises(SimulationConfigError, match="baseline_flip"):
+        SignAttack.from_config("sign_flipping", {"baseline_flip": "update"})
     with pytest.raises(SimulationConfigError):
         SignAttack.from_config("ipm", {})
     with pytest.raises(SimulationConfigError):

@@ -245,7 +245,8 @@ class RSALoop(SteppedLoop):
     def _gradient_step(self) -> None:
         x, algo = self.x0, self.algo
         honest = self._clip(self.gradients.gradients(x.expand(self.regular, -1), self.generator))
-        rows = torch.cat([honest, self.attack.gradients(self.byzantine, honest, self.generator)])
+        byzantine = self.attack.gradients(self.byzantine, x, honest, self.generator)
+        rows = torch.cat([honest, byzantine])
         if algo.method == "sgd":
             step = rows.mean(dim=0)
         elif algo.method == "signsgd":
