@@ -32,6 +32,14 @@ SEARCH_EXAMPLES = 10_000 if HYPOTHESIS_PROFILE == "slow" else 300
 """The budget of the adversarial searches: a few hundred cases in the default run, at
 least 10,000 under the ``slow`` profile."""
 
+
+def examples(default: int) -> int:
+    """A property test's hypothesis budget: ``default`` in the ``ci`` profile (the default
+    run), at least 10,000 under ``slow`` — every budget comes from the profile, none is fixed
+    in a test."""
+    return max(default, 10_000) if HYPOTHESIS_PROFILE == "slow" else default
+
+
 PYTHON = [sys.executable, "-m", "sharefl.cli"]
 """``sharefl`` as a command, run by this interpreter."""
 

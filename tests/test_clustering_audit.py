@@ -6,6 +6,7 @@ from itertools import chain, combinations
 
 import numpy as np
 import pytest
+from conftest import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -28,7 +29,7 @@ N, M = 60, 3
 C = N // M
 SEED = 2024
 
-fast = settings(max_examples=60, deadline=None)
+fast = settings(max_examples=examples(60), deadline=None)
 
 
 def _flat(clustering: Clustering) -> list[int]:
@@ -179,7 +180,7 @@ def test_rank_of_random_reclusterings(reclusterings: int) -> None:
     assert report.leaks == (report.rank == N)
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=examples(15), deadline=None)
 @given(reclusterings=st.integers(1, 5), seed=st.integers(0, 2**32))
 def test_rank_never_exceeds_the_bound(reclusterings: int, seed: int) -> None:
     report = audit(random_reclusterings(range(N), M, reclusterings, seed))
@@ -291,7 +292,7 @@ def _brute_force(
     return rank, singles, sums
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(
     n=st.integers(2, 9),
     m=st.integers(1, 5),
@@ -349,7 +350,7 @@ def test_safe_sampler_paper_setting() -> None:
     assert audit(random_reclusterings(range(N), M, 10, SEED)).rank == N
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=examples(15), deadline=None)
 @given(
     n=st.integers(4, 40),
     m=st.integers(2, 4),

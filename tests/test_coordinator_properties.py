@@ -11,6 +11,7 @@ for an individual update or a sum of fewer than ``min_sum_size`` clients.
 from __future__ import annotations
 
 import numpy as np
+from conftest import examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -48,7 +49,7 @@ def rounds(draw):
 
 
 @settings(
-    max_examples=40,
+    max_examples=examples(40),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )

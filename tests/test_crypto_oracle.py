@@ -20,6 +20,7 @@ import struct
 
 import numpy as np
 import pytest
+from conftest import examples
 from Crypto.Cipher import AES
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -55,14 +56,14 @@ lengths = st.one_of(st.integers(0, 70), st.integers(0, 5000))
 bit_widths = st.sampled_from([32, 64])
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(seed=seeds, length=lengths, bits=bit_widths)
 def test_prg_matches_aes_ctr_built_from_ecb(seed, length, bits):
     ours = expand_mask(seed, length, bits)
     np.testing.assert_array_equal(ours, _oracle_mask(seed, length, bits))
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(
     key=st.binary(min_size=16, max_size=16),
     counter=st.integers(0, 2**127),
@@ -76,7 +77,7 @@ def test_prg_matches_pycryptodome_ctr_mode(key, counter, length, bits):
     np.testing.assert_array_equal(expand_mask(seed, length, bits), expected)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     seed=seeds,
     length=st.integers(0, 600),
@@ -92,7 +93,7 @@ def test_prg_block_boundaries_do_not_change_the_stream(seed, length, bits, block
     np.testing.assert_array_equal(out, _oracle_mask(seed, length, bits))
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     data=st.data(),
     length=st.integers(0, 3000),
@@ -136,7 +137,7 @@ contexts = st.builds(
 ids = st.integers(0, 2**64 - 1)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(
     key=st.binary(min_size=32, max_size=32),
     nonce=st.binary(min_size=12, max_size=12),
@@ -158,7 +159,7 @@ def test_aead_matches_pycryptodome_gcm(key, nonce, plaintext, context, sender, r
     assert decrypt(key, nonce + ciphertext + tag, envelope) == plaintext
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(
     key=st.binary(min_size=32, max_size=32),
     plaintext=st.binary(min_size=1, max_size=200),

@@ -9,6 +9,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
+from conftest import examples
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -64,7 +65,7 @@ def sum_cases(draw: st.DrawFn) -> tuple[RingEncoding, list[np.ndarray]]:
     return enc, xs
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(sum_cases(), st.integers(0, 2**32))
 def test_decoded_sum_is_within_the_proven_bound(case, seed):
     enc, xs = case
@@ -196,7 +197,7 @@ def test_input_is_flattened_in_c_order():
 # ------------------------------------------------------------------ parameters
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     st.floats(1e-30, 1e30),
     st.integers(1, 10**7),

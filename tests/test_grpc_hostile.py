@@ -9,7 +9,7 @@ import dataclasses
 import grpc
 import numpy as np
 import pytest
-from conftest import serving
+from conftest import examples, serving
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -183,7 +183,7 @@ def _coordinator() -> tuple[ServerRun, ClientLink]:
     return run, ClientLink(1)
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(client_messages(), min_size=1, max_size=4))
 def test_fuzzed_messages_get_invalid_argument_or_failed_precondition(messages):
     coordinator, link = _coordinator()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from conftest import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -183,7 +184,7 @@ KEY = bytes(range(32))
 ENV = Envelope(sender=1, receiver=2, context=CTX)
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(plaintext=st.binary(max_size=300))
 def test_roundtrip(plaintext):
     sealed = encrypt(KEY, plaintext, ENV)
@@ -191,7 +192,7 @@ def test_roundtrip(plaintext):
     assert decrypt(KEY, sealed, ENV) == plaintext
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(plaintext=st.binary(min_size=1, max_size=100), data=st.data())
 def test_any_flipped_bit_is_detected(plaintext, data):
     sealed = bytearray(encrypt(KEY, plaintext, ENV))

@@ -101,3 +101,17 @@ def test_mypy_is_strict_for_the_secure_layer_and_the_transport():
     for flag in ("disallow_any_generics", "warn_return_any", "disallow_incomplete_defs"):
         assert strict["sharefl.deploy.*"][flag] is True
     assert "\nmypy\n" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_hypothesis_budgets_come_from_the_profiles():
+    """No test fixes its own budget: each passes it through ``conftest.examples`` (or
+    ``SEARCH_EXAMPLES``), so the ``slow`` profile raises every search to >= 10,000."""
+    import re
+
+    fixed = [
+        f"{path.name}:{number}"
+        for path in sorted((ROOT / "tests").glob("test_*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if re.search(r"max_examples\s*=\s*\d", line)
+    ]
+    assert not fixed, f"hard-coded hypothesis budgets (use conftest.examples(n)): {fixed}"

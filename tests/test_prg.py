@@ -6,6 +6,7 @@ import os
 
 import numpy as np
 import pytest
+from conftest import examples
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -35,7 +36,7 @@ def test_known_answer_is_fixed_across_machines():
     assert mask[0] == 0xD44BE966
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(seed=seeds, length=lengths, bits=st.sampled_from([32, 64]))
 def test_expand_matches_reference_and_is_deterministic(seed, length, bits):
     expander = MaskExpander(bits, block_bytes=4096)
@@ -45,7 +46,7 @@ def test_expand_matches_reference_and_is_deterministic(seed, length, bits):
     np.testing.assert_array_equal(first, again)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(seed=seeds, length=lengths, bits=st.sampled_from([32, 64]), data=st.data())
 def test_add_then_subtract_is_identity(seed, length, bits, data):
     dtype = np.uint32 if bits == 32 else np.uint64
@@ -130,7 +131,7 @@ def test_misuse_raises_prg_error(call):
         call()
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(
     length=lengths,
     bits=st.sampled_from([32, 64]),

@@ -8,6 +8,7 @@ import math
 
 import dp_accounting
 import pytest
+from conftest import examples
 from dp_accounting.rdp import rdp_privacy_accountant
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -81,7 +82,7 @@ def test_calibration_never_overshoots_and_is_tight(target, delta, q, steps, back
     assert compute_epsilon(sigma * (1 - 3e-4), delta, q, steps, backend) > target
 
 
-@settings(max_examples=6, deadline=None, derandomize=True)
+@settings(max_examples=examples(6), deadline=None, derandomize=True)
 @given(
     target=st.floats(0.2, 10.0),
     log10_delta=st.floats(-8.0, -3.0),

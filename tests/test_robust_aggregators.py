@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 import torch
+from conftest import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -34,7 +35,7 @@ from sharefl.robust import (
     weiszfeld,
 )
 
-PROPERTY = settings(max_examples=40, deadline=None)
+PROPERTY = settings(max_examples=examples(40), deadline=None)
 
 
 def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -420,7 +421,7 @@ def test_geometric_median_of_collinear_points_is_the_median() -> None:
     torch.testing.assert_close(out, t([1.0]), atol=1e-6, rtol=0)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(seed=st.integers(0, 10_000), n=st.integers(3, 12), d=st.integers(2, 6))
 def test_geometric_median_optimality_condition(seed: int, n: int, d: int) -> None:
     """0 is in the subdifferential of Σ w_i ‖x_i - z‖ at the result: away from the points

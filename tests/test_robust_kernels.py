@@ -10,6 +10,7 @@ import signal
 import numpy as np
 import pytest
 import torch
+from conftest import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -35,7 +36,7 @@ def same(a: torch.Tensor, b: torch.Tensor, scale: float) -> None:
     torch.testing.assert_close(a, b, equal_nan=True, rtol=1e-6, atol=1e-6 * scale)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(X=matrices(), data=st.data())
 def test_numpy_blocks_agree_with_the_torch_path(X: torch.Tensor, data: st.DataObject) -> None:
     """The cache-blocked CPU kernels and the torch.sort path (other devices) agree."""
@@ -47,7 +48,7 @@ def test_numpy_blocks_agree_with_the_torch_path(X: torch.Tensor, data: st.DataOb
         same(columnwise(X, reduce), columnwise_torch(X, reduce), scale)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(X=matrices(values=st.floats(-1e3, 1e3, width=32)))
 def test_coordinate_rules_against_sorting(X: torch.Tensor) -> None:
     n = X.shape[0]
@@ -77,7 +78,7 @@ def test_sortable_bits_order_is_the_float_order() -> None:
         )
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(X=matrices(values=st.integers(-2, 2).map(float), max_rows=12), data=st.data())
 def test_canonical_order_is_lexicographic_and_order_free(X: torch.Tensor, data) -> None:
     order = canonical_order(X)

@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from conftest import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
@@ -311,7 +312,7 @@ def test_decentralized_trimmed_mean() -> None:
         DecentralizedTrimmedMean(q=3)(own, received)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(
     honest=st.lists(st.floats(-10, 10), min_size=1, max_size=6),
     byz=st.lists(st.sampled_from([math.inf, -math.inf, math.nan, 1e9, -1e9]), max_size=3),

@@ -7,6 +7,7 @@ from collections import Counter
 from itertools import product
 
 import pytest
+from conftest import examples
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -96,7 +97,7 @@ def test_share_bytes_round_trip_property(x: int, y: int) -> None:
 # --------------------------------------------------------------------------- correctness
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.data())
 def test_any_t_of_n_shares_reconstruct(data: st.DataObject) -> None:
     n = data.draw(st.integers(2, 24), label="n")
@@ -113,7 +114,7 @@ def test_any_t_of_n_shares_reconstruct(data: st.DataObject) -> None:
     assert reconstruct_verified(subset, t, secret_len=len(secret)).secret == secret
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(st.data())
 def test_small_field_arithmetic_reconstructs(data: st.DataObject) -> None:
     prime = data.draw(st.sampled_from([5, 7, 11, 13, 251]))
@@ -213,7 +214,7 @@ def test_verified_fast_path_uses_all_shares() -> None:
         assert got == VerifiedSecret(secret, (1, 4, 6, 9, 20), ())
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(st.data())
 def test_berlekamp_welch_finds_and_excludes_bad_shares(data: st.DataObject) -> None:
     t = data.draw(st.integers(2, 6), label="t")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from needs import needs
@@ -43,7 +44,7 @@ def test_generated_modules_match_the_proto(tmp_path):
         assert fresh == committed, f"{name} is stale: run python -m sharefl.proto.generate"
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(
     length=st.sampled_from([0, 1, 7, wire.CHUNK_BYTES // 4, wire.CHUNK_BYTES // 4 + 1, 600_000]),
     dtype=st.sampled_from([np.float32, np.uint32, np.uint64]),
