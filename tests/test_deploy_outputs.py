@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import PYTHON, serving, start_server
+from test_server_resume import Crash, CrashingWriter
 
 from sharefl.deploy.client import ClientRuntime, demo_trainer
 from sharefl.deploy.config import (
@@ -41,7 +42,6 @@ from sharefl.deploy.results import (
     prune_aggregates,
 )
 from sharefl.deploy.server import serve
-from sharefl.protocol.coordinator import Release
 from sharefl.protocol.errors import ConfigurationError
 
 DIM = 8
@@ -223,25 +223,6 @@ def test_a_short_run_with_k_2_leaves_the_last_two_aggregates_equal_to_the_clear_
     np.testing.assert_array_equal(model, expected.astype(np.float32))
 
 
-class _Crash(Exception):
-    """The server process dies here (simulated)."""
-
-
-class _CrashingWriter(ResultsWriter):
-    """Dies at approval number ``after + 1``, before recording it."""
-
-    def __init__(self, out: Path, after: int) -> None:
-        super().__init__(out)
-        self.after = after
-
-    def release(self, model: str, release: Release) -> None:
-        if release.sum is None:
-            if self.after == 0:
-                raise _Crash(f"killed before releasing {release.members}")
-            self.after -= 1
-        super().release(model, release)
-
-
 def test_a_pruned_folder_resumes_after_a_crash_and_keeps_pruning(tmp_path):
     """Eight clients in two clusters, k = 2. The server dies at the first approval of
     round 4 (rounds 1-3 finished: round 1's aggregate already pruned). The folder resumes:
@@ -251,11 +232,11 @@ def test_a_pruned_folder_resumes_after_a_crash_and_keeps_pruning(tmp_path):
     config = _config(rounds=5, keep=2, clients=8)
 
     async def first() -> list[ClientRuntime]:
-        writer = _CrashingWriter(out, after=6)  # two sums a round: dies in round 4
+        writer = CrashingWriter(out, after=6)  # two sums a round: dies in round 4
         server, address = await serving(serve, config, on_round=writer.round, journal=writer)
         clients = [ClientRuntime(c, address, retries=1, server_timeout_s=2) for c in range(8)]
         await asyncio.gather(*(c.run() for c in clients), return_exceptions=True)
-        with pytest.raises(_Crash):
+        with pytest.raises(Crash):
             await server
         return clients
 
