@@ -603,8 +603,10 @@ def test_sigterm_to_simulate_exits_130(tmp_path):
         time.sleep(0.2)
     time.sleep(1)
     sim.send_signal(signal.SIGTERM)
-    assert sim.wait(timeout=60) == 130
-    assert "interrupted" in sim.stderr.read()
+    code = sim.wait(timeout=60)
+    err = sim.stderr.read()
+    assert code == 130, err[-3000:]  # -2 seen twice under CI load: the traceback says where
+    assert "interrupted" in err
 
 
 def test_client_processes_draw_dp_noise_the_server_cannot_regenerate():
