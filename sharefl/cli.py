@@ -19,7 +19,7 @@ from typing import NoReturn
 
 from sharefl import __version__
 from sharefl.exit_status import ExitStatus, UserError, epilog
-from sharefl.machine import machine_info
+from sharefl.machine import forget_caught_interrupt, machine_info
 from sharefl.wording import counted
 
 
@@ -378,7 +378,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ["SHAREFL_DEBUG"] = "1"  # processes started by launch inherit it
     error: BaseException
     try:
-        return int(args.func(args))
+        status = int(args.func(args))
+        if status == ExitStatus.INTERRUPTED:
+            forget_caught_interrupt()  # or CPython may exit -2 instead (see its docstring)
+        return status
     except ModuleNotFoundError as exc:
         error = exc
         extra = EXTRA_OF_MODULE.get((exc.name or "").split(".")[0])

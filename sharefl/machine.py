@@ -103,3 +103,16 @@ def sigterm_interrupts() -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, interrupt)
+
+
+def forget_caught_interrupt() -> None:
+    """Let a ``KeyboardInterrupt`` that was caught be forgotten by the interpreter's exit.
+
+    CPython remembers an interrupt that escaped code run by ``exec`` of a *string*
+    (``dataclasses`` and ``namedtuple`` build their methods that way, so any import can be
+    inside one when SIGINT or SIGTERM lands) and, when the process ends, kills it with
+    SIGINT (exit status -2) whatever status the program chose. Each ``exec`` of a string
+    clears that memory before it runs, so one empty ``exec`` makes the chosen status the
+    one the process exits with. Call it after handling the interrupt, just before exiting.
+    """
+    exec("")  # a constant string: clears the flag before running nothing

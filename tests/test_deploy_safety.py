@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -607,6 +608,25 @@ def test_sigterm_to_simulate_exits_130(tmp_path):
     err = sim.stderr.read()
     assert code == 130, err[-3000:]  # -2 seen twice under CI load: the traceback says where
     assert "interrupted" in err
+
+
+def test_an_interrupt_caught_inside_exec_of_a_string_still_exits_130(tmp_path):
+    """CPython remembers an interrupt that escaped ``exec`` of a string (dataclasses build
+    methods that way: an import under way when SIGTERM lands) and exits -2 unless the
+    memory is cleared; the CI saw that as the SIGTERM test's -2."""
+    (tmp_path / "interrupted_in_exec.py").write_text(
+        "import sys\n"
+        "import sharefl.cli as cli\n"
+        "def interrupted(args):\n"
+        "    exec('raise KeyboardInterrupt')\n"
+        "cli._simulate = interrupted\n"
+        "sys.exit(cli.main(['simulate', 'any.toml', '--out', 'runs']))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "interrupted_in_exec"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert done.returncode == 130, done.stderr[-2000:]
+    assert "interrupted" in done.stderr
 
 
 def test_client_processes_draw_dp_noise_the_server_cannot_regenerate():
