@@ -145,11 +145,32 @@ def test_to_ring_keeps_the_low_b_bits_so_the_ring_sum_is_the_b_bit_sum():
     for bits in (12, 32, 48, 64):
         enc = encoder(4, bits=bits, rotation=Rotation.NONE)
         members = [np.array([3, -5, 2 ** (bits - 2), -(2 ** (bits - 2))], dtype=np.int64)] * 3
-        total = ring_sum([enc.to_ring(z) for z in members])
+        total = ring_sum([enc.to_ring(z, SecureRandom()) for z in members])
         expected = [
             ((3 * int(v) + 2 ** (bits - 1)) % 2**bits) - 2 ** (bits - 1) for v in members[0]
         ]
         np.testing.assert_allclose(enc.decode(total, SEED) / enc.gamma, expected, rtol=1e-12)
+
+
+@pytest.mark.parametrize("bits", [12, 20, 48])
+def test_the_server_sees_the_b_bit_sum_and_uniform_high_bits_never_the_carries(bits):
+    """Invariant H, against the server's exact view: two clusters whose members' b-bit sums
+    agree but whose residues carry differently (three members at -1: the residues sum to
+    3·2^b - 3; one at -3: to 2^b - 3) give ring sums whose bits above b are uniform in
+    both, with one honest member among colluders who send their bare residues. Without
+    the random high bits those bits would be the carry count, 2 against 0."""
+    enc = encoder(4, bits=bits, rotation=Rotation.NONE)
+    width = np.dtype(enc.ring_dtype).itemsize * 8
+    n = 20_000
+    for honest, others in ((-1, [-1, -1]), (-3, [0, 0])):
+        words = enc.to_ring(np.full(n, honest, dtype=np.int64), SecureRandom())
+        bare = [np.full(n, v & ((1 << bits) - 1), dtype=enc.ring_dtype) for v in others]
+        view = ring_sum([words, *bare]).astype(np.uint64)
+        assert np.all(view & np.uint64((1 << bits) - 1) == (2**bits - 3))  # the b-bit sum
+        top4 = (view >> np.uint64(width - 4)) & np.uint64(15)
+        counts = np.bincount(top4.astype(np.int64), minlength=16)
+        chi2 = float(((counts - n / 16) ** 2 / (n / 16)).sum())
+        assert chi2 < 50.0, (honest, counts)  # 15 d.o.f.: P(χ² > 50) ≈ 1e-5
 
 
 def test_gamma_keeps_k_standard_deviations_of_a_full_sum_inside_the_ring():

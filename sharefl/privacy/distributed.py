@@ -39,10 +39,18 @@ Client (:meth:`DistributedEncoder.encode`), for an update x ∈ R^d:
 Server (:meth:`DistributedEncoder.decode`): the ring sum mod 2^b is read in two's
 complement, multiplied by γ, rotated back (R⁻¹ = diag(ξ)·H/√D) and cut to d coordinates.
 
-Rings: the protocol's ring is Z_2^32 or Z_2^64; a b-bit encoding (b ≤ 32 or ≤ 64) is
-stored in the low b bits of those words, and since 2^b divides the ring's modulus the
-protocol's sum mod 2^32 (2^64) reduced mod 2^b is the b-bit sum: the arithmetic is that of
-Z_2^b exactly (the wire still carries 32- or 64-bit words).
+Rings: the protocol's ring is Z_2^w, w = 32 or 64; a b-bit encoding (b ≤ w) is stored in
+the low b bits of those words, and since 2^b divides 2^w the protocol's sum mod 2^w reduced
+mod 2^b is the b-bit sum. **Invariant H** (what the server learns is the sum mod 2^b, no
+more): the w − b high bits of every word a member sends are drawn uniformly from its
+secret stream (:meth:`DistributedEncoder.to_ring`). Without them the sum mod 2^w of words
+in [0, 2^b) would be the sum over the integers of the members' residues, and its bits
+above b count, per coordinate, how many members' noisy values wrapped (roughly, how many
+were negative): a function of the individual noisy values that the mechanism's privacy,
+proved for their sum, does not cover. With them the sum's high bits are the carries plus
+a uniform value mod 2^(w−b) that is independent of everything else as long as one member
+is honest: a one-time pad, so the server's view is a function of the b-bit sum and noise
+it could draw itself.
 
 Accounting (:meth:`DistributedEncoder.released_mechanism`): a released sum of n honest
 members is, in ring units, the DDG mechanism with n members (Kairouz et al., Theorem 1:
@@ -341,12 +349,19 @@ class DistributedEncoder:
         z = self.round_conditionally(scaled, rng)
         if noise:
             z += self.noise(rng)
-        return self.to_ring(z)
+        return self.to_ring(z, rng)
 
-    def to_ring(self, z: np.ndarray) -> np.ndarray:
-        """Integers (int64) reduced mod 2^b, stored in :attr:`ring_dtype`."""
-        mask = np.int64(-1) if self.config.bits == 64 else np.int64((1 << self.config.bits) - 1)
-        return (z & mask).astype(np.uint64).astype(self.ring_dtype)
+    def to_ring(self, z: np.ndarray, rng: SecureRandom) -> np.ndarray:
+        """Integers (int64) reduced mod 2^b into the low b bits of :attr:`ring_dtype`
+        words whose high bits are uniform draws from ``rng`` (invariant H, module doc)."""
+        bits = self.config.bits
+        low = np.int64(-1) if bits == 64 else np.int64((1 << bits) - 1)
+        words = (z & low).astype(np.uint64)
+        width = np.dtype(self.ring_dtype).itemsize * 8
+        if bits < width:
+            pad = rng.words(len(words)) if width == 64 else rng.words32(len(words))
+            words |= pad.astype(np.uint64) & ~np.uint64(low)
+        return words.astype(self.ring_dtype)
 
     def decode(self, ring_sum: np.ndarray, seed: bytes) -> np.ndarray:
         """The server's estimate of the sum of the members' (clipped) updates: the protocol's
