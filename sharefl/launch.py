@@ -179,7 +179,7 @@ def _server_config(config_path: str, out: str | None) -> tuple[DeploymentConfig,
 
     run = single_run(config_path)
     strategy = SimulationStrategy(run, None if out is None else Path(out) / run.run_id)
-    return deployment_for(run, strategy.dim), strategy
+    return deployment_for(run, strategy.simulation), strategy
 
 
 def _simulation_trainer(config_path: str, client_id: int) -> Any:

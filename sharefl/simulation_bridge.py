@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import secrets
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +37,8 @@ from sharefl.deploy.config import (
     ServerSection,
 )
 from sharefl.deploy.server import descend
+from sharefl.privacy.distributed import DistributedEncoder
+from sharefl.privacy.secure_random import SecureRandom
 from sharefl.robust.hierarchical import ClusterScale, HierarchicalAggregator
 from sharefl.simulator.components import build_rule
 from sharefl.simulator.config import RunConfig, SimulationConfigError, load_runs
@@ -59,8 +62,10 @@ def single_run(path: str | Path, seed: int | None = None) -> RunConfig:
     return runs[0]
 
 
-def deployment_for(run: RunConfig, dim: int) -> DeploymentConfig:
-    """The gRPC deployment of ``run``: every client in every round, its clusters."""
+def deployment_for(run: RunConfig, simulation: Simulation) -> DeploymentConfig:
+    """The gRPC deployment of ``run`` (``simulation``: the server's, built from it): every
+    client in every round, its clusters; with a discrete ``privacy.distributed`` the
+    clients send ring inputs of the padded length (:class:`DistributedRingInputs`)."""
     sa = run.secure_aggregation
     if sa.cluster_size < 2:
         raise SimulationConfigError("a deployment needs secure_aggregation.cluster_size >= 2")
@@ -68,12 +73,11 @@ def deployment_for(run: RunConfig, dim: int) -> DeploymentConfig:
         raise SimulationConfigError(
             "a deployment uses every client each round: set clients.per_round = 0"
         )
-    if run.privacy.enabled and run.privacy.distributed != "gaussian":
-        # Its clients add their noise in the ring (sharefl.privacy.distributed), a step the
-        # gRPC client does not run: deploying it would send updates without noise.
+    ring = simulation.ring_encoder
+    if ring is not None and sa.bits != ring_width(ring):
         raise SimulationConfigError(
-            f'privacy.distributed = "{run.privacy.distributed}" runs in the simulator only: '
-            'deploy with privacy.distributed = "gaussian" (the float cluster split)'
+            f"privacy.bits = {ring.config.bits} is carried in {ring_width(ring)}-bit words: "
+            f"set secure_aggregation.bits = {ring_width(ring)}"
         )
     return DeploymentConfig(
         server=ServerSection(
@@ -83,7 +87,7 @@ def deployment_for(run: RunConfig, dim: int) -> DeploymentConfig:
             connect_timeout_s=run.deployment.connect_timeout_s,
             stage_timeout_s=run.deployment.stage_timeout_s,
         ),
-        model=ModelSection(dim=dim),
+        model=ModelSection(dim=simulation.dim, ring_inputs=0 if ring is None else ring.padded),
         secure_aggregation=SecureAggregationSection(
             cluster_size=sa.cluster_size,
             reclusterings=sa.reclusterings,
@@ -92,6 +96,35 @@ def deployment_for(run: RunConfig, dim: int) -> DeploymentConfig:
             allow_leakage=sa.allow_leakage,
         ),
     )
+
+
+def ring_width(encoder: DistributedEncoder) -> int:
+    """The protocol ring whose words carry ``encoder``'s b bits: 32 or 64."""
+    return np.dtype(encoder.ring_dtype).itemsize * 8
+
+
+@dataclass(frozen=True)
+class DistributedRingInputs:
+    """A client's :class:`~sharefl.deploy.client.RingInputs` of the discrete pipeline:
+    clip, rotate with the round's public seed, scale, round (invariant R), add its noise
+    share (honest clients only) drawn from a fresh :class:`~sharefl.privacy.secure_random.
+    SecureRandom` keyed from OS entropy, reduce mod 2^b with random high bits (invariant H).
+    The noise is the client's own: its σ and b come from its own copy of the file, never
+    from the server."""
+
+    encoder: DistributedEncoder
+    noise: bool
+
+    @property
+    def length(self) -> int:
+        return self.encoder.padded
+
+    @property
+    def bits(self) -> int:
+        return ring_width(self.encoder)
+
+    def encode(self, update: np.ndarray, seed: bytes) -> np.ndarray:
+        return self.encoder.encode(update, seed, SecureRandom(), noise=self.noise)
 
 
 def check_cluster_rule(rule: HierarchicalAggregator, clusters: int) -> None:
@@ -127,8 +160,8 @@ class RobustStrategy:
     def apply(
         self, model: np.ndarray, round_index: int, released: list
     ) -> tuple[np.ndarray, np.ndarray, str]:
-        rounds = [torch.as_tensor(np.stack([s for s, _ in sums])) for sums in released]
-        sizes = [[size for _, size in sums] for sums in released]
+        rounds = [torch.as_tensor(np.stack([s.value for s in sums])) for sums in released]
+        sizes = [[len(s.members) for s in sums] for sums in released]
         aggregate = self.rule.average(rounds, sizes).cpu().numpy()
         updated = descend(model, self.learning_rate, aggregate)
         return updated, aggregate, f", {type(self.rule.rule).__name__} over cluster sums"
@@ -162,13 +195,22 @@ class SimulationStrategy:
     def initial_model(self) -> np.ndarray:
         return self.simulation.model_vector.detach().cpu().numpy().astype(np.float32)
 
+    def decode_ring(self, ring_sum: np.ndarray, seed: bytes) -> np.ndarray:
+        """A cluster's ring sum of the discrete pipeline, read back: float64 ``[dim]``."""
+        encoder = self.simulation.ring_encoder
+        assert encoder is not None, "ring sums come only with a discrete privacy.distributed"
+        return encoder.decode(ring_sum, seed)
+
     def apply(
         self, model: np.ndarray, round_index: int, released: list
     ) -> tuple[np.ndarray, np.ndarray, str]:
         sim = self.simulation
         sim.set_model(model)
         sim.accountant_step()
-        aggregate = sim.cluster_aggregate(released)
+        sim.record_releases([s.members for sums in released for s in sums])
+        aggregate = sim.cluster_aggregate(
+            [[(s.value, len(s.members)) for s in sums] for sums in released]
+        )
         record = sim.apply(aggregate)
         note = ""
         if record.accuracy is not None:
@@ -219,6 +261,12 @@ class SimulationTrainer:
         self.simulation = Simulation(run)
         self.simulation.use_generator(os_seeded_generator(self.simulation.device))
         self.client_id = client_id
+        encoder = self.simulation.ring_encoder
+        self.ring_inputs = (
+            None
+            if encoder is None
+            else DistributedRingInputs(encoder, noise=client_id < run.clients.honest)
+        )
 
     def __call__(self, model: np.ndarray, *, round: int, client_id: int) -> np.ndarray:
         sim = self.simulation

@@ -6,13 +6,15 @@ from __future__ import annotations
 import numpy as np
 
 from sharefl.deploy.config import AggregatorSection, DeploymentConfig, ModelSection
-from sharefl.deploy.server import AveragingStrategy, descend
+from sharefl.deploy.server import AveragingStrategy, ReleasedSum, descend
 from sharefl.simulation_bridge import RobustStrategy
 
 
-def _released(rows: list[np.ndarray], size: int) -> list[list[tuple[np.ndarray, int]]]:
+def _released(rows: list[np.ndarray], size: int) -> list[list[ReleasedSum]]:
     """One reclustering whose clusters of ``size`` clients summed to ``rows``."""
-    return [[(row, size) for row in rows]]
+    return [
+        [ReleasedSum(row, tuple(range(i * size, (i + 1) * size))) for i, row in enumerate(rows)]
+    ]
 
 
 def test_descend_subtracts_the_scaled_aggregate():

@@ -5,18 +5,24 @@ calibrated target."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import json
 
 import numpy as np
 import pytest
+from conftest import serving
 from hypothesis import given
 from hypothesis import strategies as st
-from test_share import simulation
+from test_share import config, simulation
 
+from sharefl.deploy.client import ClientRuntime
+from sharefl.deploy.server import serve
 from sharefl.privacy.distributed import DistributedDPConfig, DistributedEncoder
 from sharefl.privacy.secure_random import SecureRandom
 from sharefl.protocol import secure_sum
-from sharefl.simulator.config import SimulationConfigError
+from sharefl.simulation_bridge import SimulationStrategy, SimulationTrainer, deployment_for
+from sharefl.simulator.config import SimulationConfigError, expand
 from sharefl.simulator.share import released_cells
 
 DP = {
@@ -158,3 +164,102 @@ def test_with_reclusterings_sigma_is_calibrated_for_the_finest_cell_and_the_targ
         rounds=2,
     )
     assert sim.privacy.noise_multiplier > 1.5 * one_cell.privacy.noise_multiplier
+
+
+# -- over gRPC: client processes encode their own ring inputs --------------------------------
+
+
+def grpc_run(mechanism: str):
+    (run,) = expand(
+        config(
+            attack={"name": "none"},
+            clients={"honest": 9, "byzantine": 0},
+            aggregator={"name": "mean", "options": {}},
+            secure_aggregation={"cluster_size": 3, "enabled": True},
+            privacy=DP | {"distributed": mechanism, "bits": 16},
+        )
+    )
+    return run
+
+
+@pytest.mark.parametrize("mechanism", ["discrete_gaussian", "skellam"])
+def test_client_processes_add_discrete_noise_in_the_ring_and_the_server_accounts_it(
+    mechanism, tmp_path
+):
+    """The run over gRPC: the server proposes no float encoding (ring inputs of the padded
+    length), every client encodes its own update with its own noise, the server decodes
+    each released sum and accounts it: the ε in rounds.jsonl is the calibrated target, as
+    in the simulator (what each decoded sum carries: the next test)."""
+    run = grpc_run(mechanism)
+    strategy = SimulationStrategy(run, tmp_path / "grpc")
+    deployment = deployment_for(run, strategy.simulation)
+    assert deployment.model.ring_inputs == strategy.simulation.ring_encoder.padded
+
+    async def main():
+        server, address = await serving(serve, deployment, strategy=strategy, log=lambda _: None)
+        clients = [
+            ClientRuntime(cid, address, trainer=SimulationTrainer(run, cid)).run()
+            for cid in range(run.clients.total)
+        ]
+        reports = await asyncio.gather(*clients)
+        return await server, reports
+
+    result, reports = asyncio.run(main())
+    assert len(result.reports) == run.rounds
+    assert all(not r.refusals for r in reports)
+    assert all(len(r.clusters) == 3 for r in result.reports)
+    lines = [json.loads(x) for x in (tmp_path / "grpc" / "rounds.jsonl").read_text().splitlines()]
+    assert lines[-1]["epsilon"] == pytest.approx(2.0, rel=2e-3)
+
+
+def test_a_cluster_sum_of_client_ring_inputs_carries_the_noise_the_accounting_assumes():
+    """Three clients' ring inputs, summed as the protocol sums them (mod 2^32) and decoded
+    as the server decodes them: the error against the sum of the clipped updates has the
+    variance of three noise shares plus rounding (exact formula), and two encodings of
+    one update differ (fresh OS-keyed noise each time)."""
+    run = grpc_run("skellam")
+    trainers = [SimulationTrainer(run, cid) for cid in range(3)]
+    encoder = trainers[0].simulation.ring_encoder
+    rng = np.random.default_rng(0)
+    updates = [rng.normal(size=encoder.dim).astype(np.float32) * 1e-4 for _ in trainers]
+    seed = bytes(48)
+    words = [t.ring_inputs.encode(u, seed) for t, u in zip(trainers, updates, strict=True)]
+    again = trainers[0].ring_inputs.encode(updates[0], seed)
+    assert not np.array_equal(again, words[0])
+    total = np.zeros_like(words[0])
+    for w in words:
+        total += w
+    error = encoder.decode(total, seed) - np.sum(updates, axis=0)
+    member_var = 2 * encoder.skellam_mu * encoder.gamma**2  # Sk(μ, μ): 2μ ring units²
+    expected = 3 * member_var * encoder.padded / encoder.dim
+    rounding = 3 * encoder.gamma**2 / 4 * encoder.padded / encoder.dim  # at most
+    measured = float(np.mean(error**2)) * encoder.padded / encoder.dim
+    assert expected * 0.9 < measured < (expected + rounding) * 1.1
+
+
+def test_a_client_with_ring_inputs_refuses_a_float_encoding_or_another_ring():
+    """Its noise is its own: an assignment proposing a float encoding (the server would
+    get the update without the client's noise) or a 64-bit ring (the carries of its
+    residues) is refused; a float client refuses an assignment without an encoding."""
+    from sharefl.crypto.encoding import RingEncoding
+    from sharefl.crypto.kdf import KeyContext
+    from sharefl.protocol.errors import MalformedRequest
+    from sharefl.protocol.messages import ClusterAssignment
+
+    run = grpc_run("discrete_gaussian")
+    trainer = SimulationTrainer(run, 0)
+    client = ClientRuntime(0, "127.0.0.1:1", trainer=trainer)
+    length = trainer.ring_inputs.length
+    words = np.zeros(length, dtype=np.uint32)
+
+    def assignment(bits: int) -> ClusterAssignment:
+        return ClusterAssignment(KeyContext(0), (0, 1, 2), 2, length, bits)
+
+    assert client._input(words, assignment(32), None) is words
+    with pytest.raises(MalformedRequest, match="proposed a float encoding"):
+        client._input(words, assignment(32), RingEncoding(32, 16, 1.0, 3))
+    with pytest.raises(MalformedRequest, match="64-bit"):
+        client._input(words, assignment(64), None)
+    plain = ClientRuntime(0, "127.0.0.1:1")
+    with pytest.raises(MalformedRequest, match="no float encoding"):
+        plain._input(np.zeros(length, np.float32), assignment(32), None)

@@ -14,6 +14,7 @@ import torch
 from sim_configs import with_overrides
 
 from sharefl import papers
+from sharefl.deploy.server import ReleasedSum
 from sharefl.simulation_bridge import SimulationStrategy, SimulationTrainer
 from sharefl.simulator import populations
 from sharefl.simulator.config import expand
@@ -258,7 +259,9 @@ def test_the_bridge_steps_the_server_with_the_trainers_uploads(tmp_path):
     # OS-seeded noise: two trainers of the same client do not draw the same noise
     again = SimulationTrainer(run, 0)(model, round=0, client_id=0)
     assert not np.array_equal(again, uploads[0])
-    released = [[(uploads[0] + uploads[1], 2), (uploads[2] + uploads[3], 2)]]
+    released = [
+        [ReleasedSum(uploads[0] + uploads[1], (0, 1)), ReleasedSum(uploads[2] + uploads[3], (2, 3))]
+    ]
     new, aggregate, note = strategy.apply(model, 0, released)
     np.testing.assert_allclose(aggregate, np.mean(uploads, axis=0), rtol=1e-5, atol=1e-6)
     lr = strategy.simulation.server.learning_rate

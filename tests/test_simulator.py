@@ -485,7 +485,7 @@ def test_the_same_run_trains_over_grpc(tmp_path):
     )
     (run,) = expand(config)
     strategy = SimulationStrategy(run, tmp_path / "grpc")
-    deployment = deployment_for(run, strategy.dim)
+    deployment = deployment_for(run, strategy.simulation)
 
     async def main():
         server, address = await serving(serve, deployment, strategy=strategy, log=lambda _: None)
@@ -515,7 +515,7 @@ def test_the_same_run_trains_over_grpc(tmp_path):
         ),
         (
             {
-                "secure_aggregation": {"cluster_size": 3},
+                "secure_aggregation": {"cluster_size": 3, "bits": 64},
                 "privacy": {
                     "enabled": True,
                     "level": "client",
@@ -524,14 +524,14 @@ def test_the_same_run_trains_over_grpc(tmp_path):
                     "distributed": "skellam",
                 },
             },
-            "runs in the simulator only",
+            "set secure_aggregation.bits = 32",
         ),
     ],
 )
 def test_a_deployment_refuses_runs_it_cannot_carry(patch, message):
     (run,) = expand(base_config(**patch))
     with pytest.raises(SimulationConfigError, match=re.escape(message)):
-        deployment_for(run, 100)
+        deployment_for(run, Simulation(run))
 
 
 def test_a_client_process_refuses_an_id_outside_the_run():

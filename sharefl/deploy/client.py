@@ -47,13 +47,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeAlias, cast
+from typing import TYPE_CHECKING, Protocol, TypeAlias, cast
 
 import grpc
 import numpy as np
 from grpc._cython.cygrpc import InternalError as _GrpcInternalError
 
-from sharefl.crypto.encoding import encode
+from sharefl.crypto.encoding import RingEncoding, encode
 from sharefl.crypto.signatures import IdentityKey
 from sharefl.deploy import wire
 from sharefl.deploy.config import is_loopback
@@ -79,6 +79,7 @@ from sharefl.protocol.errors import (
 )
 from sharefl.protocol.memory import ClientMemory, memory_path, model_digest
 from sharefl.protocol.messages import (
+    ClusterAssignment,
     ConsistencySignature,
     EncryptedShares,
     MaskedInput,
@@ -96,6 +97,34 @@ Trainer = Callable[..., np.ndarray]
 """``f(model, round=r, client_id=i)`` → the update the server steps against:
 ``model ← model − learning_rate · aggregate`` (:func:`~sharefl.deploy.server.descend`), so
 a trainer returns ``model − trained_model`` (or a gradient), never the trained model."""
+
+
+class RingInputs(Protocol):
+    """A trainer's own encoding of its update into ring words, which replaces the float
+    encoding the server proposes: a distributed-DP pipeline whose noise the client adds
+    before masking (e.g. :class:`~sharefl.simulation_bridge.SimulationTrainer` with a
+    discrete ``privacy.distributed``). A trainer offers one as its ``ring_inputs``
+    attribute; the client then encodes each round's update once, with the round's public
+    seed (:func:`~sharefl.deploy.wire.round_seed`), and sends those words in every
+    reclustering of the round.
+
+    The client's own view decides: it refuses an assignment that proposes a float encoding
+    (the server would get an update without the client's noise), one of another length,
+    or one of another ring width (wider words than it pads would hand the server the
+    carries of the residues, see :mod:`sharefl.privacy.distributed`).
+    """
+
+    length: int
+    """Words per input (the rotated, padded length)."""
+    bits: int
+    """The ring width of its words: 32 or 64."""
+
+    def encode(self, update: np.ndarray, seed: bytes) -> np.ndarray:
+        """The words of ``update`` (float32 ``[model length]``) for the round of ``seed``:
+        ``uint32``/``uint64`` ``[length]``."""
+        ...
+
+
 STAGES = ("advertise", "share", "mask", "consistency", "unmask")
 
 
@@ -316,6 +345,7 @@ class ClientRuntime:
         self.client_id = client_id
         self.address = address
         self.trainer = trainer
+        self.ring_inputs: RingInputs | None = getattr(trainer, "ring_inputs", None)
         self.identity = identity or IdentityKey.generate()
         self.policy = policy or ClientPolicy(identity=self.identity)
         self.tls = tls
@@ -493,6 +523,11 @@ class ClientRuntime:
                     model_digest(model),
                 )
                 update = await self._train(model, envelope.round_start.round)
+                if self.ring_inputs is not None:
+                    seed = wire.round_seed(
+                        envelope.round_start.run, envelope.round_start.round, model
+                    )
+                    update = await asyncio.to_thread(self.ring_inputs.encode, update, seed)
             elif kind == "assignment":
                 session = await self._start_cluster(call, envelope.assignment, update, round_guard)
             elif kind == "goodbye":
@@ -561,9 +596,9 @@ class ClientRuntime:
                 raise round_guard.refusal
             if update is None or update.shape != (assignment.length,):
                 raise MalformedRequest(
-                    f"an assignment of length {assignment.length} before a model of that length"
+                    f"an assignment of length {assignment.length} before an input of that length"
                 )
-            vector = encode(update, encoding, rng=None)
+            vector = self._input(update, assignment, encoding)
             if round_guard.guard is not None:
                 session = round_guard.guard.session(assignment, vector)
             else:
@@ -576,6 +611,35 @@ class ClientRuntime:
             call, pb.ClientMessage(advertise=wire.advert_to_proto(session.advertise()))
         )
         return session
+
+    def _input(
+        self,
+        update: np.ndarray,
+        assignment: ClusterAssignment,
+        encoding: RingEncoding | None,
+    ) -> np.ndarray:
+        """The ring vector this client masks for ``assignment``: its ring inputs' words
+        (:class:`RingInputs`, checked against the assignment) or ``update`` encoded with the
+        proposed float encoding. Raises :class:`MalformedRequest`."""
+        ring = self.ring_inputs
+        if ring is None:
+            if encoding is None:
+                raise MalformedRequest(
+                    "the assignment carries no float encoding (ring inputs), but this "
+                    "client's trainer encodes none: give the server a float encoding"
+                )
+            return encode(update, encoding, rng=None)
+        if encoding is not None:
+            raise MalformedRequest(
+                "this client adds its noise to ring inputs it encodes itself; the server "
+                "proposed a float encoding instead (it would get the update without it)"
+            )
+        if assignment.bits != ring.bits:
+            raise MalformedRequest(
+                f"this client's ring inputs are {ring.bits}-bit words; the assignment's ring "
+                f"is {assignment.bits}-bit"
+            )
+        return update
 
     async def _refuse(self, call: SessionCall, context: pb.Context, exc: Exception) -> None:
         reason = wire.printable(f"{type(exc).__name__}: {exc}")

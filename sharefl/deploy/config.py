@@ -126,12 +126,24 @@ class ServerSection:
 
 @dataclass(frozen=True)
 class ModelSection:
+    """The model: ``dim`` floats; ``ring_inputs`` > 0: the clients send that many ring
+    words they encode themselves (a distributed-DP pipeline, padded and rotated; the server
+    then proposes no float encoding and its strategy decodes the sums), 0: float updates
+    of ``dim`` values in the encoding ``secure_aggregation.clip`` fixes."""
+
     dim: int = 1000
     learning_rate: float = 1.0
     aggregator: str = "mean"
+    ring_inputs: int = 0
 
     def __post_init__(self) -> None:
         _require(self.dim >= 1, "model.dim must be >= 1")
+        _require(self.ring_inputs >= 0, "model.ring_inputs must be >= 0 (0: float updates)")
+
+    @property
+    def input_length(self) -> int:
+        """Ring elements per client input: ``ring_inputs`` or ``dim``."""
+        return self.ring_inputs or self.dim
         _require(self.aggregator in ("sum", "mean"), 'model.aggregator must be "sum" or "mean"')
 
 

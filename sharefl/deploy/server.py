@@ -37,7 +37,7 @@ import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeAlias
 
 import grpc
 import numpy as np
@@ -64,6 +64,7 @@ from sharefl.protocol.coordinator import (
 )
 from sharefl.protocol.errors import ConfigurationError, LeakageError, RejectedMessage
 from sharefl.protocol.plan import RoundPlan
+from sharefl.protocol.server import ClusterSum
 from sharefl.wording import counted
 
 if TYPE_CHECKING:  # grpc ships no type stubs here: to mypy this is Any, kept for the reader
@@ -248,8 +249,18 @@ class RunResult:
 
 Log = Callable[[str], None]
 
-Released = list[tuple[np.ndarray, int]]
-"""One reclustering's released cluster sums: (decoded float64 sum, number of members)."""
+
+class ReleasedSum(NamedTuple):
+    """One released cluster sum: its value (float64 ``[model dim]``: the float inputs'
+    decoded sum, or the strategy's :meth:`~ServerStrategy.decode_ring` of the ring sum)
+    and the clients in it."""
+
+    value: np.ndarray
+    members: tuple[int, ...]
+
+
+Released = list[ReleasedSum]
+"""One reclustering's released cluster sums."""
 
 
 class ServerStrategy(Protocol):
@@ -260,7 +271,10 @@ class ServerStrategy(Protocol):
     at least one cluster and returns ``(new model, the aggregate, a note for the log)``.
     A strategy may also define ``check(clusters)``, called before the server listens with
     the number of clusters of a reclustering, raising ``ValueError`` (e.g. a robust rule's
-    ``f`` too large for that many cluster sums).
+    ``f`` too large for that many cluster sums); and must define
+    ``decode_ring(ring_sum, seed)`` when ``model.ring_inputs`` is set: the float64
+    ``[model dim]`` value of a cluster's ring sum, ``seed`` the round's
+    :func:`~sharefl.deploy.wire.round_seed`.
     """
 
     def initial_model(self) -> np.ndarray: ...
@@ -323,8 +337,8 @@ class AveragingStrategy:
     ) -> tuple[np.ndarray, np.ndarray, str]:
         aggregates = []
         for sums in released:
-            total = np.sum([s for s, _ in sums], axis=0)
-            members = sum(size for _, size in sums)
+            total = np.sum([s.value for s in sums], axis=0)
+            members = sum(len(s.members) for s in sums)
             aggregates.append(total / members if self.config.model.aggregator == "mean" else total)
         total = np.mean(aggregates, axis=0)
         updated = descend(model, self.config.model.learning_rate, total)
@@ -352,7 +366,7 @@ def round_settings(config: DeploymentConfig) -> SecureAggregationSettings:
         threshold=sa.threshold or None,
         raise_threshold_to_floor=True,
         bits=sa.bits,
-        clip=sa.clip,
+        clip=None if config.model.ring_inputs else sa.clip,  # ring inputs: no float encoding
         signed=sa.signed,
         neighbour_degree=sa.neighbour_degree or None,
         min_sum_size=sa.min_sum_size,
@@ -443,6 +457,13 @@ class ServerRun:
         self.config = config
         self.settings = round_settings(config)
         self.strategy = strategy or AveragingStrategy(config)
+        if config.model.ring_inputs and not hasattr(self.strategy, "decode_ring"):
+            raise ConfigurationError(
+                "model.ring_inputs is set (the clients encode their own ring inputs) but the "
+                "strategy cannot decode ring sums: give a strategy with decode_ring (e.g. a "
+                "simulation file's with a discrete privacy.distributed), or set "
+                "model.ring_inputs = 0"
+            )
         self.log = log
         self.peer_log = PeerLog(log, config.server.peer_log_lines)
         self.directory = dict(directory or {})
@@ -580,10 +601,10 @@ class ServerRun:
         self.changed.set()
 
     def _on_masked_header(self, link: ClientLink, header: pb.MaskedInput) -> None:
-        # Every cluster of a run has the model's length and the ring's width, so a masked
+        # Every cluster of a run has the inputs' length and the ring's width, so a masked
         # input is reassembled before its context is checked (a late one is then dropped).
         dtype = np.uint32 if self.settings.bits == 32 else np.uint64
-        assembler = wire.VectorAssembler(header.vector, self.config.model.dim, dtype)
+        assembler = wire.VectorAssembler(header.vector, self.config.model.input_length, dtype)
         link.pending = (header, assembler)
         if assembler.complete:
             self._finish_masked(link)
@@ -672,7 +693,6 @@ class ServerRun:
         )
         for cid in sorted(set(participants) & set(eligible)):
             self.links[cid].send_vector(start_message, chunk_list)
-        assert rc.encoding is not None  # deployments always encode float updates
         while not rc.done:
             for cid, assignment in rc.open_reclustering().items():
                 self._send(
@@ -686,10 +706,12 @@ class ServerRun:
             rc.close_reclustering()
         result = rc.result()
         self.round = None
+        value = self._cluster_value(round_index)
         released = [
-            [(s.float_sum, len(s.members)) for s in rec.clusters] for rec in result.reclusterings
+            [ReleasedSum(value(s), s.members) for s in rec.clusters]
+            for rec in result.reclusterings
+            if rec.clusters
         ]
-        released = [sums for sums in released if sums]
         total, note = None, ""
         if released:
             self.model, total, note = self.strategy.apply(self.model, round_index, released)
@@ -728,6 +750,15 @@ class ServerRun:
         self.peer_log.end_round()
         return report
 
+    def _cluster_value(self, round_index: int) -> Callable[[ClusterSum], np.ndarray]:
+        """How a released cluster's value is read this round: the float inputs' decoded
+        sum, or the strategy's decode of the ring sum with the round's public seed."""
+        if not self.config.model.ring_inputs:
+            return lambda s: s.float_sum
+        seed = wire.round_seed(self.run_id, round_index, self.model)
+        decode = self.strategy.decode_ring  # type: ignore[attr-defined]  # checked in __init__
+        return lambda s: np.asarray(decode(s.ring_sum, seed), dtype=np.float64)
+
     def _coordinator(self, round_index: int, eligible: list[int]) -> RoundCoordinator:
         """The round's coordinator, its plan committed to the journal. Over the model of
         :attr:`current` it reuses that plan's clusterings and participants with its releases
@@ -763,7 +794,7 @@ class ServerRun:
             self.settings,
             round=round_index,
             participants=participants,
-            length=self.config.model.dim,
+            length=self.config.model.input_length,
             rng=self.rng,
             directory=self.directory,
             clusterings=record.clusterings if record is not None else None,
@@ -1100,7 +1131,7 @@ def validate_deployment(
         round_settings(config),
         round=0,
         participants=ids[: config.server.sampled],
-        length=config.model.dim,
+        length=config.model.input_length,
         rng=deployment_rng(config),
         directory=directory,
     )

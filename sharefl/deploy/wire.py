@@ -26,6 +26,7 @@ from sharefl.protocol import messages as m
 from sharefl.protocol.bundles import COMMITMENT_BYTES, SEALED_BYTES
 from sharefl.protocol.clustering import Clustering, ClusteringError
 from sharefl.protocol.errors import ConfigurationError
+from sharefl.protocol.memory import model_digest
 from sharefl.protocol.plan import RoundPlan
 
 CHUNK_BYTES = 3 << 20
@@ -318,7 +319,11 @@ def encoding_from_proto(e: pb.Encoding) -> RingEncoding:
         raise WireError(f"bad encoding: {exc}") from exc
 
 
-def assignment_to_proto(a: m.ClusterAssignment, encoding: RingEncoding) -> pb.ClusterAssignment:
+def assignment_to_proto(
+    a: m.ClusterAssignment, encoding: RingEncoding | None
+) -> pb.ClusterAssignment:
+    """The assignment with the float encoding its inputs use; ``None``: ring inputs, which
+    the clients encode themselves (:class:`~sharefl.deploy.client.RingInputs`)."""
     neighbours = [
         pb.Neighbours(client_id=cid, peers=sorted(peers))
         for cid, peers in sorted((a.neighbours or {}).items())
@@ -331,11 +336,15 @@ def assignment_to_proto(a: m.ClusterAssignment, encoding: RingEncoding) -> pb.Cl
         bits=a.bits,
         neighbours=neighbours,
         signed=a.signed,
-        encoding=encoding_to_proto(encoding),
+        encoding=None if encoding is None else encoding_to_proto(encoding),
     )
 
 
-def assignment_from_proto(p: pb.ClusterAssignment) -> tuple[m.ClusterAssignment, RingEncoding]:
+def assignment_from_proto(
+    p: pb.ClusterAssignment,
+) -> tuple[m.ClusterAssignment, RingEncoding | None]:
+    """The assignment and its float encoding (``None`` when the message has none: ring
+    inputs). Raises :class:`WireError`."""
     neighbours = None
     members = _ids(p.members, "member list")
     if p.neighbours:
@@ -355,10 +364,28 @@ def assignment_from_proto(p: pb.ClusterAssignment) -> tuple[m.ClusterAssignment,
         neighbours=neighbours,
         signed=bool(p.signed),
     )
+    if not p.HasField("encoding"):
+        return assignment, None
     encoding = encoding_from_proto(p.encoding)
     if encoding.bits != assignment.bits:
         raise WireError("encoding and assignment disagree on the ring width")
     return assignment, encoding
+
+
+ROUND_SEED_TAG = b"sharefl/round-seed/v1"
+
+
+def round_seed(run: bytes, round_index: int, model: np.ndarray) -> bytes:
+    """The round's public seed (48 bytes), which the server and every client derive alike
+    from what the RoundStart carries: the run id, the round and the model (its
+    :func:`~sharefl.protocol.memory.model_digest`). Ring inputs use it for their shared
+    rotation; it is public, and a server that grinds models to pick it changes no
+    client's privacy (the rotation is orthogonal and the clip and rounding bound are
+    checked after it), only how evenly a vector spreads."""
+    h = hashlib.sha512(ROUND_SEED_TAG)
+    h.update(len(run).to_bytes(2, "big") + run + round_index.to_bytes(8, "big"))
+    h.update(model_digest(model))
+    return h.digest()[:48]
 
 
 def advert_to_proto(a: m.AdvertiseKeys) -> pb.Advertisement:

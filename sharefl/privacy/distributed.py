@@ -432,9 +432,15 @@ def calibrate_distributed(
         return DistributedEncoder(replace(config, noise_multiplier=sigma), dim)
 
     def eps(sigma: float) -> float:
-        return epsilon_after(
-            encoder_at(sigma), rounds, delta, members=members, conversion=conversion
-        )
+        try:
+            return epsilon_after(
+                encoder_at(sigma), rounds, delta, members=members, conversion=conversion
+            )
+        except PrivacyConfigError:
+            # The sum bound needs every member's σ_z ≥ 1/2 (Kairouz et al., Theorem 1); a
+            # σ below it has no bound here, so it counts as too little noise (the config
+            # validated itself when built, so this is the only source of the error).
+            return math.inf
 
     high = 1.0
     while eps(high) > target_epsilon:

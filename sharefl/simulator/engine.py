@@ -44,12 +44,14 @@ last round, and ε spent so far is reported at every evaluation.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from sharefl.privacy.distributed import DistributedEncoder
 from sharefl.simulator.config import RunConfig, SimulationConfigError
 from sharefl.simulator.datasets import Dataset
 from sharefl.simulator.final_model import FinalModel
@@ -302,6 +304,19 @@ class Simulation(SteppedLoop):
         if client_id < self.run.clients.honest:
             return self._train_honest([client_id], w)[0]
         return self.byzantine_clients.client_upload(client_id, w, self.round, self.generator)
+
+    @property
+    def ring_encoder(self) -> DistributedEncoder | None:
+        """The discrete pipeline of a discrete ``privacy.distributed`` (σ as calibrated for
+        this run), which a deployed client runs before masking; ``None`` otherwise."""
+        share = self.server.share
+        return None if share is None else share.distributed
+
+    def record_releases(self, released: Sequence[tuple[int, ...]]) -> None:
+        """Account one round's released cluster sums (their members; every reclustering)
+        for the honest clients, as the simulator's own rounds do (a deployment's server)."""
+        if self.server.share is not None:
+            self.server.share.account(list(released), self.honest_ids)
 
     def cluster_aggregate(self, released: list[list[tuple[np.ndarray, int]]]) -> Tensor:
         """The robust aggregate of released cluster sums (:meth:`~sharefl.simulator.

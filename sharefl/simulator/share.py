@@ -285,7 +285,7 @@ class ShareAggregation:
             flags = [[c in byzantine for c in ids]]
             return self.zeno.aggregate([uploads], w, len(ids), flags)
         released, members = self._secure_sums(uploads, ids, rng, round, byzantine)
-        self._account([m for r in members for m in r], [c for c in ids if c not in byzantine])
+        self.account([m for r in members for m in r], [c for c in ids if c not in byzantine])
         if not released:  # every cluster failed: no update this round
             return torch.zeros_like(w)
         rounds = [torch.as_tensor(np.stack(sums)) for sums in released]
@@ -296,7 +296,7 @@ class ShareAggregation:
         sizes = [[len(m) for m in r] for r in members]
         return self.rule.average(rounds, sizes).to(w.dtype).to(w.device)
 
-    def _account(self, released: list[tuple[int, ...]], honest: list[int]) -> None:
+    def account(self, released: list[tuple[int, ...]], honest: list[int]) -> None:
         """Record one round's released sums (survivors) for the ``honest`` clients."""
         if isinstance(self.ledger, ClusterPrivacyLedger):
             self.ledger.record_round(released, honest)
