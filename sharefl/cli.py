@@ -219,7 +219,10 @@ def _add_deployment_commands(sub) -> None:
         help="module:function called as f(model, round=..., client_id=...) -> update",
     )
     client.add_argument(
-        "--config", help="simulation TOML: train this client of the run (replaces --trainer)"
+        "--config",
+        help="the run's TOML: a simulation file trains this client of the run (replaces "
+        "--trainer); a deployment file's [privacy] table adds this client's noise to "
+        "--trainer's updates (its own copy decides the noise, not the server)",
     )
     client.add_argument("--keys", help="keygen folder: TLS CA/certificate and identity")
     client.add_argument("--retries", type=int, default=5, help="connection attempts")

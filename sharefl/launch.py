@@ -182,10 +182,32 @@ def _server_config(config_path: str, out: str | None) -> tuple[DeploymentConfig,
     return deployment_for(run, strategy.simulation), strategy
 
 
-def _simulation_trainer(config_path: str, client_id: int) -> Any:
-    from sharefl.simulation_bridge import SimulationTrainer, single_run
+def _client_trainer(config_path: str | None, trainer: str, client_id: int) -> Any:
+    """The client's trainer: a simulation file's client of the run; ``trainer`` (a
+    ``module:function``) with the noise of a deployment file's ``[privacy]`` table; or
+    ``trainer`` alone without a file. Raises ``ValueError`` for a deployment file
+    without ``[privacy]`` (nothing in it is for a client)."""
+    if config_path is None:
+        return load_trainer(trainer)
+    from sharefl.simulator.config import is_simulation_config
 
-    return SimulationTrainer(single_run(config_path), client_id)
+    if is_simulation_config(config_path):
+        from sharefl.simulation_bridge import SimulationTrainer, single_run
+
+        return SimulationTrainer(single_run(config_path), client_id)
+    from sharefl.deploy.distributed import (
+        DistributedRingInputs,
+        NoisyTrainer,
+        deployment_encoder,
+    )
+
+    encoder = deployment_encoder(load_config(config_path))
+    if encoder is None:
+        raise ConfigurationError(
+            f"{config_path} has no [privacy] table: a client reads only that from a "
+            "deployment file (drop --config, or add the table)"
+        )
+    return NoisyTrainer(load_trainer(trainer), DistributedRingInputs(encoder))
 
 
 def client_runtime(
@@ -224,7 +246,7 @@ def client_runtime(
     return ClientRuntime(
         client_id,
         address,
-        trainer=_simulation_trainer(config, client_id) if config else load_trainer(trainer),
+        trainer=_client_trainer(config, trainer, client_id),
         identity=identity,
         policy=policy,
         tls=tls,

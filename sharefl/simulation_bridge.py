@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import secrets
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -33,12 +32,12 @@ import torch
 from sharefl.deploy.config import (
     DeploymentConfig,
     ModelSection,
+    PrivacySection,
     SecureAggregationSection,
     ServerSection,
 )
+from sharefl.deploy.distributed import DistributedRingInputs
 from sharefl.deploy.server import descend
-from sharefl.privacy.distributed import DistributedEncoder
-from sharefl.privacy.secure_random import SecureRandom
 from sharefl.robust.hierarchical import ClusterScale, HierarchicalAggregator
 from sharefl.simulator.components import build_rule
 from sharefl.simulator.config import RunConfig, SimulationConfigError, load_runs
@@ -64,8 +63,9 @@ def single_run(path: str | Path, seed: int | None = None) -> RunConfig:
 
 def deployment_for(run: RunConfig, simulation: Simulation) -> DeploymentConfig:
     """The gRPC deployment of ``run`` (``simulation``: the server's, built from it): every
-    client in every round, its clusters; with a discrete ``privacy.distributed`` the
-    clients send ring inputs of the padded length (:class:`DistributedRingInputs`)."""
+    client in every round, its clusters; with a discrete ``privacy.distributed`` its
+    ``[privacy]`` table, σ as the simulation calibrated it, so that the server's pipeline
+    (:func:`~sharefl.deploy.distributed.deployment_encoder`) is the clients' own."""
     sa = run.secure_aggregation
     if sa.cluster_size < 2:
         raise SimulationConfigError("a deployment needs secure_aggregation.cluster_size >= 2")
@@ -74,11 +74,23 @@ def deployment_for(run: RunConfig, simulation: Simulation) -> DeploymentConfig:
             "a deployment uses every client each round: set clients.per_round = 0"
         )
     ring = simulation.ring_encoder
-    if ring is not None and sa.bits != ring_width(ring):
-        raise SimulationConfigError(
-            f"privacy.bits = {ring.config.bits} is carried in {ring_width(ring)}-bit words: "
-            f"set secure_aggregation.bits = {ring_width(ring)}"
+    privacy = PrivacySection()
+    if ring is not None:
+        c = ring.config
+        privacy = PrivacySection(
+            distributed=c.mechanism.value,
+            clip=c.clip,
+            noise_multiplier=c.noise_multiplier,
+            bits=c.bits,
+            rotation=c.rotation.value,
+            min_survivors=c.min_survivors,
+            colluders=c.colluders,
         )
+        if sa.bits != privacy.ring_bits:
+            raise SimulationConfigError(
+                f"privacy.bits = {c.bits} is carried in {privacy.ring_bits}-bit words: "
+                f"set secure_aggregation.bits = {privacy.ring_bits}"
+            )
     return DeploymentConfig(
         server=ServerSection(
             address=run.deployment.address,
@@ -87,7 +99,7 @@ def deployment_for(run: RunConfig, simulation: Simulation) -> DeploymentConfig:
             connect_timeout_s=run.deployment.connect_timeout_s,
             stage_timeout_s=run.deployment.stage_timeout_s,
         ),
-        model=ModelSection(dim=simulation.dim, ring_inputs=0 if ring is None else ring.padded),
+        model=ModelSection(dim=simulation.dim),
         secure_aggregation=SecureAggregationSection(
             cluster_size=sa.cluster_size,
             reclusterings=sa.reclusterings,
@@ -95,36 +107,8 @@ def deployment_for(run: RunConfig, simulation: Simulation) -> DeploymentConfig:
             clip=sa.clip,
             allow_leakage=sa.allow_leakage,
         ),
+        privacy=privacy,
     )
-
-
-def ring_width(encoder: DistributedEncoder) -> int:
-    """The protocol ring whose words carry ``encoder``'s b bits: 32 or 64."""
-    return np.dtype(encoder.ring_dtype).itemsize * 8
-
-
-@dataclass(frozen=True)
-class DistributedRingInputs:
-    """A client's :class:`~sharefl.deploy.client.RingInputs` of the discrete pipeline:
-    clip, rotate with the round's public seed, scale, round (invariant R), add its noise
-    share (honest clients only) drawn from a fresh :class:`~sharefl.privacy.secure_random.
-    SecureRandom` keyed from OS entropy, reduce mod 2^b with random high bits (invariant H).
-    The noise is the client's own: its σ and b come from its own copy of the file, never
-    from the server."""
-
-    encoder: DistributedEncoder
-    noise: bool
-
-    @property
-    def length(self) -> int:
-        return self.encoder.padded
-
-    @property
-    def bits(self) -> int:
-        return ring_width(self.encoder)
-
-    def encode(self, update: np.ndarray, seed: bytes) -> np.ndarray:
-        return self.encoder.encode(update, seed, SecureRandom(), noise=self.noise)
 
 
 def check_cluster_rule(rule: HierarchicalAggregator, clusters: int) -> None:
@@ -194,12 +178,6 @@ class SimulationStrategy:
 
     def initial_model(self) -> np.ndarray:
         return self.simulation.model_vector.detach().cpu().numpy().astype(np.float32)
-
-    def decode_ring(self, ring_sum: np.ndarray, seed: bytes) -> np.ndarray:
-        """A cluster's ring sum of the discrete pipeline, read back: float64 ``[dim]``."""
-        encoder = self.simulation.ring_encoder
-        assert encoder is not None, "ring sums come only with a discrete privacy.distributed"
-        return encoder.decode(ring_sum, seed)
 
     def apply(
         self, model: np.ndarray, round_index: int, released: list

@@ -52,7 +52,6 @@ from sharefl.privacy.distributed_accounting import (
     SkellamSum,
     rdp_to_epsilon,
 )
-from sharefl.privacy.errors import PrivacyConfigError
 
 # --------------------------------------------------------- RDP → (ε, δ): the conversions
 

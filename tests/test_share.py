@@ -19,9 +19,10 @@ from sharefl.privacy.cluster_noise import (
     effective_noise_multipliers,
 )
 from sharefl.protocol import LeakageError, secure_sum
+from sharefl.protocol.client import min_released_members
 from sharefl.simulator.config import SimulationConfigError, expand, load_runs
 from sharefl.simulator.engine import Simulation
-from sharefl.simulator.share import delta_weights, min_releasing_survivors
+from sharefl.simulator.share import MIN_SUM_SIZE, delta_weights
 from sharefl.simulator.training import LocalTraining, TrainingError
 
 
@@ -172,8 +173,8 @@ def test_cluster_split_released_sum_has_the_target_variance_and_each_share_is_sm
 def test_cluster_split_survives_a_dropout_in_the_real_protocol():
     # m = 4: the protocol releases a sum of at least max(threshold 3, min_sum_size 3) = 3
     sigma, clip, d = 1.0, 4.0, 20_000
-    assert min_releasing_survivors(4) == 3 and min_releasing_survivors(3) == 3
-    assert min_releasing_survivors(10) == 6
+    assert min_released_members(4, MIN_SUM_SIZE) == 3 == min_released_members(3, MIN_SUM_SIZE)
+    assert min_released_members(10, MIN_SUM_SIZE) == 6
     split = ClusterNoiseSplit(clip_norm=clip, noise_multiplier=sigma, min_survivors=3)
     gen = torch.Generator().manual_seed(3)
     inputs = {

@@ -17,13 +17,14 @@ from hypothesis import strategies as st
 from test_share import config, simulation
 
 from sharefl.deploy.client import ClientRuntime
+from sharefl.deploy.distributed import deployment_encoder
 from sharefl.deploy.server import serve
 from sharefl.privacy.distributed import DistributedDPConfig, DistributedEncoder
+from sharefl.privacy.distributed_accounting import released_cells
 from sharefl.privacy.secure_random import SecureRandom
 from sharefl.protocol import secure_sum
 from sharefl.simulation_bridge import SimulationStrategy, SimulationTrainer, deployment_for
 from sharefl.simulator.config import SimulationConfigError, expand
-from sharefl.simulator.share import released_cells
 
 DP = {
     "enabled": True,
@@ -186,14 +187,15 @@ def grpc_run(mechanism: str):
 def test_client_processes_add_discrete_noise_in_the_ring_and_the_server_accounts_it(
     mechanism, tmp_path
 ):
-    """The run over gRPC: the server proposes no float encoding (ring inputs of the padded
-    length), every client encodes its own update with its own noise, the server decodes
-    each released sum and accounts it: the ε in rounds.jsonl is the calibrated target, as
+    """The run over gRPC: the deployment carries the run's [privacy] (σ as calibrated, so
+    the server's pipeline is the clients'), the server proposes no float encoding, every
+    client encodes its own update with its own noise, the server decodes each released
+    sum and the run's strategy accounts it: the ε in rounds.jsonl is the calibrated target, as
     in the simulator (what each decoded sum carries: the next test)."""
     run = grpc_run(mechanism)
     strategy = SimulationStrategy(run, tmp_path / "grpc")
     deployment = deployment_for(run, strategy.simulation)
-    assert deployment.model.ring_inputs == strategy.simulation.ring_encoder.padded
+    assert deployment_encoder(deployment) == strategy.simulation.ring_encoder  # one pipeline
 
     async def main():
         server, address = await serving(serve, deployment, strategy=strategy, log=lambda _: None)

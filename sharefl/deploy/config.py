@@ -1,6 +1,6 @@
 """Configuration of a deployment: one aggregation server and its clients over gRPC.
 
-A TOML file with five tables; every key is optional except where noted::
+A TOML file with six tables; every key is optional except where noted::
 
     [server]
     address = "127.0.0.1:50051"
@@ -40,6 +40,17 @@ A TOML file with five tables; every key is optional except where noted::
     options = { f = 1 }       # the rule's keywords; f counts corrupted *clusters*
     pre = []                  # pre-aggregators: "nnm", "bucketing"
     scale = "mean"            # the rule runs over cluster means ("mean") or sums ("total")
+
+    [privacy]                 # optional: distributed DP the clients add in the ring
+    distributed = "skellam"   # or "discrete_gaussian"; "" (default): none
+    clip = 1.0                # l2 bound C of each client's update
+    epsilon = 2.0             # σ calibrated to (epsilon, delta) over server.rounds ...
+    delta = 1e-5
+    noise_multiplier = 0.0    # ... or σ itself (set one of the two)
+    bits = 16                 # b: the noisy sum is reduced mod 2^b
+    rotation = "hadamard"     # randomised Hadamard before rounding ("none")
+    min_survivors = 0         # s: the fewest members a released sum holds (0: protocol's)
+    colluders = 0             # t < s members per sum that may add no noise
 
     [tls]
     cert = "keys/server.pem"  # all three empty: plaintext (loopback testing only)
@@ -126,24 +137,12 @@ class ServerSection:
 
 @dataclass(frozen=True)
 class ModelSection:
-    """The model: ``dim`` floats; ``ring_inputs`` > 0: the clients send that many ring
-    words they encode themselves (a distributed-DP pipeline, padded and rotated; the server
-    then proposes no float encoding and its strategy decodes the sums), 0: float updates
-    of ``dim`` values in the encoding ``secure_aggregation.clip`` fixes."""
-
     dim: int = 1000
     learning_rate: float = 1.0
     aggregator: str = "mean"
-    ring_inputs: int = 0
 
     def __post_init__(self) -> None:
         _require(self.dim >= 1, "model.dim must be >= 1")
-        _require(self.ring_inputs >= 0, "model.ring_inputs must be >= 0 (0: float updates)")
-
-    @property
-    def input_length(self) -> int:
-        """Ring elements per client input: ``ring_inputs`` or ``dim``."""
-        return self.ring_inputs or self.dim
         _require(self.aggregator in ("sum", "mean"), 'model.aggregator must be "sum" or "mean"')
 
 
@@ -199,6 +198,58 @@ class AggregatorSection:
         )
 
 
+DISCRETE_MECHANISMS = ("discrete_gaussian", "skellam")
+
+
+@dataclass(frozen=True)
+class PrivacySection:
+    """Distributed DP that every client adds to its own update inside the ring before
+    masking (:mod:`sharefl.privacy.distributed`), so that each released cluster sum
+    carries the noise; the server proposes no float encoding and decodes the sums
+    (:mod:`sharefl.deploy.distributed`). ``distributed = ""``: none. σ is
+    ``noise_multiplier``, or calibrated to (``epsilon``, ``delta``) over
+    ``server.rounds`` by the mechanism's own accounting, for the smallest cell a client
+    can be charged in a round (s − t members with one clustering, one with more)."""
+
+    distributed: str = ""
+    clip: float = 1.0
+    noise_multiplier: float = 0.0
+    epsilon: float = 0.0
+    delta: float = 1e-5
+    bits: int = 16
+    rotation: str = "hadamard"
+    min_survivors: int = 0
+    colluders: int = 0
+
+    def __post_init__(self) -> None:
+        _require(
+            self.distributed in ("", *DISCRETE_MECHANISMS),
+            'privacy.distributed must be "discrete_gaussian" or "skellam" ("": no noise; '
+            'the float "gaussian" split runs from simulation files)',
+        )
+        if not self.enabled:
+            return
+        _require(
+            (self.noise_multiplier > 0) != (self.epsilon > 0),
+            "privacy: set exactly one of noise_multiplier (σ) and epsilon (σ calibrated)",
+        )
+        _require(self.clip > 0, "privacy.clip (the l2 bound of an update) must be > 0")
+        _require(0 < self.delta < 1, "privacy.delta must be in (0, 1)")
+        _require(2 <= self.bits <= 64, "privacy.bits must be in [2, 64]")
+        _require(self.rotation in ("hadamard", "none"), 'privacy.rotation: "hadamard" or "none"')
+        _require(self.min_survivors >= 0, "privacy.min_survivors must be >= 0 (0: default)")
+        _require(self.colluders >= 0, "privacy.colluders must be >= 0")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.distributed)
+
+    @property
+    def ring_bits(self) -> int:
+        """The protocol ring whose words carry ``bits``: 32 or 64."""
+        return 32 if self.bits <= 32 else 64
+
+
 @dataclass(frozen=True)
 class TLSSection:
     cert: str = ""
@@ -224,8 +275,15 @@ class DeploymentConfig:
     secure_aggregation: SecureAggregationSection = field(default_factory=SecureAggregationSection)
     tls: TLSSection = field(default_factory=TLSSection)
     aggregator: AggregatorSection = field(default_factory=AggregatorSection)
+    privacy: PrivacySection = field(default_factory=PrivacySection)
 
     def __post_init__(self) -> None:
+        if self.privacy.enabled:
+            _require(
+                self.secure_aggregation.bits == self.privacy.ring_bits,
+                f"privacy.bits = {self.privacy.bits} is carried in {self.privacy.ring_bits}-bit "
+                f"words: set secure_aggregation.bits = {self.privacy.ring_bits}",
+            )
         _require(
             not self.secure_aggregation.signed or bool(self.tls.directory),
             "secure_aggregation.signed needs tls.directory (the clients' identity keys)",
@@ -311,6 +369,7 @@ def load_config(path: str | Path) -> DeploymentConfig:
         "secure_aggregation": SecureAggregationSection,
         "tls": TLSSection,
         "aggregator": AggregatorSection,
+        "privacy": PrivacySection,
     }
     if "seed" in data.get("secure_aggregation", {}):
         raise ConfigurationError(

@@ -49,6 +49,7 @@ from sharefl.crypto.kdf import KEY_BYTES
 from sharefl.crypto.signatures import SIGNATURE_BYTES, verify
 from sharefl.deploy import wire
 from sharefl.deploy.config import DeploymentConfig, check_secure_deployment
+from sharefl.deploy.distributed import DeploymentLedger, deployment_encoder, input_length
 from sharefl.deploy.errors import DeployError
 from sharefl.deploy.results import Checkpoint, ModelRecord, model_id
 from sharefl.proto import sharefl_pb2 as pb
@@ -177,6 +178,8 @@ class RoundReport:
             of this round (they only got its RoundEnd).
         traffic: client id → ``bytes_in`` (received from it) and ``bytes_out`` (sent to it)
             during this round only (the run's totals are ``RunResult.traffic``).
+        epsilon: with ``[privacy]``, the worst client's ε so far at ``privacy.delta``
+            (:class:`~sharefl.deploy.distributed.DeploymentLedger`); ``None`` otherwise.
         total: the aggregate over the reclusterings (see :class:`AveragingStrategy`;
             ``None`` when nothing was released). Not written to JSON.
     """
@@ -194,6 +197,7 @@ class RoundReport:
     total: np.ndarray | None = None
     sampled_out: list[int] = field(default_factory=list)
     traffic: dict[int, dict[str, int]] = field(default_factory=dict)
+    epsilon: float | None = None
 
     @classmethod
     def of(
@@ -252,8 +256,8 @@ Log = Callable[[str], None]
 
 class ReleasedSum(NamedTuple):
     """One released cluster sum: its value (float64 ``[model dim]``: the float inputs'
-    decoded sum, or the strategy's :meth:`~ServerStrategy.decode_ring` of the ring sum)
-    and the clients in it."""
+    decoded sum, or the decoded ring sum of a run with ``[privacy]``) and the clients in
+    it."""
 
     value: np.ndarray
     members: tuple[int, ...]
@@ -271,10 +275,7 @@ class ServerStrategy(Protocol):
     at least one cluster and returns ``(new model, the aggregate, a note for the log)``.
     A strategy may also define ``check(clusters)``, called before the server listens with
     the number of clusters of a reclustering, raising ``ValueError`` (e.g. a robust rule's
-    ``f`` too large for that many cluster sums); and must define
-    ``decode_ring(ring_sum, seed)`` when ``model.ring_inputs`` is set: the float64
-    ``[model dim]`` value of a cluster's ring sum, ``seed`` the round's
-    :func:`~sharefl.deploy.wire.round_seed`.
+    ``f`` too large for that many cluster sums).
     """
 
     def initial_model(self) -> np.ndarray: ...
@@ -366,7 +367,7 @@ def round_settings(config: DeploymentConfig) -> SecureAggregationSettings:
         threshold=sa.threshold or None,
         raise_threshold_to_floor=True,
         bits=sa.bits,
-        clip=None if config.model.ring_inputs else sa.clip,  # ring inputs: no float encoding
+        clip=None if config.privacy.enabled else sa.clip,  # ring inputs: no float encoding
         signed=sa.signed,
         neighbour_degree=sa.neighbour_degree or None,
         min_sum_size=sa.min_sum_size,
@@ -457,13 +458,12 @@ class ServerRun:
         self.config = config
         self.settings = round_settings(config)
         self.strategy = strategy or AveragingStrategy(config)
-        if config.model.ring_inputs and not hasattr(self.strategy, "decode_ring"):
-            raise ConfigurationError(
-                "model.ring_inputs is set (the clients encode their own ring inputs) but the "
-                "strategy cannot decode ring sums: give a strategy with decode_ring (e.g. a "
-                "simulation file's with a discrete privacy.distributed), or set "
-                "model.ring_inputs = 0"
-            )
+        self.encoder = deployment_encoder(config)
+        self.privacy_ledger = (
+            None
+            if self.encoder is None
+            else DeploymentLedger(self.encoder, config.privacy.colluders)
+        )
         self.log = log
         self.peer_log = PeerLog(log, config.server.peer_log_lines)
         self.directory = dict(directory or {})
@@ -604,7 +604,8 @@ class ServerRun:
         # Every cluster of a run has the inputs' length and the ring's width, so a masked
         # input is reassembled before its context is checked (a late one is then dropped).
         dtype = np.uint32 if self.settings.bits == 32 else np.uint64
-        assembler = wire.VectorAssembler(header.vector, self.config.model.input_length, dtype)
+        length = input_length(self.config, self.encoder)
+        assembler = wire.VectorAssembler(header.vector, length, dtype)
         link.pending = (header, assembler)
         if assembler.complete:
             self._finish_masked(link)
@@ -706,7 +707,7 @@ class ServerRun:
             rc.close_reclustering()
         result = rc.result()
         self.round = None
-        value = self._cluster_value(round_index)
+        value = self._cluster_value(round_index)  # before the strategy replaces the model
         released = [
             [ReleasedSum(value(s), s.members) for s in rec.clusters]
             for rec in result.reclusterings
@@ -720,6 +721,9 @@ class ServerRun:
             result, sorted(self.exclusions.excluded), time.monotonic() - start, total
         )
         report.sampled_out = sorted(set(eligible) - set(participants))
+        if self.privacy_ledger is not None:
+            self.privacy_ledger.record_round([s.members for sums in released for s in sums])
+            report.epsilon = self.privacy_ledger.epsilon(self.config.privacy.delta)
         report.traffic = {
             cid: {
                 "bytes_in": link.bytes_in - before.get(cid, (0, 0))[0],
@@ -745,6 +749,7 @@ class ServerRun:
             f"{counted(report.contributors, 'contribution')}, {report.seconds:.2f} s"
             + (f", culprits {sorted(report.culprits)}" if report.culprits else "")
             + (f", {len(report.sampled_out)} not sampled" if report.sampled_out else "")
+            + (f", ε ≤ {report.epsilon:.3g}" if report.epsilon is not None else "")
             + note
         )
         self.peer_log.end_round()
@@ -752,12 +757,12 @@ class ServerRun:
 
     def _cluster_value(self, round_index: int) -> Callable[[ClusterSum], np.ndarray]:
         """How a released cluster's value is read this round: the float inputs' decoded
-        sum, or the strategy's decode of the ring sum with the round's public seed."""
-        if not self.config.model.ring_inputs:
+        sum, or the ring sum decoded with the round's public seed (``[privacy]``)."""
+        encoder = self.encoder
+        if encoder is None:
             return lambda s: s.float_sum
         seed = wire.round_seed(self.run_id, round_index, self.model)
-        decode = self.strategy.decode_ring  # type: ignore[attr-defined]  # checked in __init__
-        return lambda s: np.asarray(decode(s.ring_sum, seed), dtype=np.float64)
+        return lambda s: encoder.decode(s.ring_sum, seed)
 
     def _coordinator(self, round_index: int, eligible: list[int]) -> RoundCoordinator:
         """The round's coordinator, its plan committed to the journal. Over the model of
@@ -794,7 +799,7 @@ class ServerRun:
             self.settings,
             round=round_index,
             participants=participants,
-            length=self.config.model.input_length,
+            length=input_length(self.config, self.encoder),
             rng=self.rng,
             directory=self.directory,
             clusterings=record.clusterings if record is not None else None,
@@ -1121,6 +1126,10 @@ def validate_deployment(
     directory's size, and the strategy's ``check`` for the planned number of clusters.
     Raises :class:`ConfigurationError` / :class:`LeakageError` saying what to change."""
     check_secure_deployment(config)
+    try:
+        encoder = deployment_encoder(config)
+    except ValueError as exc:  # the privacy layer's PrivacyConfigError / CalibrationError
+        raise ConfigurationError(f"privacy: {exc}") from exc
     wanted = config.server.clients
     ids = sorted(directory)[:wanted] if directory else list(range(wanted))
     if len(ids) < wanted:
@@ -1131,7 +1140,7 @@ def validate_deployment(
         round_settings(config),
         round=0,
         participants=ids[: config.server.sampled],
-        length=config.model.input_length,
+        length=input_length(config, encoder),
         rng=deployment_rng(config),
         directory=directory,
     )

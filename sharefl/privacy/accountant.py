@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from .errors import AccountantStateError, PrivacyConfigError
-from .sampling import check_sample_rate
 
 if TYPE_CHECKING:
     import dp_accounting
@@ -41,6 +40,14 @@ Conversion = Literal["improved", "classic"]
 
 #: Version tag of :meth:`PrivacyAccountant.state_dict`.
 STATE_FORMAT = "sharefl.privacy.accountant/1"
+
+
+def check_sample_rate(sample_rate: float) -> float:
+    """``sample_rate`` as a float, or :class:`PrivacyConfigError` if it is outside [0, 1]."""
+    rate = float(sample_rate)
+    if not 0.0 <= rate <= 1.0:
+        raise PrivacyConfigError(f"sample_rate must be in [0, 1], got {sample_rate!r}")
+    return rate
 
 
 @dataclass(frozen=True)

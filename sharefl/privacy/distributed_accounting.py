@@ -553,3 +553,27 @@ class DistributedDPLedger:
             raise AccountantStateError(f"malformed ledger state: {exc}") from exc
         ledger.load_state_dict(state)
         return ledger
+
+
+def released_cells(released: Sequence[Sequence[int]], honest: Sequence[int]) -> list[list[int]]:
+    """The honest clients grouped by the set of released sums they are in (the cells of
+    the sets' Venn diagram), each cell a sorted list; clients in no released sum are left
+    out.
+
+    Every released sum is a sum of whole cells (plus known Byzantine inputs), so what the
+    server sees is a post-processing of the cell sums; the cells are disjoint, so client
+    a's privacy is at least that of its own cell's sum: the distributed mechanism with
+    that many noise-adding members. With one clustering the cells are the clusters'
+    honest survivors; overlapping reclusterings cut them finer (this bound, unlike the
+    Gaussian projection of :mod:`sharefl.privacy.cluster_noise`, does not use the
+    remaining noise of the other members of each sum)."""
+    honest_set = set(honest)
+    signature: dict[int, list[int]] = {}
+    for index, members in enumerate(released):
+        for c in members:
+            if c in honest_set:
+                signature.setdefault(c, []).append(index)
+    cells: dict[tuple[int, ...], list[int]] = {}
+    for c, where in signature.items():
+        cells.setdefault(tuple(where), []).append(c)
+    return sorted(sorted(cell) for cell in cells.values())

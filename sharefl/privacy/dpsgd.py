@@ -27,12 +27,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from .accountant import PrivacyAccountant
+from .accountant import PrivacyAccountant, check_sample_rate
 from .clipping import ClippingMode, Normalization
 from .errors import PrivacyConfigError
 from .noise import add_gaussian_noise_, check_generator, gaussian_
 from .per_example import DEFAULT_CHUNK_BYTES, LossFn, PerExampleGradients
-from .sampling import check_sample_rate
 from .schedules import NoiseSchedule
 
 

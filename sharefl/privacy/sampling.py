@@ -12,15 +12,8 @@ from collections.abc import Iterator
 
 import torch
 
+from .accountant import check_sample_rate
 from .errors import PrivacyConfigError
-
-
-def check_sample_rate(sample_rate: float) -> float:
-    """``sample_rate`` as a float, or :class:`PrivacyConfigError` if it is outside [0, 1]."""
-    rate = float(sample_rate)
-    if not 0.0 <= rate <= 1.0:
-        raise PrivacyConfigError(f"sample_rate must be in [0, 1], got {sample_rate!r}")
-    return rate
 
 
 def poisson_sample(population: int, sample_rate: float, generator: torch.Generator) -> torch.Tensor:

@@ -117,6 +117,16 @@ def threshold_floor(holders: int, colluders: int = 0) -> int:
     return max(2, colluders + 1, (holders + colluders) // 2 + 1)
 
 
+def min_released_members(cluster_size: int, min_sum_size: int, colluders: int = 0) -> int:
+    """The fewest members whose inputs a released sum of a cluster of ``cluster_size`` can
+    contain: unmasking needs the threshold (:func:`threshold_floor`) of members alive and
+    the release check refuses sums of fewer than ``min_sum_size``, so
+    min(m, max(threshold_floor(m, colluders), min_sum_size)): 3 for m = 3, 4 and 5 at
+    min_sum_size 3, 6 for m = 10. A noise split sized for this many (s) holds in every
+    sum the protocol can release."""
+    return min(cluster_size, max(threshold_floor(cluster_size, colluders), min_sum_size))
+
+
 def default_colluders(holders: int, signed: bool) -> int:
     """The colluders a threshold resists when the policy does not say: 0 against an
     honest-but-curious server (unsigned mode), ⌈holders/3⌉ − 1 in signed mode (Bonawitz et

@@ -21,8 +21,9 @@ DP whose noise is split over each cluster.
    ``privacy.distributed = "discrete_gaussian"`` or ``"skellam"`` the clients' step before
    masking is :class:`~sharefl.privacy.distributed.DistributedEncoder`'s (rotation,
    conditional rounding, discrete noise, mod 2^b), the protocol sums the ring vectors, and
-   each honest client is accounted by the mechanism of its cell (:func:`released_cells`)
-   with :class:`~sharefl.privacy.distributed_accounting.DistributedDPLedger`.
+   each honest client is accounted by the mechanism of its cell
+   (:func:`~sharefl.privacy.distributed_accounting.released_cells`) with
+   :class:`~sharefl.privacy.distributed_accounting.DistributedDPLedger`.
 """
 
 from __future__ import annotations
@@ -43,9 +44,9 @@ from sharefl.privacy.distributed import (
     Rotation,
     calibrate_distributed,
 )
-from sharefl.privacy.distributed_accounting import DistributedDPLedger
+from sharefl.privacy.distributed_accounting import DistributedDPLedger, released_cells
 from sharefl.privacy.secure_random import SecureRandom
-from sharefl.protocol import threshold_floor
+from sharefl.protocol.client import min_released_members
 from sharefl.robust import HierarchicalAggregator
 from sharefl.simulator.cluster_sums import secure_cluster_sums
 from sharefl.simulator.cluster_zeno import ClusterZeno
@@ -66,18 +67,10 @@ MIN_SUM_SIZE = 3
 no sum of fewer clients is ever released."""
 
 
-def min_releasing_survivors(cluster_size: int) -> int:
-    """The fewest members whose inputs a released cluster sum can contain: the Shamir
-    threshold (:func:`threshold_floor`, t > m/2) and the release check's ``min_sum_size``
-    (3) both must be met, so s = min(m, max(threshold_floor(m), 3)): 3 for m = 3, 4 and 5,
-    6 for m = 10."""
-    return min(cluster_size, max(threshold_floor(cluster_size), MIN_SUM_SIZE))
-
-
 def cluster_noise_split(run: RunConfig, noise_multiplier: float) -> ClusterNoiseSplit | None:
     """The noise split of ``privacy.noise_split = "cluster"`` (``None`` otherwise); the
-    default s is :func:`min_releasing_survivors`: a cluster that loses members still
-    carries the whole noise in any sum the protocol releases."""
+    default s is :func:`~sharefl.protocol.client.min_released_members`: a cluster that
+    loses members still carries the whole noise in any sum the protocol releases."""
     p = run.privacy
     if not (p.enabled and p.level == "client" and p.noise_split == "cluster"):
         return None
@@ -117,9 +110,10 @@ def check_encoding_keeps_the_noise(run: RunConfig, split: ClusterNoiseSplit) -> 
 
 
 def split_survivors(run: RunConfig) -> int:
-    """s of the cluster split: ``privacy.min_survivors`` or :func:`min_releasing_survivors`."""
+    """s of the cluster split: ``privacy.min_survivors`` or the fewest members a released
+    sum can hold (:func:`~sharefl.protocol.client.min_released_members`)."""
     m = run.secure_aggregation.cluster_size
-    survivors = run.privacy.min_survivors or min_releasing_survivors(m)
+    survivors = run.privacy.min_survivors or min_released_members(m, MIN_SUM_SIZE)
     if survivors > m:
         raise SimulationConfigError(
             f"privacy.min_survivors = {survivors} exceeds the cluster size {m}"
@@ -142,7 +136,8 @@ def distributed_encoder(
     the run's rounds (:func:`~sharefl.privacy.distributed.calibrate_distributed`; raises
     its ``CalibrationError`` when the ring is too narrow for ε): s members with one
     clustering; with R > 1 overlapping reclusterings a cell can be one client
-    (:func:`released_cells`), so σ is calibrated for one member's share."""
+    (:func:`~sharefl.privacy.distributed_accounting.released_cells`), so σ is calibrated
+    for one member's share."""
     p = run.privacy
     if not (p.enabled and p.level == "client" and p.distributed != "gaussian"):
         return None
@@ -162,30 +157,6 @@ def distributed_encoder(
     return calibrate_distributed(
         config, dim, epsilon, delta, run.rounds, conversion=p.conversion, members=members
     )
-
-
-def released_cells(released: Sequence[Sequence[int]], honest: Sequence[int]) -> list[list[int]]:
-    """The honest clients grouped by the set of released sums they are in (the cells of
-    the sets' Venn diagram), each cell a sorted list; clients in no released sum are left
-    out.
-
-    Every released sum is a sum of whole cells (plus known Byzantine inputs), so what the
-    server sees is a post-processing of the cell sums; the cells are disjoint, so client
-    a's privacy is at least that of its own cell's sum: the distributed mechanism with
-    that many noise-adding members. With one clustering the cells are the clusters'
-    honest survivors; overlapping reclusterings cut them finer (this bound, unlike the
-    Gaussian projection of :mod:`sharefl.privacy.cluster_noise`, does not use the
-    remaining noise of the other members of each sum)."""
-    honest_set = set(honest)
-    signature: dict[int, list[int]] = {}
-    for index, members in enumerate(released):
-        for c in members:
-            if c in honest_set:
-                signature.setdefault(c, []).append(index)
-    cells: dict[tuple[int, ...], list[int]] = {}
-    for c, where in signature.items():
-        cells.setdefault(tuple(where), []).append(c)
-    return sorted(sorted(cell) for cell in cells.values())
 
 
 @dataclass

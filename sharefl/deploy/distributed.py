@@ -1,0 +1,149 @@
+"""Distributed DP in a deployment: each client encodes its own update into ring words with
+its noise share (:mod:`sharefl.privacy.distributed`), the server decodes and accounts the
+released cluster sums. Both sides build the same pipeline from their own copy of the
+deployment file's ``[privacy]`` table (:class:`~sharefl.deploy.config.PrivacySection`).
+
+Who decides what: σ, b, the clip and the rotation come from the *client's* file, never
+from the server; the server proposes no float encoding for such a run and the client
+refuses an assignment that does (:class:`~sharefl.deploy.client.RingInputs`). The only
+value the server chooses that a client uses is the rotation's seed, and it is derived
+from the RoundStart (:func:`~sharefl.deploy.wire.round_seed`), public and harmless.
+
+Accounting at the server (:class:`DeploymentLedger`): the server does not know who is
+honest, so every client in a released sum is charged, per round, the mechanism of its
+cell (:func:`~sharefl.privacy.distributed_accounting.released_cells`) with max(1, n − t)
+noise-adding members, n the cell's size and t = ``privacy.colluders``: an honest client
+always adds its own share, and at most t of the others add none.
+
+The privacy modules are imported when a ``[privacy]`` table is used (they need the
+``[sim]`` extra's numerics), so a deployment without one runs with ``[grpc]`` alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from sharefl.deploy.config import DeploymentConfig
+from sharefl.protocol.client import default_colluders, min_released_members
+
+if TYPE_CHECKING:
+    from sharefl.privacy.distributed import DistributedEncoder
+    from sharefl.privacy.distributed_accounting import DistributedDPLedger
+
+
+def deployment_encoder(config: DeploymentConfig) -> DistributedEncoder | None:
+    """The pipeline of ``config.privacy`` for updates of ``model.dim`` values (``None``
+    without one): s = ``privacy.min_survivors`` or the fewest members a released sum can
+    hold (:func:`~sharefl.protocol.client.min_released_members` with the threshold of the
+    run's mode), m = the cluster size, σ given or calibrated to (ε, δ) over
+    ``server.rounds`` for the smallest cell (s − t members with one clustering, one
+    member with reclusterings). Raises the privacy layer's ``PrivacyConfigError`` /
+    ``CalibrationError`` (``ValueError``) saying what to change."""
+    p = config.privacy
+    if not p.enabled:
+        return None
+    from sharefl.privacy.distributed import (
+        DistributedDPConfig,
+        DistributedEncoder,
+        calibrate_distributed,
+    )
+
+    sa = config.secure_aggregation
+    m = sa.cluster_size
+    survivors = p.min_survivors or min_released_members(
+        m, sa.min_sum_size, default_colluders(m, sa.signed)
+    )
+    dp = DistributedDPConfig(
+        mechanism=p.distributed,  # type: ignore[arg-type]  # the enum's value, checked there
+        clip=p.clip,
+        noise_multiplier=p.noise_multiplier or 1.0,
+        min_survivors=survivors,
+        max_summands=m,
+        colluders=p.colluders,
+        bits=p.bits,
+        rotation=p.rotation,  # type: ignore[arg-type]
+    )
+    if p.noise_multiplier:
+        return DistributedEncoder(dp, config.model.dim)
+    members = None if sa.reclusterings == 1 else 1
+    return calibrate_distributed(
+        dp, config.model.dim, p.epsilon, p.delta, config.server.rounds, members=members
+    )
+
+
+def input_length(config: DeploymentConfig, encoder: DistributedEncoder | None) -> int:
+    """Ring elements per client input: the padded length of ``encoder`` or ``model.dim``."""
+    return config.model.dim if encoder is None else encoder.padded
+
+
+@dataclass(frozen=True)
+class DistributedRingInputs:
+    """A client's :class:`~sharefl.deploy.client.RingInputs` of the discrete pipeline: clip,
+    rotate with the round's public seed, scale, round (invariant R), add its noise share
+    (when ``noise``: Byzantine clients of a simulation add none) drawn from a fresh
+    :class:`~sharefl.privacy.secure_random.SecureRandom` keyed from OS entropy, reduce mod
+    2^b with secret high bits (invariant H)."""
+
+    encoder: DistributedEncoder
+    noise: bool = True
+
+    @property
+    def length(self) -> int:
+        return self.encoder.padded
+
+    @property
+    def bits(self) -> int:
+        return np.dtype(self.encoder.ring_dtype).itemsize * 8
+
+    def encode(self, update: np.ndarray, seed: bytes) -> np.ndarray:
+        from sharefl.privacy.secure_random import SecureRandom
+
+        return self.encoder.encode(update, seed, SecureRandom(), noise=self.noise)
+
+
+@dataclass(frozen=True)
+class NoisyTrainer:
+    """A user's trainer with the ring inputs of a deployment's ``[privacy]`` table: the
+    trainer returns its float update as always; the client then encodes it with its noise
+    (``sharefl client --deployment FILE``)."""
+
+    trainer: Any
+    ring_inputs: DistributedRingInputs
+
+    def __call__(self, model: np.ndarray, *, round: int, client_id: int) -> np.ndarray:
+        return np.asarray(self.trainer(model, round=round, client_id=client_id))
+
+
+@dataclass
+class DeploymentLedger:
+    """The server's per-client ε of a run with ``[privacy]`` (module docstring)."""
+
+    encoder: DistributedEncoder
+    colluders: int
+    ledger: DistributedDPLedger = field(init=False)
+
+    def __post_init__(self) -> None:
+        from sharefl.privacy.distributed_accounting import DistributedDPLedger
+
+        self.ledger = DistributedDPLedger(self.encoder.config.mechanism.value)
+
+    def record_round(self, released: Sequence[Sequence[int]]) -> None:
+        """Charge one round's released sums (their members, every reclustering)."""
+        from sharefl.privacy.distributed_accounting import released_cells
+
+        members = sorted({c for r in released for c in r})
+        for cell in released_cells(released, members):
+            adding = max(1, len(cell) - self.colluders)
+            mechanism = self.encoder.released_mechanism(adding)
+            for c in cell:
+                self.ledger.record(c, mechanism)
+        self.ledger.end_round()
+
+    def epsilon(self, delta: float) -> float | None:
+        """The worst charged client's ε at ``delta`` (``None`` before any release)."""
+        eps = self.ledger.epsilons(delta)
+        return max(eps.values()) if eps else None

@@ -1,0 +1,132 @@
+"""Distributed DP in a deployment file (``[privacy]``): each client encodes its own update
+with its noise share into ring words, the server decodes the released cluster sums and
+accounts them. Checked against the exact clipped mean (tiny σ), the noise variance a
+released sum must carry (large σ), the mechanism's own ε, and as users run it: ``sharefl
+serve`` and ``sharefl client --config`` processes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import PYTHON, serving, start_server
+
+from sharefl.deploy.client import ClientRuntime, demo_trainer
+from sharefl.deploy.config import load_config
+from sharefl.deploy.distributed import deployment_encoder
+from sharefl.deploy.server import serve
+from sharefl.launch import _client_trainer
+from sharefl.privacy.distributed import epsilon_after
+from sharefl.protocol.errors import ConfigurationError
+
+DIM = 300
+CLIENTS = 6
+TRAINER = "sharefl.deploy.client:demo_trainer"
+
+
+def deployment(tmp_path: Path, clients: int = CLIENTS, **privacy) -> Path:
+    tables = {
+        "server": {"clients": clients, "rounds": 2, "connect_timeout_s": 60},
+        "model": {"dim": DIM, "aggregator": "mean", "learning_rate": 1.0},
+        "secure_aggregation": {"cluster_size": 3},
+        "privacy": {"distributed": "skellam", "clip": 1.0, "bits": 16, **privacy},
+    }
+    lines = []
+    for name, table in tables.items():
+        lines.append(f"[{name}]")
+        lines += [f"{k} = {json.dumps(v)}" for k, v in table.items()]
+    path = tmp_path / "deploy.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def run_in_process(path: Path):
+    config = load_config(path)
+
+    async def main():
+        server, address = await serving(serve, config, log=lambda _: None)
+        clients = [
+            ClientRuntime(cid, address, trainer=_client_trainer(str(path), TRAINER, cid)).run()
+            for cid in range(CLIENTS)
+        ]
+        reports = await asyncio.gather(*clients)
+        return await server, reports
+
+    return asyncio.run(main())
+
+
+def clipped_mean(round_index: int, clip: float = 1.0) -> np.ndarray:
+    updates = []
+    for cid in range(CLIENTS):
+        u = demo_trainer(np.zeros(DIM, np.float32), round=round_index, client_id=cid)
+        u = u.astype(np.float64)
+        updates.append(u * min(1.0, clip / np.linalg.norm(u)))
+    return np.mean(updates, axis=0)
+
+
+@pytest.mark.parametrize("mechanism", ["skellam", "discrete_gaussian"])
+def test_the_server_gets_the_clipped_mean_through_the_ring_with_tiny_noise(tmp_path, mechanism):
+    """σ = 10⁻³: the aggregate of round 1 is the mean of the clipped updates (the rotation
+    seed, the scale and the decode agree on both sides), up to the noise and rounding."""
+    path = deployment(tmp_path, distributed=mechanism, noise_multiplier=1e-3)
+    result, reports = run_in_process(path)
+    assert all(not r.refusals for r in reports)
+    first = result.reports[0]
+    assert len(first.clusters) == CLIENTS // 3 and first.epsilon is not None
+    expected = clipped_mean(0)
+    # the run's model after round 1 is -aggregate (learning rate 1, model 0)
+    np.testing.assert_allclose(result.reports[0].total, expected, atol=2e-3)
+
+
+def test_each_released_sum_carries_the_noise_and_the_ledger_charges_it(tmp_path):
+    """σ = 2, s = 3: a released sum of 3 carries variance (σC)² per coordinate, so the mean
+    over two sums of 6 clients has 2(σC)²/36 (orthogonal rotation: per coordinate after
+    the decode too); the server's ε after 2 rounds is the mechanism's own for cells of 3."""
+    sigma = 2.0
+    path = deployment(tmp_path, noise_multiplier=sigma)
+    result, _ = run_in_process(path)
+    errors = np.concatenate([r.total - clipped_mean(r.round) for r in result.reports])
+    expected = 2 * sigma**2 / CLIENTS**2
+    assert 0.85 * expected < float(np.mean(errors**2)) < 1.15 * expected
+    encoder = deployment_encoder(load_config(path))
+    assert result.reports[-1].epsilon == pytest.approx(epsilon_after(encoder, 2, 1e-5))
+
+
+def test_a_privacy_table_is_checked_where_it_is_read(tmp_path):
+    with pytest.raises(ConfigurationError, match="exactly one of noise_multiplier"):
+        load_config(deployment(tmp_path))
+    with pytest.raises(ConfigurationError, match=r"secure_aggregation\.bits = 64"):
+        load_config(deployment(tmp_path, noise_multiplier=1.0, bits=40))
+    with pytest.raises(ConfigurationError, match="float"):
+        load_config(deployment(tmp_path, distributed="gaussian", noise_multiplier=1.0))
+    plain = tmp_path / "plain.toml"
+    plain.write_text("[model]\ndim = 4\n")
+    with pytest.raises(ConfigurationError, match="no \\[privacy\\] table"):
+        _client_trainer(str(plain), TRAINER, 0)
+
+
+def test_serve_and_client_processes_run_a_private_deployment_as_documented(tmp_path):
+    """``sharefl serve --config F`` and ``sharefl client --config F --trainer T``: every
+    process exits 0, and result.json records each round's ε, calibrated to the target."""
+    path = deployment(tmp_path, clients=3, epsilon=4.0, delta=1e-5)
+    out = tmp_path / "out"
+    server, address = start_server(path, "--out", str(out), folder=tmp_path)
+    clients = [
+        subprocess.Popen(
+            [*PYTHON, "client", "--server", address, "--id", str(c), "--config", str(path)],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for c in range(3)
+    ]
+    codes = [c.wait(timeout=180) for c in clients]
+    assert server.wait(timeout=60) == 0
+    assert codes == [0] * 3, [c.stderr.read()[-2000:] for c in clients]
+    rounds = json.loads((out / "result.json").read_text())["rounds"]
+    assert len(rounds) == 2
+    assert rounds[-1]["epsilon"] == pytest.approx(4.0, rel=2e-3)
+    assert rounds[0]["epsilon"] < rounds[-1]["epsilon"]
