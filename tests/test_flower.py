@@ -36,6 +36,7 @@ from sharefl.integrations.flower import (
     put_record,
     sharefl_mod,
 )
+from sharefl.privacy.distributed import DistributedDPConfig, DistributedEncoder, epsilon_after
 from sharefl.protocol.client import ClientPolicy
 from sharefl.protocol.errors import ConfigurationError
 from sharefl.robust.coordinate import Median
@@ -463,3 +464,65 @@ def test_a_signed_round_from_sharefl_keygen_files_and_node_configs(tmp_path):
     bare = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
     with pytest.raises(FlowerIntegrationError, match="sharefl-identity"):
         policy_from_node_config(bare)
+
+
+# -- distributed DP in the clusters (privacy=) ----------------------------------------------
+
+
+def ddg(noise_multiplier: float) -> DistributedDPConfig:
+    return DistributedDPConfig(
+        "skellam", clip=1.0, noise_multiplier=noise_multiplier, min_survivors=3, max_summands=5
+    )
+
+
+def clipped_mean(updates, nodes, clip=1.0):
+    """The unweighted mean of the updates each clipped to l2 norm ``clip`` (per array)."""
+    flat = []
+    for n in nodes:
+        u = np.concatenate([a.astype(np.float64).reshape(-1) for a in updates[n][0]])
+        flat.append(u * min(1.0, clip / np.linalg.norm(u)))
+    mean = np.mean(flat, axis=0)
+    return [mean[:12].reshape(3, 4), mean[12:]]
+
+
+def test_with_privacy_the_round_is_the_mean_of_clipped_updates_and_the_ledger_charges_it():
+    """σ tiny: the new arrays are the unweighted mean of the clipped updates (the clients'
+    ring inputs decode on the server with the round's seed); ε is the mechanism's own for
+    sums of 5 members, as charged by the server's ledger."""
+    updates = updates_for(NODES, seed=21)
+    global_arrays = [np.full(s, 0.25, np.float32) for s in SHAPES]
+    workflow = ShareflWorkflow(cluster_size=5, clip=1.0, seed=3, privacy=ddg(1e-4))
+    mod = make_sharefl_mod(privacy=ddg(1e-4))
+    new, grid = run_round(workflow, updates, global_arrays, mods=dict.fromkeys(NODES, mod))
+    assert not grid.errors and len(workflow.last_result.clusters) == 2
+    assert workflow.last_result.encoding is None  # no float encoding was proposed
+    for got, g, want in zip(new, global_arrays, clipped_mean(updates, NODES), strict=True):
+        np.testing.assert_allclose(got - g, want, atol=2e-4)  # noise std 2e-5, rounding
+    encoder = DistributedEncoder(ddg(1e-4), 17)
+    assert workflow.last_epsilon == pytest.approx(
+        epsilon_after(encoder, 1, workflow.delta, members=5)
+    )
+
+
+def test_a_private_client_refuses_a_float_round_and_a_float_client_a_private_one():
+    """Its own config decides: a client holding privacy refuses the assignment of a round
+    that proposes a float encoding (before any key leaves it); a client without it refuses
+    a round that proposes none."""
+    updates = updates_for(NODES, seed=22)
+    global_arrays = [np.full(s, 0.5, np.float32) for s in SHAPES]
+    mod = make_sharefl_mod(privacy=ddg(1.0))
+    _, grid = run_round(
+        ShareflWorkflow(cluster_size=5, clip=1.0, seed=4),
+        updates,
+        global_arrays,
+        mods=dict.fromkeys(NODES, mod),
+    )
+    assert set(grid.errors) == set(NODES) and set(grid.sent) == {"assign"}
+    assert all("proposed a float encoding" in e[0] for e in grid.errors.values())
+    _, grid = run_round(
+        ShareflWorkflow(cluster_size=5, clip=1.0, seed=4, privacy=ddg(1.0)),
+        updates,
+        global_arrays,
+    )
+    assert set(grid.errors) == set(NODES) and set(grid.sent) == {"assign"}
+    assert all("no privacy config" in e[0] for e in grid.errors.values())

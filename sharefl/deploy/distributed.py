@@ -9,11 +9,8 @@ refuses an assignment that does (:class:`~sharefl.deploy.client.RingInputs`). Th
 value the server chooses that a client uses is the rotation's seed, and it is derived
 from the RoundStart (:func:`~sharefl.deploy.wire.round_seed`), public and harmless.
 
-Accounting at the server (:class:`DeploymentLedger`): the server does not know who is
-honest, so every client in a released sum is charged, per round, the mechanism of its
-cell (:func:`~sharefl.privacy.distributed_accounting.released_cells`) with max(1, n − t)
-noise-adding members, n the cell's size and t = ``privacy.colluders``: an honest client
-always adds its own share, and at most t of the others add none.
+Accounting at the server: :class:`~sharefl.privacy.distributed.ReleaseLedger` with
+t = ``privacy.colluders`` (the server does not know who is honest).
 
 The privacy modules are imported when a ``[privacy]`` table is used (they need the
 ``[sim]`` extra's numerics), so a deployment without one runs with ``[grpc]`` alone.
@@ -21,8 +18,7 @@ The privacy modules are imported when a ``[privacy]`` table is used (they need t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -32,7 +28,6 @@ from sharefl.protocol.client import default_colluders, min_released_members
 
 if TYPE_CHECKING:
     from sharefl.privacy.distributed import DistributedEncoder
-    from sharefl.privacy.distributed_accounting import DistributedDPLedger
 
 
 def deployment_encoder(config: DeploymentConfig) -> DistributedEncoder | None:
@@ -116,34 +111,3 @@ class NoisyTrainer:
 
     def __call__(self, model: np.ndarray, *, round: int, client_id: int) -> np.ndarray:
         return np.asarray(self.trainer(model, round=round, client_id=client_id))
-
-
-@dataclass
-class DeploymentLedger:
-    """The server's per-client ε of a run with ``[privacy]`` (module docstring)."""
-
-    encoder: DistributedEncoder
-    colluders: int
-    ledger: DistributedDPLedger = field(init=False)
-
-    def __post_init__(self) -> None:
-        from sharefl.privacy.distributed_accounting import DistributedDPLedger
-
-        self.ledger = DistributedDPLedger(self.encoder.config.mechanism.value)
-
-    def record_round(self, released: Sequence[Sequence[int]]) -> None:
-        """Charge one round's released sums (their members, every reclustering)."""
-        from sharefl.privacy.distributed_accounting import released_cells
-
-        members = sorted({c for r in released for c in r})
-        for cell in released_cells(released, members):
-            adding = max(1, len(cell) - self.colluders)
-            mechanism = self.encoder.released_mechanism(adding)
-            for c in cell:
-                self.ledger.record(c, mechanism)
-        self.ledger.end_round()
-
-    def epsilon(self, delta: float) -> float | None:
-        """The worst charged client's ε at ``delta`` (``None`` before any release)."""
-        eps = self.ledger.epsilons(delta)
-        return max(eps.values()) if eps else None

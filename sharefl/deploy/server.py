@@ -49,7 +49,7 @@ from sharefl.crypto.kdf import KEY_BYTES
 from sharefl.crypto.signatures import SIGNATURE_BYTES, verify
 from sharefl.deploy import wire
 from sharefl.deploy.config import DeploymentConfig, check_secure_deployment
-from sharefl.deploy.distributed import DeploymentLedger, deployment_encoder, input_length
+from sharefl.deploy.distributed import deployment_encoder, input_length
 from sharefl.deploy.errors import DeployError
 from sharefl.deploy.results import Checkpoint, ModelRecord, model_id
 from sharefl.proto import sharefl_pb2 as pb
@@ -179,7 +179,7 @@ class RoundReport:
         traffic: client id → ``bytes_in`` (received from it) and ``bytes_out`` (sent to it)
             during this round only (the run's totals are ``RunResult.traffic``).
         epsilon: with ``[privacy]``, the worst client's ε so far at ``privacy.delta``
-            (:class:`~sharefl.deploy.distributed.DeploymentLedger`); ``None`` otherwise.
+            (:class:`~sharefl.privacy.distributed.ReleaseLedger`); ``None`` otherwise.
         total: the aggregate over the reclusterings (see :class:`AveragingStrategy`;
             ``None`` when nothing was released). Not written to JSON.
     """
@@ -459,11 +459,11 @@ class ServerRun:
         self.settings = round_settings(config)
         self.strategy = strategy or AveragingStrategy(config)
         self.encoder = deployment_encoder(config)
-        self.privacy_ledger = (
-            None
-            if self.encoder is None
-            else DeploymentLedger(self.encoder, config.privacy.colluders)
-        )
+        self.privacy_ledger = None
+        if self.encoder is not None:
+            from sharefl.privacy.distributed import ReleaseLedger
+
+            self.privacy_ledger = ReleaseLedger(self.encoder, config.privacy.colluders)
         self.log = log
         self.peer_log = PeerLog(log, config.server.peer_log_lines)
         self.directory = dict(directory or {})

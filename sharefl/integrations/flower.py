@@ -44,11 +44,12 @@ records (:meth:`ClientSession.export_state`), never pickled.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import struct
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -60,6 +61,8 @@ from sharefl.crypto.encoding import RingEncoding, encode
 from sharefl.crypto.errors import CryptoError, SignatureError
 from sharefl.crypto.kdf import KEY_BYTES
 from sharefl.crypto.signatures import SIGNATURE_BYTES, IdentityKey, verify
+from sharefl.privacy.distributed import DistributedDPConfig, DistributedEncoder, ReleaseLedger
+from sharefl.privacy.secure_random import SecureRandom
 from sharefl.protocol import records
 from sharefl.protocol.client import ClientPolicy, ClientSession
 from sharefl.protocol.client_round import ClientRound
@@ -301,6 +304,17 @@ class ShareflWorkflow:
         directory: signed mode: {client id → Ed25519 public key}, or the path of a
             ``sharefl keygen`` ``directory.json`` (:func:`read_directory`); the same
             directory the clients hold.
+        privacy: distributed DP inside the clusters
+            (:class:`~sharefl.privacy.distributed.DistributedDPConfig`, σ given: calibrate
+            it with :func:`~sharefl.privacy.distributed.calibrate_distributed`): every
+            client clips its *unweighted* update to l2 ``privacy.clip``, and adds its noise
+            share in the ring with the same config held by its own mod
+            (``make_sharefl_mod(privacy=...)``, which refuses a round that proposes a float
+            encoding instead); the server decodes each cluster sum, the rule runs over the
+            cluster means (weighted by member counts), and ``last_epsilon`` is the worst
+            client's ε at ``delta`` so far (:class:`~sharefl.privacy.distributed.
+            ReleaseLedger`). ``clip`` and ``max_weight`` are then unused.
+        delta: δ of ``last_epsilon``.
 
     Attributes set by each round: ``last_result`` (the :class:`RoundResult`, its culprits
     by client id), ``last_update`` (the aggregated update arrays, or ``None``),
@@ -329,6 +343,9 @@ class ShareflWorkflow:
     last_update: list[np.ndarray] | None = field(default=None, init=False)
     last_route: Route | None = field(default=None, init=False)
     last_node_culprits: dict[int, str] = field(default_factory=dict, init=False)
+    privacy: DistributedDPConfig | None = None
+    delta: float = 1e-5
+    last_epsilon: float | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.settings = SecureAggregationSettings(
@@ -336,7 +353,7 @@ class ShareflWorkflow:
             reclusterings=self.reclusterings,
             threshold=self.threshold,
             bits=self.bits,
-            clip=self.clip,
+            clip=None if self.privacy is not None else self.clip,  # ring inputs: no encoding
             signed=self.signed,
             neighbour_degree=self.neighbour_degree,
             min_sum_size=self.min_sum_size,
@@ -347,6 +364,7 @@ class ShareflWorkflow:
         self._directory = self._load_directory()
         self._aggregator = HierarchicalAggregator(rule=self.rule or Mean(), scale=ClusterScale.MEAN)
         self._rng = np.random.default_rng(self.seed)
+        self._ledger: ReleaseLedger | None = None
 
     def _load_directory(self) -> dict[int, bytes]:
         if self.signed != (self.directory is not None):
@@ -392,25 +410,34 @@ class ShareflWorkflow:
             if proxy.node_id in clients
         }
         codec = WeightedUpdateCodec.like(global_arrays, self.clip, self.max_weight)
+        encoder = None
+        if self.privacy is not None:
+            encoder = DistributedEncoder(self.privacy, codec.size)
+            if self._ledger is None or self._ledger.encoder != encoder:
+                self._ledger = ReleaseLedger(encoder, self.privacy.colluders)
         try:
             rc = RoundCoordinator(
                 self.settings,
                 round=current_round,
                 participants=sorted(fitins),
-                length=codec.length,
+                length=codec.length if encoder is None else encoder.padded,
                 rng=self._rng,
                 directory=self._directory,
             )
         except (ConfigurationError, LeakageError) as exc:
             log.error("sharefl: no round with %d clients: %s", len(fitins), exc)
             return
-        assert rc.encoding is not None
         fit_results: dict[int, Any] = {}
         while not rc.done:
             self._reclustering(grid, rc, route, current_round, fitins, fit_results, failures)
         result = rc.result()
         self.last_result = result
-        update = self._aggregate(result, codec)
+        if encoder is None:
+            update = self._aggregate(result, codec)
+        else:
+            update = self._aggregate_ring(
+                result, codec, encoder, round_seed(rc.plan, global_arrays)
+            )
         self.last_update = update
         if update is None:
             log.error(
@@ -515,9 +542,8 @@ class ShareflWorkflow:
             content = RecordDict()
             put_record(content, STAGE_RECORD, {"stage": "assign", "max_weight": self.max_weight})
             put_record(content, f"{PREFIX}.assignment", records.to_record(assignment))
-            if rc.encoding is None:  # float updates always have one (settings.clip)
-                raise FlowerIntegrationError("the round has no fixed-point encoding: set clip")
-            put_record(content, f"{PREFIX}.encoding", records.to_record(rc.encoding))
+            if rc.encoding is not None:  # float updates; none for ring inputs (privacy)
+                put_record(content, f"{PREFIX}.encoding", records.to_record(rc.encoding))
             if first:
                 put_record(content, f"{PREFIX}.plan", records.to_record(rc.plan))
             outgoing[route.nodes[cid]] = content
@@ -584,6 +610,46 @@ class ShareflWorkflow:
         mean = self._aggregator.average(rounds, sizes).numpy()
         return codec.split(mean)
 
+    def _aggregate_ring(
+        self,
+        result: RoundResult,
+        codec: WeightedUpdateCodec,
+        encoder: DistributedEncoder,
+        seed: bytes,
+    ) -> list[np.ndarray] | None:
+        """With ``privacy``: each cluster's ring sum decoded, the rule over the cluster
+        means (weighted by member counts), averaged over the reclusterings; the released
+        sums are charged to :attr:`last_epsilon`'s ledger."""
+        assert self._ledger is not None
+        released = [r.clusters for r in result.reclusterings if r.clusters]
+        self._ledger.record_round([c.members for clusters in released for c in clusters])
+        self.last_epsilon = self._ledger.epsilon(self.delta)
+        if not released:
+            return None
+        rounds, sizes = [], []
+        for clusters in released:
+            rounds.append(
+                torch.from_numpy(np.stack([encoder.decode(c.ring_sum, seed) for c in clusters]))
+            )
+            sizes.append(torch.tensor([float(len(c.members)) for c in clusters]))
+        mean = self._aggregator.average(rounds, sizes).numpy()
+        return codec.split(mean)
+
+
+ROUND_SEED_TAG = b"sharefl/flower-round-seed/v1"
+
+
+def round_seed(plan: RoundPlan, arrays: Sequence[np.ndarray]) -> bytes:
+    """The round's public seed (48 bytes) of the ring inputs' rotation: the plan's digest
+    and the global arrays the clients received, which both sides hold. Public; a server
+    that grinds it changes no client's privacy (the rotation is orthogonal and the clip
+    and rounding bound are checked after it)."""
+    h = hashlib.sha512(ROUND_SEED_TAG + plan.digest())
+    for a in arrays:
+        flat = np.ascontiguousarray(np.asarray(a).reshape(-1), dtype="<f8")
+        h.update(len(flat).to_bytes(8, "big") + flat.tobytes())
+    return h.digest()[:48]
+
 
 # ---- the client side ----------------------------------------------------------------------
 
@@ -593,6 +659,7 @@ def make_sharefl_mod(
     *,
     client_id: int | Callable[[Context], int] | None = None,
     randbytes: Callable[[int], bytes] = os.urandom,
+    privacy: DistributedDPConfig | None = None,
 ):
     """A client mod with this client's :class:`ClientPolicy` (or a function of the
     ``Context`` that returns it, e.g. :func:`policy_from_node_config`); :data:`sharefl_mod`
@@ -603,6 +670,12 @@ def make_sharefl_mod(
     policy's directory lists for its identity (:func:`directory_id`). Unsigned rounds use
     the Flower node id. A policy with ``require_signed`` refuses unsigned rounds (an error
     reply: no downgrade).
+
+    ``privacy`` (the client's own :class:`~sharefl.privacy.distributed.DistributedDPConfig`,
+    the server's ``ShareflWorkflow(privacy=...)``): the client encodes its unweighted update
+    with its noise share drawn from OS entropy into ring words itself, and refuses a round
+    that proposes a float encoding (the server would get the update without its noise);
+    without it, the client refuses a round that proposes none.
     """
 
     def policy_of(context: Context) -> ClientPolicy:
@@ -623,7 +696,9 @@ def make_sharefl_mod(
             return call_next(msg, ctxt)
         stage = get_record(msg.content, STAGE_RECORD)
         pol = policy_of(ctxt)
-        client = _Client(msg.metadata.dst_node_id, ctxt, pol, lambda: id_of(ctxt, pol), randbytes)
+        client = _Client(
+            msg.metadata.dst_node_id, ctxt, pol, lambda: id_of(ctxt, pol), randbytes, privacy
+        )
         if stage.get("stage") == "hello":
             out = client.hello(records.get_bytes(stage, "nonce", (NONCE_BYTES,)))
         elif stage.get("stage") == "assign":
@@ -646,6 +721,7 @@ class _Client:
     signed_id: Callable[[], int]
     """This client's id in signed rounds (resolved only when needed)."""
     randbytes: Callable[[int], bytes]
+    privacy: DistributedDPConfig | None = None
 
     def _load(self, name: str) -> dict[str, Any]:
         return get_record(self.ctxt.state, f"{_STATE}.{name}")
@@ -678,13 +754,30 @@ class _Client:
                 "this client requires signed mode (untrusted server); the round is unsigned: "
                 "the server must use ShareflWorkflow(signed=True, directory=...)"
             )
-        encoding = records.from_record(get_record(content, f"{PREFIX}.encoding"), RingEncoding)
+        proposed = f"{PREFIX}.encoding" in content.config_records
+        if self.privacy is not None and proposed:
+            raise InconsistentRequest(
+                "this client adds its distributed-DP noise to ring inputs it encodes itself; "
+                "the server proposed a float encoding (it would get the update without the "
+                "noise): the server must use ShareflWorkflow(privacy=...)"
+            )
+        if self.privacy is None and not proposed:
+            raise InconsistentRequest(
+                "the round proposes no float encoding (ring inputs with distributed DP), but "
+                "this client has no privacy config: make_sharefl_mod(privacy=...)"
+            )
+        encoding = (
+            records.from_record(get_record(content, f"{PREFIX}.encoding"), RingEncoding)
+            if proposed
+            else None
+        )
         if f"{PREFIX}.plan" in content.config_records:  # a new round
             plan = records.from_record(get_record(content, f"{PREFIX}.plan"), RoundPlan)
             cid = self.signed_id() if assignment.signed else self.node_id
             guard = ClientRound(cid, plan, self.policy)
             _drop_record(self.ctxt.state, f"{_STATE}.input")
-            self._save("encoding", {**records.to_record(encoding), "max_weight": max_weight})
+            if encoding is not None:
+                self._save("encoding", {**records.to_record(encoding), "max_weight": max_weight})
         else:
             guard = ClientRound.from_state(self._load("round"), self.policy)
         session = guard.session(assignment, None, randbytes=self.randbytes)
@@ -706,7 +799,7 @@ class _Client:
         out = RecordDict()
         if isinstance(message, MaskingRequest):
             if f"{_STATE}.input" not in self.ctxt.state.config_records:
-                out = self._train(msg, ctxt, call_next)
+                out = self._train(msg, ctxt, call_next, guard.plan)
             session.set_input(self._load("input")["vector"])
             if message.context.reclustering + 1 >= guard.plan.reclusterings:
                 # The round's last masking: the input (d ring elements) leaves the Context,
@@ -718,7 +811,7 @@ class _Client:
         put_record(out, f"{PREFIX}.message", records.to_record(reply))
         return out
 
-    def _train(self, msg: Message, ctxt: Context, call_next) -> RecordDict:
+    def _train(self, msg: Message, ctxt: Context, call_next, plan: RoundPlan) -> RecordDict:
         if _FITINS_PARAMS not in msg.content.array_records:
             raise FlowerIntegrationError(
                 "the first masking request carries no fit instructions; the server must be "
@@ -731,12 +824,17 @@ class _Client:
         out = call_next(_with_content(msg, inner), ctxt)
         fitres = compat.recorddict_to_fitres(out.content, keep_input=True)
         trained = parameters_to_ndarrays(fitres.parameters)
-        encoding_record = self._load("encoding")
-        max_weight = float(encoding_record.pop("max_weight"))
-        encoding = records.from_record(encoding_record, RingEncoding)
-        codec = WeightedUpdateCodec.like(received, encoding.clip, max_weight)
         delta = [t.astype(np.float64) - r for t, r in zip(trained, received, strict=True)]
-        ring = encode(codec.encode(delta, fitres.num_examples), encoding, rng=None)
+        if self.privacy is not None:
+            flat = np.concatenate([d.reshape(-1) for d in delta]) if delta else np.zeros(0)
+            encoder = DistributedEncoder(self.privacy, flat.size)
+            ring = encoder.encode(flat, round_seed(plan, received), SecureRandom())
+        else:
+            encoding_record = self._load("encoding")
+            max_weight = float(encoding_record.pop("max_weight"))
+            encoding = records.from_record(encoding_record, RingEncoding)
+            codec = WeightedUpdateCodec.like(received, encoding.clip, max_weight)
+            ring = encode(codec.encode(delta, fitres.num_examples), encoding, rng=None)
         self._save("input", {"vector": ring})
         content = out.content
         for arrays in content.array_records.values():

@@ -63,7 +63,8 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from fractions import Fraction
 from functools import cached_property
@@ -75,8 +76,10 @@ from .discrete_samplers import DiscreteGaussian, skellam
 from .distributed_accounting import (
     DEFAULT_ORDERS,
     DiscreteGaussianSum,
+    DistributedDPLedger,
     SkellamSum,
     rdp_to_epsilon,
+    released_cells,
     rounded_sensitivity,
 )
 from .errors import CalibrationError, PrivacyConfigError
@@ -458,3 +461,34 @@ def calibrate_distributed(
         else:
             low = middle
     return encoder_at(high)
+
+
+@dataclass
+class ReleaseLedger:
+    """A server's per-client ε for the sums it released, when it cannot tell honest members
+    from the rest (a deployment, Flower): every client in a released sum is charged, per
+    round, the mechanism of its cell (:func:`~sharefl.privacy.distributed_accounting.
+    released_cells`) with max(1, n − ``colluders``) noise-adding members, n the cell's size:
+    an honest client always adds its own share, and at most ``colluders`` of the others add
+    none (the simulator, which knows who is honest, charges honest cells exactly)."""
+
+    encoder: DistributedEncoder
+    colluders: int = 0
+    ledger: DistributedDPLedger = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.ledger = DistributedDPLedger(self.encoder.config.mechanism.value)
+
+    def record_round(self, released: Sequence[Sequence[int]]) -> None:
+        """Charge one round's released sums (their members, every reclustering)."""
+        members = sorted({c for r in released for c in r})
+        for cell in released_cells(released, members):
+            mechanism = self.encoder.released_mechanism(max(1, len(cell) - self.colluders))
+            for c in cell:
+                self.ledger.record(c, mechanism)
+        self.ledger.end_round()
+
+    def epsilon(self, delta: float) -> float | None:
+        """The worst charged client's ε at ``delta`` (``None`` before any release)."""
+        eps = self.ledger.epsilons(delta)
+        return max(eps.values()) if eps else None
