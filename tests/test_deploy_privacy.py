@@ -130,3 +130,17 @@ def test_serve_and_client_processes_run_a_private_deployment_as_documented(tmp_p
     assert len(rounds) == 2
     assert rounds[-1]["epsilon"] == pytest.approx(4.0, rel=2e-3)
     assert rounds[0]["epsilon"] < rounds[-1]["epsilon"]
+
+
+def test_a_resumed_run_replays_the_released_sums_into_its_ledger(tmp_path):
+    """--resume: the ε of the rounds before the stop is not forgotten (the ledger replays
+    the members of every released sum that result.json's rows record)."""
+    from sharefl.deploy.results import Checkpoint
+    from sharefl.deploy.server import ServerRun
+
+    config = load_config(deployment(tmp_path, noise_multiplier=2.0))
+    row = {"round": 1, "culprits": {}, "clusters": [{"members": [0, 1, 2]}, {"members": [3, 4, 5]}]}
+    resume = Checkpoint([row], np.zeros(DIM, np.float32), run=bytes(16))
+    run = ServerRun(config, log=lambda _: None, resume=resume)
+    encoder = deployment_encoder(config)
+    assert run.privacy_ledger.epsilon(1e-5) == pytest.approx(epsilon_after(encoder, 1, 1e-5))

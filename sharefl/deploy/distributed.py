@@ -92,7 +92,7 @@ class DistributedRingInputs:
 
     @property
     def bits(self) -> int:
-        return np.dtype(self.encoder.ring_dtype).itemsize * 8
+        return self.encoder.ring_bits
 
     def encode(self, update: np.ndarray, seed: bytes) -> np.ndarray:
         from sharefl.privacy.secure_random import SecureRandom

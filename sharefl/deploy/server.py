@@ -490,8 +490,10 @@ class ServerRun:
             if resume.current is not None:  # a copy: the run appends to its releases
                 known = resume.current
                 self.current = ModelRecord(known.model, known.clusterings, list(known.releases))
-            for row in resume.rows:  # the exclusion policy's state, replayed
+            for row in resume.rows:  # the exclusion policy's and the ledger's state, replayed
                 self.exclusions.record({int(c): r for c, r in row["culprits"].items()})
+                if self.privacy_ledger is not None:
+                    self.privacy_ledger.record_round([c["members"] for c in row["clusters"]])
         if self.model.shape != (config.model.dim,):
             raise ConfigurationError(
                 f"the strategy's model has shape {self.model.shape}; "

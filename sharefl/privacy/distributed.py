@@ -290,6 +290,11 @@ class DistributedEncoder:
         """The protocol ring the b-bit encoding lives in: uint32 for b ≤ 32, else uint64."""
         return np.uint32 if self.config.bits <= 32 else np.uint64
 
+    @property
+    def ring_bits(self) -> int:
+        """The width of :attr:`ring_dtype`'s words: 32 or 64."""
+        return np.dtype(self.ring_dtype).itemsize * 8
+
     def rotate(self, update: np.ndarray, seed: bytes) -> np.ndarray:
         """R·(clipped update, zero-padded to D): float64 ``[D]``."""
         x = np.zeros(self.padded)
@@ -360,7 +365,7 @@ class DistributedEncoder:
         bits = self.config.bits
         low = np.int64(-1) if bits == 64 else np.int64((1 << bits) - 1)
         words = (z & low).astype(np.uint64)
-        width = np.dtype(self.ring_dtype).itemsize * 8
+        width = self.ring_bits
         if bits < width:
             pad = rng.words(len(words)) if width == 64 else rng.words32(len(words))
             words |= pad.astype(np.uint64) & ~np.uint64(low)
