@@ -201,13 +201,17 @@ def _client_trainer(config_path: str | None, trainer: str, client_id: int) -> An
         deployment_encoder,
     )
 
-    encoder = deployment_encoder(load_config(config_path))
+    deployment = load_config(config_path)
+    encoder = deployment_encoder(deployment)
     if encoder is None:
         raise ConfigurationError(
             f"{config_path} has no [privacy] table: a client reads only that from a "
             "deployment file (drop --config, or add the table)"
         )
-    return NoisyTrainer(load_trainer(trainer), DistributedRingInputs(encoder))
+    single = deployment.secure_aggregation.reclusterings == 1
+    return NoisyTrainer(
+        load_trainer(trainer), DistributedRingInputs(encoder, single_clustering=single)
+    )
 
 
 def client_runtime(

@@ -243,7 +243,11 @@ class SimulationTrainer:
         self.ring_inputs = (
             None
             if encoder is None
-            else DistributedRingInputs(encoder, noise=client_id < run.clients.honest)
+            else DistributedRingInputs(
+                encoder,
+                noise=client_id < run.clients.honest,
+                single_clustering=run.secure_aggregation.reclusterings == 1,
+            )
         )
 
     def __call__(self, model: np.ndarray, *, round: int, client_id: int) -> np.ndarray:

@@ -144,3 +144,40 @@ def test_a_resumed_run_replays_the_released_sums_into_its_ledger(tmp_path):
     run = ServerRun(config, log=lambda _: None, resume=resume)
     encoder = deployment_encoder(config)
     assert run.privacy_ledger.epsilon(1e-5) == pytest.approx(epsilon_after(encoder, 1, 1e-5))
+
+
+def test_a_client_refuses_more_clusterings_than_its_noise_was_sized_for(tmp_path):
+    """σ calibrated for one clustering a round (cells of s − t members): a server whose
+    plan has two reclusterings (cells of one member possible) gets refusals from every
+    client of that file, and no sum; the policy floor is the noise's s."""
+    client_file = deployment(tmp_path, noise_multiplier=2.0)
+    trainer = _client_trainer(str(client_file), TRAINER, 0)
+    policy = ClientRuntime(0, "127.0.0.1:1", trainer=trainer).policy
+    assert policy.max_reclusterings == 1 and policy.sum_floor == 3
+    server_dir = tmp_path / "server"
+    server_dir.mkdir()
+    server_file = deployment(server_dir, noise_multiplier=2.0)
+    text = (
+        server_file.read_text()
+        .replace("[secure_aggregation]\n", "[secure_aggregation]\nreclusterings = 2\n")
+        .replace("[server]\n", "[server]\nstage_timeout_s = 2.0\n")
+    )
+    server_file.write_text(text)
+    config = load_config(server_file)
+
+    async def main():
+        server, address = await serving(serve, config, log=lambda _: None)
+        clients = [
+            ClientRuntime(
+                cid, address, trainer=_client_trainer(str(client_file), TRAINER, cid)
+            ).run()
+            for cid in range(CLIENTS)
+        ]
+        reports = await asyncio.gather(*clients, return_exceptions=True)
+        return await asyncio.gather(server, return_exceptions=True), reports
+
+    (result,), reports = asyncio.run(main())
+    refusals = [r for rep in reports if not isinstance(rep, BaseException) for r in rep.refusals]
+    assert refusals and all("round plan has 2 entries; at most 1" in r for r in refusals)
+    released = [] if isinstance(result, BaseException) else result.reports
+    assert all(not r.clusters for r in released)

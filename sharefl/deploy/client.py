@@ -124,6 +124,11 @@ class RingInputs(Protocol):
         ``uint32``/``uint64`` ``[length]``."""
         ...
 
+    def tighten(self, policy: ClientPolicy) -> ClientPolicy:
+        """``policy`` with what the noise's guarantee assumes of every round (e.g. no
+        released sum of fewer members than the noise is sized for)."""
+        ...
+
 
 STAGES = ("advertise", "share", "mask", "consistency", "unmask")
 
@@ -348,6 +353,8 @@ class ClientRuntime:
         self.ring_inputs: RingInputs | None = getattr(trainer, "ring_inputs", None)
         self.identity = identity or IdentityKey.generate()
         self.policy = policy or ClientPolicy(identity=self.identity)
+        if self.ring_inputs is not None:
+            self.policy = self.ring_inputs.tighten(self.policy)
         self.tls = tls
         self.retries = retries
         self.exit_before = exit_before

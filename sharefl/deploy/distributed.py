@@ -18,13 +18,13 @@ The privacy modules are imported when a ``[privacy]`` table is used (they need t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from sharefl.deploy.config import DeploymentConfig
-from sharefl.protocol.client import default_colluders, min_released_members
+from sharefl.protocol.client import ClientPolicy, default_colluders, min_released_members
 
 if TYPE_CHECKING:
     from sharefl.privacy.distributed import DistributedEncoder
@@ -85,6 +85,21 @@ class DistributedRingInputs:
 
     encoder: DistributedEncoder
     noise: bool = True
+    single_clustering: bool = True
+    """σ was calibrated for cells of s − t members, which only one clustering per round
+    guarantees: the client then refuses plans with more (R > 1 was calibrated for cells of
+    one member, any R)."""
+
+    def tighten(self, policy: ClientPolicy) -> ClientPolicy:
+        """No cluster and no recoverable sum of fewer than s members (the noise shares
+        are sized for s − t of them), and one clustering when the calibration assumed it."""
+        s = self.encoder.config.min_survivors
+        return replace(
+            policy,
+            min_cluster_size=max(policy.min_cluster_size, s),
+            min_sum_size=max(policy.sum_floor, s),
+            max_reclusterings=1 if self.single_clustering else policy.max_reclusterings,
+        )
 
     @property
     def length(self) -> int:
