@@ -18,7 +18,7 @@ The privacy modules are imported when a ``[privacy]`` table is used (they need t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -93,13 +93,8 @@ class DistributedRingInputs:
     def tighten(self, policy: ClientPolicy) -> ClientPolicy:
         """No cluster and no recoverable sum of fewer than s members (the noise shares
         are sized for s − t of them), and one clustering when the calibration assumed it."""
-        s = self.encoder.config.min_survivors
-        return replace(
-            policy,
-            min_cluster_size=max(policy.min_cluster_size, s),
-            min_sum_size=max(policy.sum_floor, s),
-            max_reclusterings=1 if self.single_clustering else policy.max_reclusterings,
-        )
+        single = 1 if self.single_clustering else None
+        return policy.requiring(self.encoder.config.min_survivors, max_reclusterings=single)
 
     @property
     def length(self) -> int:

@@ -660,6 +660,7 @@ def make_sharefl_mod(
     client_id: int | Callable[[Context], int] | None = None,
     randbytes: Callable[[int], bytes] = os.urandom,
     privacy: DistributedDPConfig | None = None,
+    single_clustering: bool = True,
 ):
     """A client mod with this client's :class:`ClientPolicy` (or a function of the
     ``Context`` that returns it, e.g. :func:`policy_from_node_config`); :data:`sharefl_mod`
@@ -675,13 +676,18 @@ def make_sharefl_mod(
     the server's ``ShareflWorkflow(privacy=...)``): the client encodes its unweighted update
     with its noise share drawn from OS entropy into ring words itself, and refuses a round
     that proposes a float encoding (the server would get the update without its noise);
-    without it, the client refuses a round that proposes none.
+    without it, the client refuses a round that proposes none. Its policy then also
+    refuses clusters and sums of fewer than ``privacy.min_survivors`` members and, with
+    ``single_clustering`` (σ calibrated for cells of s − t members, one clustering a
+    round), plans with more than one clustering.
     """
 
     def policy_of(context: Context) -> ClientPolicy:
-        if callable(policy):
-            return policy(context)
-        return policy or ClientPolicy()
+        chosen = policy(context) if callable(policy) else policy or ClientPolicy()
+        if privacy is None:
+            return chosen
+        single = 1 if single_clustering else None
+        return chosen.requiring(privacy.min_survivors, max_reclusterings=single)
 
     def id_of(context: Context, policy: ClientPolicy) -> int:
         if client_id is None:

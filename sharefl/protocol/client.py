@@ -221,6 +221,20 @@ class ClientPolicy:
                 f"{self.max_audit_work}, {self.audit_search_budget}"
             )
 
+    def requiring(self, members: int, max_reclusterings: int | None = None) -> ClientPolicy:
+        """This policy, refusing also clusters and recoverable sums of fewer than
+        ``members`` clients and plans with more than ``max_reclusterings`` clusterings
+        (``None``: as it is): what a client's distributed-DP noise assumes of every round
+        (its share is sized for sums of ``members``)."""
+        return replace(
+            self,
+            min_cluster_size=max(self.min_cluster_size, members),
+            min_sum_size=max(self.sum_floor, members),
+            max_reclusterings=min(
+                self.max_reclusterings, max_reclusterings or self.max_reclusterings
+            ),
+        )
+
     @property
     def sum_floor(self) -> int:
         """The smallest number of clients whose sum may be recoverable."""
