@@ -315,6 +315,9 @@ def test_write_report(runs_dir: Path) -> None:
     assert "![mnist](mnist.png)" in text
     assert_png(runs_dir / "cifar_avg.png")
     assert_png(runs_dir / "mnist.png")
+    # every loop records the test loss: one loss plot per experiment beside accuracy and ε
+    assert "![loss](mnist_loss.png)" in text and "![loss](cifar_avg_loss.png)" in text
+    assert_png(runs_dir / "mnist_loss.png")
     data = json.loads((runs_dir / "report.json").read_text(encoding="utf-8"))
     assert [(d["name"], d["label"]) for d in data] == [
         ("cifar/avg", "mean"),

@@ -519,8 +519,13 @@ def _count(n: int, noun: str) -> str:
 
 
 def _metric_plots(runs: Sequence[RunRecord], name: str, stem: Path) -> list[str]:
-    """Draw every metric the runs of ``name`` list; the Markdown lines embedding them."""
-    metrics = dict.fromkeys(m for r in runs if r.name == name for m in r.plot_metrics)
+    """Draw the test loss (every loop records it) and every metric the runs of ``name``
+    list; the Markdown lines embedding them."""
+    named = [r for r in runs if r.name == name]
+    has_loss = any(rec.loss is not None for r in named for rec in r.rounds)
+    metrics = dict.fromkeys(
+        [*(["loss"] if has_loss else []), *(m for r in named for m in r.plot_metrics)]
+    )
     lines = []
     for metric in metrics:
         png = stem.with_name(f"{stem.name}_{sanitize_filename(metric)}.png")
@@ -537,8 +542,9 @@ def write_report(
     Writes ``out`` (default ``directory/report.md``): a title, then per experiment name a
     ``## name`` section with its :func:`markdown_table` table and its accuracy plot embedded
     by a relative link. Next to ``out`` it writes ``report.json`` (or ``<out stem>.json``:
-    the list of :meth:`GroupSummary.to_dict`, strict JSON) and one ``<name>.png`` per
-    experiment (name made file-system safe by :func:`sanitize_filename`, de-duplicated).
+    the list of :meth:`GroupSummary.to_dict`, strict JSON), one ``<name>.png`` per
+    experiment (accuracy and ε; name made file-system safe by :func:`sanitize_filename`,
+    de-duplicated) and ``<name>_loss.png`` (test loss) beside it.
     Without matplotlib the tables and JSON are still written and the report says the plots
     need ``pip install matplotlib``. Overwrites earlier outputs.
 
