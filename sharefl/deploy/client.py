@@ -529,12 +529,7 @@ class ClientRuntime:
                     self.memory,
                     model_digest(model),
                 )
-                update = await self._train(model, envelope.round_start.round)
-                if self.ring_inputs is not None:
-                    seed = wire.round_seed(
-                        envelope.round_start.run, envelope.round_start.round, model
-                    )
-                    update = await asyncio.to_thread(self.ring_inputs.encode, update, seed)
+                update = await self._train(model, envelope.round_start)
             elif kind == "assignment":
                 session = await self._start_cluster(call, envelope.assignment, update, round_guard)
             elif kind == "goodbye":
@@ -553,13 +548,19 @@ class ClientRuntime:
             if not finished:
                 raise
 
-    async def _train(self, model: np.ndarray, round_index: int) -> np.ndarray:
-        """The trainer's update as float32; :class:`TrainerFailed` if the trainer raises."""
+    async def _train(self, model: np.ndarray, start: pb.RoundStart) -> np.ndarray:
+        """The trainer's update as float32, or its ring inputs' words for the round
+        (:class:`RingInputs`); :class:`TrainerFailed` if either raises."""
+        round_index = start.round
         try:
             update = await asyncio.to_thread(
                 self.trainer, model, round=round_index, client_id=self.client_id
             )
-            return np.asarray(update, dtype=np.float32)
+            update = np.asarray(update, dtype=np.float32)
+            if self.ring_inputs is None:
+                return update
+            seed = wire.round_seed(start.run, round_index, model)
+            return await asyncio.to_thread(self.ring_inputs.encode, update, seed)
         except Exception as exc:
             trainer = self.trainer
             name = getattr(trainer, "__qualname__", type(trainer).__name__)
