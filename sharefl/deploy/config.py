@@ -144,6 +144,7 @@ class ModelSection:
     def __post_init__(self) -> None:
         _require(self.dim >= 1, "model.dim must be >= 1")
         _require(self.aggregator in ("sum", "mean"), 'model.aggregator must be "sum" or "mean"')
+        _require(self.aggregator in ("sum", "mean"), 'model.aggregator must be "sum" or "mean"')
 
 
 @dataclass(frozen=True)
