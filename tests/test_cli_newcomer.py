@@ -88,6 +88,30 @@ def test_rounds_override_says_how_sigma_was_recalibrated(tmp_path, capsys, monke
     assert f"{summary['privacy']['noise_multiplier']:.3g}" == f"{after:.3g}"  # the σ that ran
 
 
+def test_rounds_override_names_the_discrete_sigma_too(tmp_path, capsys, monkeypatch):
+    """A discrete mechanism calibrates by its own accounting; the line still says what
+    σ was for the file's rounds and what runs now (fewer rounds: less noise)."""
+    discrete = (
+        PRIVATE_RUN.replace(
+            'level = "client"\n',
+            'level = "client"\nnoise_split = "cluster"\ndistributed = "skellam"\n'
+            'accountant = "rdp"\n',
+        )
+        .replace(
+            "[secure_aggregation]\ncluster_size = 1\n", "[secure_aggregation]\ncluster_size = 3\n"
+        )
+        .replace("[clients]\nhonest = 4\n", "[clients]\nhonest = 6\n")
+    )
+    (tmp_path / "run.toml").write_text(discrete)
+    result = in_process("simulate", "run.toml", "--rounds", "1", "--out", "out", cwd=tmp_path,
+                        capsys=capsys, monkeypatch=monkeypatch)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    (line,) = [x for x in result.stderr.splitlines() if "recalibrated" in x]
+    assert "(by the skellam mechanism's accounting)" in line
+    before, after = map(float, re.search(r": ([\d.]+) → ([\d.]+)$", line).groups())
+    assert before > after * 1.5
+
+
 def test_no_note_where_sigma_did_not_change(tmp_path):
     (tmp_path / "run.toml").write_text(PRIVATE_RUN)
     (run,) = load_runs(tmp_path / "run.toml")

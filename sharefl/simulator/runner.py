@@ -15,6 +15,7 @@ the same ε over other rounds is another σ, which the user did not write.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import sys
 import time
@@ -26,6 +27,7 @@ from typing import Any, TextIO
 from sharefl.privacy.calibration import calibrate_noise
 from sharefl.privacy.errors import CalibrationError
 from sharefl.simulator.config import RunConfig
+from sharefl.simulator.engine import Simulation
 from sharefl.simulator.loops import Loop, build_loop
 from sharefl.simulator.results import (
     RoundRecord,
@@ -35,6 +37,7 @@ from sharefl.simulator.results import (
     run_summary,
 )
 from sharefl.simulator.setup import PrivacyPlan
+from sharefl.simulator.share import distributed_encoder
 from sharefl.wording import counted
 
 __all__ = [
@@ -107,7 +110,7 @@ def rounds_override_note(sim: Loop, file_rounds: int) -> str | None:
     rounds, so the file's σ is the calibration with the plan's δ and q over
     ``file_rounds`` × ``steps_per_round`` steps. ``privacy.distributed`` =
     ``"discrete_gaussian"`` / ``"skellam"`` calibrate with their own accounting (in the
-    cluster split), so their line names no σ values. Costs one calibration (~2 s).
+    cluster split), and so does the line's "before". Costs one calibration (~2 s).
     """
     run = sim.run
     plan = getattr(sim, "privacy", None)
@@ -120,10 +123,16 @@ def rounds_override_note(sim: Loop, file_rounds: int) -> str | None:
         f"{counted(run.rounds, 'round')} instead of the file's {file_rounds}"
     )
     p = run.privacy
-    if p.level == "client" and p.distributed != "gaussian":
-        return f"{head} (by the {p.distributed} mechanism's accounting)"
     after = f"{plan.noise_multiplier:.3g}"
     try:
+        if p.level == "client" and p.distributed != "gaussian":
+            head += f" (by the {p.distributed} mechanism's accounting)"
+            target = (plan.target_epsilon, plan.delta)
+            file_run = dataclasses.replace(run, rounds=file_rounds)
+            assert isinstance(sim, Simulation)  # the one loop with discrete mechanisms
+            encoder = distributed_encoder(file_run, plan.noise_multiplier, sim.dim, target=target)
+            assert encoder is not None  # a discrete mechanism at client level
+            return f"{head}: {encoder.config.noise_multiplier:.3g} → {after}"
         before = calibrate_noise(
             plan.target_epsilon,
             plan.delta,
