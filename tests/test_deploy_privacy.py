@@ -72,7 +72,10 @@ def clipped_mean(round_index: int, clip: float = 1.0) -> np.ndarray:
 def test_the_server_gets_the_clipped_mean_through_the_ring_with_tiny_noise(tmp_path, mechanism):
     """σ = 10⁻³: the aggregate of round 1 is the mean of the clipped updates (the rotation
     seed, the scale and the decode agree on both sides), up to the noise and rounding."""
-    path = deployment(tmp_path, distributed=mechanism, noise_multiplier=1e-3)
+    # 32 bits: the ring unit is then σ_l/2^20 and no coordinate wraps (at 16 bits a sum
+    # beyond k = 4 standard deviations does, p ≈ 6e-5 per coordinate: by design, and here
+    # an error of 2^b·γ/√D/6 ≈ 0.005 on every coordinate in ~6 % of runs)
+    path = deployment(tmp_path, distributed=mechanism, noise_multiplier=1e-3, bits=32)
     result, reports = run_in_process(path)
     assert all(not r.refusals for r in reports)
     first = result.reports[0]
@@ -87,7 +90,7 @@ def test_each_released_sum_carries_the_noise_and_the_ledger_charges_it(tmp_path)
     over two sums of 6 clients has 2(σC)²/36 (orthogonal rotation: per coordinate after
     the decode too); the server's ε after 2 rounds is the mechanism's own for cells of 3."""
     sigma = 2.0
-    path = deployment(tmp_path, noise_multiplier=sigma)
+    path = deployment(tmp_path, noise_multiplier=sigma, bits=32)  # no wrap-around
     result, _ = run_in_process(path)
     errors = np.concatenate([r.total - clipped_mean(r.round) for r in result.reports])
     expected = 2 * sigma**2 / CLIENTS**2

@@ -470,8 +470,15 @@ def test_a_signed_round_from_sharefl_keygen_files_and_node_configs(tmp_path):
 
 
 def ddg(noise_multiplier: float) -> DistributedDPConfig:
+    """32 bits: no coordinate of a sum wraps around (at 16 bits one beyond k = 4 standard
+    deviations would, rarely, by design)."""
     return DistributedDPConfig(
-        "skellam", clip=1.0, noise_multiplier=noise_multiplier, min_survivors=3, max_summands=5
+        "skellam",
+        clip=1.0,
+        noise_multiplier=noise_multiplier,
+        min_survivors=3,
+        max_summands=5,
+        bits=32,
     )
 
 
