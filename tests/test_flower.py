@@ -533,3 +533,22 @@ def test_a_private_client_refuses_a_float_round_and_a_float_client_a_private_one
     )
     assert set(grid.errors) == set(NODES) and set(grid.sent) == {"assign"}
     assert all("no privacy config" in e[0] for e in grid.errors.values())
+
+
+def test_a_round_that_releases_nothing_says_why_in_the_servers_log(caplog):
+    """The server's log names the clients' error replies (here: every client requires
+    signed mode) instead of only "released no cluster sum"."""
+    updates = updates_for(NODES, seed=23)
+    global_arrays = [np.full(s, 0.5, np.float32) for s in SHAPES]
+    with caplog.at_level("ERROR"):
+        run_round(
+            ShareflWorkflow(cluster_size=5, clip=1.0, seed=5),
+            updates,
+            global_arrays,
+            mods=signed_mods(),
+        )
+    (line,) = [
+        r.getMessage() for r in caplog.records if "released no cluster sum" in r.getMessage()
+    ]
+    assert f"{N} client error replies" in line and "requires signed mode" in line
+    assert f"(×{N})" in line

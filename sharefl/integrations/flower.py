@@ -441,7 +441,9 @@ class ShareflWorkflow:
         self.last_update = update
         if update is None:
             log.error(
-                "sharefl: round %d released no cluster sum; the model is unchanged", current_round
+                "sharefl: round %d released no cluster sum; the model is unchanged%s",
+                current_round,
+                failure_reasons(result, failures),
             )
             return
         new = [
@@ -634,6 +636,28 @@ class ShareflWorkflow:
             sizes.append(torch.tensor([float(len(c.members)) for c in clusters]))
         mean = self._aggregator.average(rounds, sizes).numpy()
         return codec.split(mean)
+
+
+def failure_reasons(result: RoundResult, failures: Failures, most: int = 3) -> str:
+    """Why a round released nothing, for the log: the clients' error replies (refusals
+    of their policy, exceptions) and the failed clusters' reasons, each distinct text once
+    with its count, at most ``most`` of each kind."""
+
+    def top(texts: list[str]) -> str:
+        counts: dict[str, int] = {}
+        for text in texts:
+            counts[text] = counts.get(text, 0) + 1
+        ranked = sorted(counts.items(), key=lambda kv: -kv[1])[:most]
+        return "; ".join(f"{text} (×{n})" for text, n in ranked)
+
+    errors = [str(f) for f in failures if isinstance(f, BaseException)]
+    clusters = [f"{f.stage}: {f.reason}" for r in result.reclusterings for f in r.failed]
+    parts = []
+    if errors:
+        parts.append(f"{len(errors)} client error replies: {top(errors)}")
+    if clusters:
+        parts.append(f"{len(clusters)} clusters failed: {top(clusters)}")
+    return (" — " + " | ".join(parts)) if parts else ""
 
 
 ROUND_SEED_TAG = b"sharefl/flower-round-seed/v1"
