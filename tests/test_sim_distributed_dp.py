@@ -265,3 +265,36 @@ def test_a_client_with_ring_inputs_refuses_a_float_encoding_or_another_ring():
     plain = ClientRuntime(0, "127.0.0.1:1")
     with pytest.raises(MalformedRequest, match="no float encoding"):
         plain._input(np.zeros(length, np.float32), assignment(32), None)
+
+
+@pytest.mark.parametrize("mechanism", ["gaussian", "skellam"])
+def test_byzantine_members_that_add_no_noise_need_privacy_colluders(mechanism):
+    """A Byzantine member adds no share, so an honest client in a cluster with one gets
+    less noise than σC and its accounted ε exceeds the target; with privacy.colluders = t
+    every share is sized for s − t adders and the target holds whatever t members add."""
+    setting = {
+        "attack": {"name": "label_flipping"},
+        "clients": {"honest": 12, "byzantine": 3},
+        "aggregator": {"name": "trimmed_mean", "options": {"f": 1}},
+        "secure_aggregation": {"cluster_size": 3, "enabled": True, "clip": 200.0},
+    }
+    eps = {}
+    for t in (0, 2):
+        sim = simulation(**setting, privacy=DP | {"distributed": mechanism, "colluders": t})
+        sim.run_rounds()
+        dp = sim.extra_summary()["share"]["client_dp"]
+        assert dp["colluders"] == t
+        eps[t] = dp["epsilon_max"]
+    assert eps[0] > 2.0 * 1.01  # 4 rounds: some honest client shared a cluster with one
+    assert eps[2] <= 2.0 * 1.002
+
+
+def test_colluders_must_leave_one_honest_share():
+    with pytest.raises(SimulationConfigError, match="colluders = 3 must be below the 3"):
+        simulation(
+            attack={"name": "none"},
+            clients={"honest": 12, "byzantine": 0},
+            aggregator={"name": "mean", "options": {}},
+            secure_aggregation={"cluster_size": 3, "enabled": True},
+            privacy=DP | {"distributed": "skellam", "colluders": 3},
+        )

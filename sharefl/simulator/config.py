@@ -205,6 +205,7 @@ class PrivacyConfig:
     # -- client level inside SHARE's clusters (sharefl.privacy.cluster_noise) --
     noise_split: str = "participants"  # or "cluster": each cluster sum carries σ²C²
     min_survivors: int = 0  # s of the cluster split (0: the cluster's Shamir threshold)
+    colluders: int = 0  # t < s members per released sum that may add no noise (Byzantine)
     # the noise of the cluster split (sharefl.privacy.distributed): "gaussian" (continuous,
     # float encoding), "discrete_gaussian" or "skellam" (integers mod 2^bits, rotated)
     distributed: str = "gaussian"
@@ -243,6 +244,7 @@ class PrivacyConfig:
             self.noise_split in NOISE_SPLITS, f"privacy.noise_split must be one of {NOISE_SPLITS}"
         )
         _require(self.min_survivors >= 0, "privacy.min_survivors must be >= 0")
+        _require(self.colluders >= 0, "privacy.colluders must be >= 0")
         _require(
             self.distributed in DISTRIBUTED_MECHANISMS,
             f"privacy.distributed must be one of {DISTRIBUTED_MECHANISMS}",
@@ -571,6 +573,7 @@ _SHARE_KEYS = (
     ("training", "weighted"),
     ("privacy", "noise_split"),
     ("privacy", "min_survivors"),
+    ("privacy", "colluders"),
     ("privacy", "distributed"),
     ("privacy", "bits"),
     ("privacy", "rotation"),

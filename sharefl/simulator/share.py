@@ -76,7 +76,7 @@ def cluster_noise_split(run: RunConfig, noise_multiplier: float) -> ClusterNoise
         return None
     if p.distributed != "gaussian":
         return None
-    return ClusterNoiseSplit(p.clip, noise_multiplier, split_survivors(run))
+    return ClusterNoiseSplit(p.clip, noise_multiplier, split_survivors(run), p.colluders)
 
 
 #: Standard deviations of one member's noise share the float encoding must carry unclipped.
@@ -118,6 +118,12 @@ def split_survivors(run: RunConfig) -> int:
         raise SimulationConfigError(
             f"privacy.min_survivors = {survivors} exceeds the cluster size {m}"
         )
+    if not run.privacy.colluders < survivors:
+        raise SimulationConfigError(
+            f"privacy.colluders = {run.privacy.colluders} must be below the "
+            f"{survivors} members a released sum holds (privacy.min_survivors): a sum "
+            "needs one honest share"
+        )
     return survivors
 
 
@@ -147,6 +153,7 @@ def distributed_encoder(
         noise_multiplier=noise_multiplier,
         min_survivors=split_survivors(run),
         max_summands=run.secure_aggregation.cluster_size,
+        colluders=p.colluders,
         bits=p.bits,
         rotation=Rotation(p.rotation),
     )
@@ -341,6 +348,7 @@ class ShareAggregation:
                 "mechanism": "gaussian",
                 "share_std": self.ledger.split.share_std,
                 "min_survivors": self.ledger.split.min_survivors,
+                "colluders": self.ledger.split.colluders,
                 **self.ledger.summary(delta),
             }
         elif isinstance(self.ledger, DistributedDPLedger) and delta:
@@ -354,6 +362,7 @@ class ShareAggregation:
                 "sensitivity_l1": encoder.sensitivity[0],
                 "sensitivity_l2": encoder.sensitivity[1],
                 "min_survivors": encoder.config.min_survivors,
+                "colluders": encoder.config.colluders,
                 **self.ledger.summary(delta),
             }
         return out
