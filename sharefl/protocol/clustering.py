@@ -20,9 +20,11 @@ are sorted first, so their order does not matter) and on the seed or generator s
 from __future__ import annotations
 
 import itertools
+import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Final
 
 import numpy as np
@@ -157,6 +159,49 @@ def random_clustering(
         clusters.append(shuffled[start : start + size])
         start += size
     return Clustering(tuple(tuple(c) for c in clusters))
+
+
+def spoiled_clusters(clients: int, byzantine: int, cluster_size: int) -> list[Fraction]:
+    """The exact distribution of how many clusters of a :func:`random_clustering` hold at
+    least one of ``byzantine`` clients: element j is P(exactly j spoiled clusters),
+    j = 0 … c, with c the clustering's number of clusters (sizes as it draws them).
+
+    Sizing (SHARE): a robust rule over c cluster sums tolerates f spoiled ones, so pick m
+    (and the rule's f) from this distribution, e.g. :func:`clusters_to_tolerate`. The
+    Byzantine set is a uniform subset of the shuffled positions, so the count is exact
+    combinatorics: a product over the clusters of C(size, k) ways to place k of them.
+    Raises :class:`ClusteringError` for counts out of range."""
+    if cluster_size < 1 or clients < 1 or not 0 <= byzantine <= clients:
+        raise ClusteringError(
+            f"need clients >= 1, 0 <= byzantine <= clients and cluster_size >= 1; got "
+            f"{clients}, {byzantine}, {cluster_size}"
+        )
+    sizes = _split_sizes(clients, max(1, clients // cluster_size))
+    # ways[placed][spoiled]: placements of `placed` Byzantine clients in the clusters so far
+    ways: dict[tuple[int, int], int] = {(0, 0): 1}
+    for size in sizes:
+        step: dict[tuple[int, int], int] = defaultdict(int)
+        for (placed, spoiled), count in ways.items():
+            for k in range(min(size, byzantine - placed) + 1):
+                step[(placed + k, spoiled + (k > 0))] += count * math.comb(size, k)
+        ways = step
+    total = math.comb(clients, byzantine)
+    return [Fraction(ways.get((byzantine, j), 0), total) for j in range(len(sizes) + 1)]
+
+
+def clusters_to_tolerate(
+    clients: int, byzantine: int, cluster_size: int, confidence: float = 0.99
+) -> int:
+    """The smallest f such that at most f clusters are spoiled with probability at least
+    ``confidence`` (:func:`spoiled_clusters`): the f a rule over the cluster sums needs."""
+    if not 0 < confidence <= 1:
+        raise ClusteringError(f"confidence must be in (0, 1], got {confidence}")
+    cumulative = Fraction(0)
+    for f, p in enumerate(spoiled_clusters(clients, byzantine, cluster_size)):
+        cumulative += p
+        if cumulative >= Fraction(confidence):
+            return f
+    raise AssertionError("the distribution sums to one")  # pragma: no cover
 
 
 def random_reclusterings(
