@@ -135,6 +135,8 @@ class ClientLink:
     pending: tuple[pb.MaskedInput, wire.VectorAssembler] | None = None
     heard: float = 0.0
     """``time.monotonic()`` when the last message of the client arrived."""
+    ended: bool = False
+    """The stream's handler has returned: everything queued for the client was written."""
 
     def send(self, message: pb.ServerMessage) -> None:
         if self.alive:
@@ -284,6 +286,9 @@ class ServerStrategy(Protocol):
         self, model: np.ndarray, round_index: int, released: list[Released]
     ) -> tuple[np.ndarray, np.ndarray, str]: ...
 
+
+DRAIN_S = 30.0
+"""How long a finished run waits for its clients' streams to end before the server stops."""
 
 RUN_ID_BYTES = 16
 """A run id: drawn from ``os.urandom`` when a run starts, sent in every RoundStart, kept in
@@ -538,7 +543,21 @@ class ServerRun:
 
     def disconnect(self, link: ClientLink) -> None:
         link.close(link.error)
+        link.ended = True
         self.changed.set()
+
+    async def drain(self, timeout_s: float) -> None:
+        """Wait, at most ``timeout_s``, until every client's stream has ended, so that the
+        ``Finished`` each was sent has been written before the server stops (a fixed grace
+        can end a slow client's stream first: it then retries a server that is gone)."""
+        deadline = time.monotonic() + timeout_s
+        while any(not link.ended for link in self.links.values()):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self.changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.changed.wait(), left)
 
     def alive(self) -> list[int]:
         return sorted(cid for cid, link in self.links.items() if link.alive)
@@ -1288,6 +1307,7 @@ async def serve(
         listening(bound)
     try:
         reports = await run.run()
+        await run.drain(DRAIN_S)
         traffic = {
             cid: {"bytes_in": link.bytes_in, "bytes_out": link.bytes_out}
             for cid, link in sorted(run.links.items())
