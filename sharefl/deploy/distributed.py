@@ -18,12 +18,13 @@ The privacy modules are imported when a ``[privacy]`` table is used (they need t
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sharefl.deploy.config import DeploymentConfig
+from sharefl.deploy.config import DeploymentConfig, PrivacySection, SecureAggregationSection
 from sharefl.protocol.client import ClientPolicy, default_colluders, min_released_members
 
 if TYPE_CHECKING:
@@ -38,16 +39,25 @@ def deployment_encoder(config: DeploymentConfig) -> DistributedEncoder | None:
     ``server.rounds`` for the smallest cell (s − t members with one clustering, one
     member with reclusterings). Raises the privacy layer's ``PrivacyConfigError`` /
     ``CalibrationError`` (``ValueError``) saying what to change."""
-    p = config.privacy
-    if not p.enabled:
+    if not config.privacy.enabled:
         return None
+    return _encoder(
+        config.privacy, config.secure_aggregation, config.model.dim, config.server.rounds
+    )
+
+
+@functools.lru_cache(maxsize=4)
+def _encoder(
+    p: PrivacySection, sa: SecureAggregationSection, dim: int, rounds: int
+) -> DistributedEncoder:
+    """:func:`deployment_encoder` from the parts of the file it reads (frozen, hashable), so
+    the server's start-up check and its run calibrate σ once."""
     from sharefl.privacy.distributed import (
         DistributedDPConfig,
         DistributedEncoder,
         calibrate_distributed,
     )
 
-    sa = config.secure_aggregation
     m = sa.cluster_size
     survivors = p.min_survivors or min_released_members(
         m, sa.min_sum_size, default_colluders(m, sa.signed)
@@ -63,11 +73,9 @@ def deployment_encoder(config: DeploymentConfig) -> DistributedEncoder | None:
         rotation=p.rotation,  # type: ignore[arg-type]
     )
     if p.noise_multiplier:
-        return DistributedEncoder(dp, config.model.dim)
+        return DistributedEncoder(dp, dim)
     members = None if sa.reclusterings == 1 else 1
-    return calibrate_distributed(
-        dp, config.model.dim, p.epsilon, p.delta, config.server.rounds, members=members
-    )
+    return calibrate_distributed(dp, dim, p.epsilon, p.delta, rounds, members=members)
 
 
 def input_length(config: DeploymentConfig, encoder: DistributedEncoder | None) -> int:

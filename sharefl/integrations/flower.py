@@ -44,6 +44,7 @@ records (:meth:`ClientSession.export_state`), never pickled.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -412,9 +413,10 @@ class ShareflWorkflow:
         codec = WeightedUpdateCodec.like(global_arrays, self.clip, self.max_weight)
         encoder = None
         if self.privacy is not None:
-            encoder = DistributedEncoder(self.privacy, codec.size)
-            if self._ledger is None or self._ledger.encoder != encoder:
-                self._ledger = ReleaseLedger(encoder, self.privacy.colluders)
+            if self._ledger is None or self._ledger.encoder.dim != codec.size:
+                built = DistributedEncoder(self.privacy, codec.size)
+                self._ledger = ReleaseLedger(built, self.privacy.colluders)
+            encoder = self._ledger.encoder  # built once: its tables serve every round
         try:
             rc = RoundCoordinator(
                 self.settings,
@@ -857,7 +859,7 @@ class _Client:
         delta = [t.astype(np.float64) - r for t, r in zip(trained, received, strict=True)]
         if self.privacy is not None:
             flat = np.concatenate([d.reshape(-1) for d in delta]) if delta else np.zeros(0)
-            encoder = DistributedEncoder(self.privacy, flat.size)
+            encoder = _client_encoder(self.privacy, flat.size)
             ring = encoder.encode(flat, round_seed(plan, received), SecureRandom())
         else:
             encoding_record = self._load("encoding")
@@ -870,6 +872,11 @@ class _Client:
         for arrays in content.array_records.values():
             arrays.clear()  # the trained arrays never leave the client in the clear
         return content
+
+
+_client_encoder = functools.lru_cache(maxsize=4)(DistributedEncoder)
+"""A client's pipeline per (config, model size): the mod keeps no Python state between
+Flower messages, so the cache spares rebuilding γ and the sampler's tables every round."""
 
 
 def _with_content(msg: Message, content: RecordDict) -> Message:
