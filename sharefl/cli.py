@@ -120,7 +120,11 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     try:
         return _simulate(args)
     except KeyboardInterrupt:  # at any point: the preflight too, not only the runs
-        print("\nsharefl simulate: interrupted; finished runs are kept", file=sys.stderr)
+        print(
+            "\nsharefl simulate: interrupted; finished runs and checkpoints are kept "
+            "(--resume continues)",
+            file=sys.stderr,
+        )
         return ExitStatus.INTERRUPTED
 
 
@@ -145,7 +149,13 @@ def _simulate(args: argparse.Namespace) -> int:
         raise SimulationConfigError("no run of the file matches --seeds/--match")
     check_runs(runs, args.device)  # every name and option, before any data loads
     outcomes = run_grid(
-        runs, args.out, device=args.device, progress=Progress(), file_rounds=file_rounds
+        runs,
+        args.out,
+        device=args.device,
+        progress=Progress(),
+        file_rounds=file_rounds,
+        resume=args.resume,
+        checkpoint_every=args.checkpoint_every,
     )
     for outcome in outcomes:
         s = outcome.summary
@@ -175,6 +185,21 @@ def _add_simulation_commands(sub) -> None:
     )
     simulate.add_argument("--seeds", type=int, nargs="+", help="only the runs with these seeds")
     simulate.add_argument("--match", help="only the runs whose label contains this text")
+    simulate.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue each unfinished run of --out from its last checkpoint (without it an "
+        "unfinished run starts again)",
+    )
+    simulate.add_argument(
+        "--checkpoint-every",
+        type=_non_negative_seconds,
+        default=60.0,
+        metavar="SECONDS",
+        help="checkpoint a run after the first round that ends SECONDS after the last "
+        "checkpoint (default 60; 0: every round); SIGINT/SIGTERM checkpoint the round "
+        "that is running, then stop",
+    )
     simulate.set_defaults(func=_cmd_simulate)
 
     report = sub.add_parser("report", help="Markdown table and PNG plots of finished runs")
@@ -318,6 +343,17 @@ def _positive(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _non_negative_seconds(text: str) -> float:
+    """argparse type: a number of seconds >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value >= 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be >= 0 seconds, got {text}")
     return value
 
 

@@ -7,7 +7,8 @@ import contextlib
 import os
 import platform
 import signal
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 
@@ -103,6 +104,40 @@ def sigterm_interrupts() -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, interrupt)
+
+
+class StopRequest:
+    """Whether a stop was asked while :func:`stop_at_a_safe_point` held the signals."""
+
+    def __init__(self) -> None:
+        self.asked = False
+
+
+@contextlib.contextmanager
+def stop_at_a_safe_point(on_ask: Callable[[], None] | None = None) -> Iterator[StopRequest]:
+    """Within the block, the first SIGINT or SIGTERM only sets the yielded request's
+    ``asked`` (and calls ``on_ask``): the block checks it where its state is whole (a
+    simulation after a round: it checkpoints, then raises ``KeyboardInterrupt``). A second
+    signal raises ``KeyboardInterrupt`` at once. The previous handlers come back after the
+    block. Outside the main thread (where handlers cannot be set) nothing changes."""
+    request = StopRequest()
+    if threading.current_thread() is not threading.main_thread():
+        yield request
+        return
+
+    def ask(signum: int, frame: Any) -> None:
+        if request.asked:
+            raise KeyboardInterrupt
+        request.asked = True
+        if on_ask is not None:
+            on_ask()
+
+    previous = {s: signal.signal(s, ask) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield request
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def forget_caught_interrupt() -> None:

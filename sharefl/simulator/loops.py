@@ -22,6 +22,7 @@ from sharefl.simulator.results import RoundRecord
 
 class Loop(Protocol):
     round: int
+    started: float  # time.perf_counter() when the loop was built (moved back on resume)
 
     @property
     def run(self) -> RunConfig: ...
@@ -30,6 +31,8 @@ class Loop(Protocol):
     def device(self) -> torch.device: ...
 
     def run_rounds(self, callback: Callable[[RoundRecord], None] | None = None) -> RoundRecord: ...
+
+    def elapsed(self) -> float: ...
 
     def privacy_summary(self) -> tuple[float | None, dict[str, Any]]: ...
 

@@ -245,6 +245,21 @@ class RunWriter:
         self._csv_header = []
         self.accuracies = []
 
+    def resume(self, rounds_done: int) -> None:
+        """Continue the folder of a run resumed after ``rounds_done`` rounds: keep the rows
+        of ``rounds.jsonl`` up to that round and drop later ones (the resumed run writes
+        them again), rewrite ``rounds.csv`` from the kept rows, and recount
+        :attr:`accuracies`. ``config.json`` is left as it is."""
+        path = self.folder / ROUNDS_FILE
+        lines = path.read_text().splitlines() if path.is_file() else []
+        kept = [obj for obj in map(json.loads, filter(None, lines)) if obj["round"] <= rounds_done]
+        text = "".join(json.dumps(obj, default=str) + "\n" for obj in kept)
+        write_atomically(path, text.encode("utf-8"))
+        rows = [csv_row(obj) for obj in kept]
+        self._csv_header = list(dict.fromkeys(k for row in rows for k in row))
+        self._write_csv(self._csv_header, rows)
+        self.accuracies = [obj["accuracy"] for obj in kept]
+
     def record(self, record: RoundRecord) -> bool:
         """Append ``record`` if it was evaluated; returns whether it was written."""
         if not record.evaluated:
@@ -263,15 +278,20 @@ class RunWriter:
         if not header or new:
             rows = self._read_csv_rows() if header else []
             header = [*header, *new]
-            text = io.StringIO()
-            out = csv.DictWriter(text, header, restval="", lineterminator="\n")
-            out.writeheader()
-            out.writerows([*rows, row])
-            write_atomically(self.csv_path, text.getvalue().encode("utf-8"))
+            self._write_csv(header, [*rows, row])
         else:
             with self.csv_path.open("a", newline="", encoding="utf-8") as f:
                 csv.DictWriter(f, header, restval="", lineterminator="\n").writerow(row)
         self._csv_header = header
+
+    def _write_csv(self, header: list[str], rows: list[dict[str, str]]) -> None:
+        """Rewrite ``rounds.csv`` atomically (empty when there is no header yet)."""
+        text = io.StringIO()
+        if header:
+            out = csv.DictWriter(text, header, restval="", lineterminator="\n")
+            out.writeheader()
+            out.writerows(rows)
+        write_atomically(self.csv_path, text.getvalue().encode("utf-8"))
 
     def _read_csv_header(self) -> list[str]:
         """The header of an existing ``rounds.csv`` (a writer made for a folder whose run

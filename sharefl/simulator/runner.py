@@ -6,7 +6,13 @@ Output, one folder per run under ``out`` (``config.json``, ``rounds.jsonl`` and
 format of :mod:`sharefl.simulator.results`.
 
 A run whose ``summary.json`` exists is skipped (nothing of it is rewritten but a changed
-paper value in its summary); an unfinished one starts again.
+paper value in its summary). An unfinished one starts again, or, with ``resume``, goes on
+from its ``checkpoint.pkl`` (:mod:`~sharefl.simulator.checkpoint`): written atomically after
+the first round that ends ``checkpoint_every`` seconds after the last one, and after the
+round that is running when SIGINT or SIGTERM arrives (the run then stops with
+``KeyboardInterrupt``; a second signal stops it at once, keeping the last checkpoint). The
+resumed run is the uninterrupted one: the same rounds, records and model, bit for bit
+(only the wall-clock ``seconds`` differ). A finished run deletes its checkpoint.
 
 A run whose rounds the command line changed (``sharefl simulate --rounds N``) and whose σ
 is calibrated to a target ε says so before its first round (:func:`rounds_override_note`):
@@ -24,8 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from sharefl.machine import stop_at_a_safe_point
 from sharefl.privacy.calibration import calibrate_noise
 from sharefl.privacy.errors import CalibrationError
+from sharefl.simulator.checkpoint import CHECKPOINT_FILE, Checkpoint, LoopState
 from sharefl.simulator.config import RunConfig
 from sharefl.simulator.engine import Simulation
 from sharefl.simulator.loops import Loop, build_loop
@@ -155,6 +163,8 @@ def run_one(
     position: str = "",
     simulation_factory: Callable[..., Loop] = build_loop,
     file_rounds: int | None = None,
+    resume: bool = False,
+    checkpoint_every: float = 60.0,
 ) -> RunOutcome:
     """Run (or skip, if finished) one configuration, writing its folder under ``out``.
 
@@ -162,6 +172,13 @@ def run_one(
     part of the run's identity (:attr:`RunConfig.run_id`). ``file_rounds``: the rounds the
     file gave this run before the command line replaced them (``None``: not replaced);
     when that changed σ, ``progress`` gets one line saying so (:func:`rounds_override_note`).
+    ``resume``: go on from the folder's checkpoint if it has one; otherwise an unfinished
+    run starts again. ``checkpoint_every``: seconds between checkpoints (0: every round).
+
+    Raises:
+        KeyboardInterrupt: SIGINT or SIGTERM (after checkpointing the round that ran).
+        CheckpointError: ``resume`` and the folder's checkpoint is unreadable or another
+            run's.
     """
     folder = out / run.run_id
     writer = RunWriter(folder)
@@ -171,24 +188,41 @@ def run_one(
             summary["paper"] = run.paper
             writer.finish(summary)
         return RunOutcome(run, folder, summary, True)
+    label = f"{position}{run.label or run.name} seed {run.seed}"
+    checkpoint = Checkpoint.read(folder, run.run_id) if resume else None
+    if checkpoint is None and progress is not None and (folder / CHECKPOINT_FILE).is_file():
+        progress.update(f"{label}: starting again (--resume continues a checkpoint)", final=True)
     outermost = folder  # the outermost folder this call creates, removed if the build fails
     while not outermost.parent.exists():
         outermost = outermost.parent
     created = None if folder.exists() else outermost
-    writer.start(run.to_dict())
+    if checkpoint is None:
+        writer.start(run.to_dict())
+        (folder / CHECKPOINT_FILE).unlink(missing_ok=True)
     try:
         sim = simulation_factory(run, device=device)
     except Exception:  # data, model or rule unusable: leave no folder holding only config.json
         if created is not None:
             shutil.rmtree(created, ignore_errors=True)
         raise
+    state = LoopState(sim)  # the fresh build: the baseline a checkpoint is relative to
+    if checkpoint is not None:
+        state.restore(checkpoint.state)
+        sim.started = time.perf_counter() - checkpoint.elapsed
+        writer.resume(checkpoint.round)
+        if progress is not None:
+            progress.update(f"{label}: resumed after round {checkpoint.round}", final=True)
     if progress is not None and file_rounds is not None:
         note = rounds_override_note(sim, file_rounds)
         if note is not None:
-            progress.update(
-                f"{position}{run.label or run.name} seed {run.seed}: {note}", final=True
-            )
+            progress.update(f"{label}: {note}", final=True)
     last_line = ""
+    last_checkpoint = time.monotonic()
+
+    def save_checkpoint() -> None:
+        nonlocal last_checkpoint
+        Checkpoint(run.run_id, sim.round, sim.elapsed(), state.capture()).write(folder)
+        last_checkpoint = time.monotonic()
 
     def on_round(record: RoundRecord) -> None:
         nonlocal last_line
@@ -198,25 +232,43 @@ def run_one(
         if progress is not None:
             elapsed = record.seconds or 0.0
             progress.update(
-                f"{position}{run.label or run.name} seed {run.seed} "
-                f"{_bar(record.round, run.rounds)} round {record.round}/{run.rounds}"
+                f"{label} {_bar(record.round, run.rounds)} round {record.round}/{run.rounds}"
                 f"{last_line} {_clock(elapsed)} elapsed, "
                 f"ETA {_clock(_remaining(elapsed, record.round, run.rounds))}"
             )
+        if record.round == run.rounds:
+            return  # finished: the model and summary follow, no checkpoint is needed
+        if stop.asked or time.monotonic() - last_checkpoint >= checkpoint_every:
+            save_checkpoint()
+        if stop.asked:
+            if progress is not None:
+                progress.update(f"{label}: checkpointed after round {record.round}", final=True)
+            raise KeyboardInterrupt
 
-    last = sim.run_rounds(on_round)
+    def asked() -> None:
+        if progress is not None:
+            progress.update(
+                f"{label}: stopping after this round to checkpoint it (again to stop now)",
+                final=True,
+            )
+
+    with stop_at_a_safe_point(asked) as stop:
+        last = sim.run_rounds(on_round)
     writer.write_model(
         sim.final_model(), run_id=run.run_id, test_accuracy=last.accuracy, test_loss=last.loss
     )
     summary = run_summary(sim, last, writer.accuracies)
     writer.finish(summary)
+    (folder / CHECKPOINT_FILE).unlink(missing_ok=True)
     if progress is not None:
         progress.update(
-            f"{position}{run.label or run.name} seed {run.seed}: accuracy "
+            f"{label}: accuracy "
             f"{last.accuracy:.4f}{'' if last.epsilon is None else f', ε {last.epsilon:.3g}'}"
             f", {_clock(last.seconds or 0.0)}",
             final=True,
         )
+    if stop.asked:  # asked during the last round: the run is finished, the grid stops
+        raise KeyboardInterrupt
     return RunOutcome(run, folder, summary, False)
 
 
@@ -227,10 +279,12 @@ def run_grid(
     device: str | None = None,
     progress: Progress | None = None,
     file_rounds: Mapping[str, int] | None = None,
+    resume: bool = False,
+    checkpoint_every: float = 60.0,
 ) -> list[RunOutcome]:
     """Run every configuration in order, skipping finished ones. ``file_rounds`` maps the
     :attr:`~RunConfig.run_id` of a run whose rounds the command line replaced to the
-    file's rounds (see :func:`run_one`)."""
+    file's rounds; ``resume`` and ``checkpoint_every`` as in :func:`run_one`."""
     out = Path(out)
     outcomes = []
     for i, run in enumerate(runs):
@@ -242,6 +296,8 @@ def run_grid(
             progress=progress,
             position=position,
             file_rounds=(file_rounds or {}).get(run.run_id),
+            resume=resume,
+            checkpoint_every=checkpoint_every,
         )
         if outcome.skipped and progress is not None:
             progress.update(
