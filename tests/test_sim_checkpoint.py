@@ -143,6 +143,8 @@ def test_a_checkpoint_of_another_run_or_a_damaged_file_is_refused(tmp_path):
     with pytest.raises(CheckpointError, match="delete it to start the run again"):
         Checkpoint.read(tmp_path, "this-run")
     assert Checkpoint.read(tmp_path / "absent", "this-run") is None
+    with pytest.raises(CheckpointError, match="resume it with --device cuda:0"):
+        Checkpoint("this-run", 1, 0.0, b"", device="cuda:0").check_device("cpu")
 
 
 # -- the runner: files, signals, --resume ------------------------------------------------
@@ -294,3 +296,11 @@ def test_simulate_stopped_by_sigterm_resumes_as_documented(tmp_path):
     assert f"resumed after round {saved.round}" in done.stderr
     subprocess.run([*command, "--out", str(straight)], check=True, capture_output=True)
     _assert_same_folder(folder, straight / folder.name)
+
+    (folder / SUMMARY_FILE).unlink()
+    (folder / CHECKPOINT_FILE).write_bytes(b"damaged")
+    refused = subprocess.run(
+        [*command, "--out", str(stopped), "--resume"], capture_output=True, text=True
+    )
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert "cannot be read" in refused.stderr and "delete it" in refused.stderr

@@ -15,7 +15,9 @@ for every baseline object, what those three ways can have changed:
 - baseline tensors whose version counter moved and baseline arrays whose bytes changed:
   their values (unchanged ones, the datasets above all, are not written);
 - torch, numpy and :mod:`random` generators: their states;
-- everything created after the build: by value (pickled).
+- everything created after the build: by value (pickled);
+- the process's global generators (torch's, CUDA's, numpy's, :mod:`random`'s), which no
+  loop draws from today but a model's dropout would.
 
 Inside those contents a baseline object is written as its path. :meth:`LoopState.restore`
 resolves each path in a freshly built loop of the same configuration and puts the contents
@@ -103,6 +105,7 @@ class Checkpoint:
     round: int
     elapsed: float
     state: bytes
+    device: str = "cpu"  # the loop's torch device: a run resumes on the device it ran on
     version: str = __version__
     format: int = FORMAT
 
@@ -136,6 +139,17 @@ class Checkpoint:
                 f"{path} belongs to run {checkpoint.run_id}, not {run_id}; delete it"
             )
         return checkpoint
+
+    def check_device(self, device: torch.device | str) -> None:
+        """Raise :class:`CheckpointError` unless the run resumes on the device it ran on
+        (its tensors and generator states belong there, and another device computes other
+        bits)."""
+        if str(device) != self.device:
+            raise CheckpointError(
+                f"the checkpoint was written by a run on {self.device}; resume it with "
+                f"--device {self.device} (or delete {CHECKPOINT_FILE} to start again on "
+                f"{device})"
+            )
 
 
 def _children(obj: Any) -> Iterator[tuple[Hashable, Any]]:
@@ -206,6 +220,7 @@ class LoopState:
                 contents[path] = set(obj)
             elif not isinstance(obj, (tuple, *_STATELESS)) and hasattr(obj, "__dict__"):
                 contents[path] = dict(vars(obj))
+        contents[_GLOBAL] = _global_generators()
         buffer = io.BytesIO()
         try:
             _BaselinePickler(buffer, self).dump(contents)
@@ -226,6 +241,7 @@ class LoopState:
                 configuration or sharefl version wrote it).
         """
         contents = _BaselineUnpickler(io.BytesIO(state), self).load()
+        _set_global_generators(contents.pop(_GLOBAL))
         for path, value in contents.items():
             obj = self.objects.get(path)
             if obj is None:
@@ -250,6 +266,28 @@ class LoopState:
 
 def _show(path: Path_) -> str:
     return "loop" + "".join(f"[{s[1]!r}]" if isinstance(s, tuple) else f".{s}" for s in path)
+
+
+_GLOBAL: Path_ = ("<process>",)  # not an attribute name: no baseline path equals it
+
+
+def _global_generators() -> dict[str, Any]:
+    states = {
+        "torch": torch.get_rng_state(),
+        "numpy": np.random.get_state(),
+        "random": random.getstate(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def _set_global_generators(states: dict[str, Any]) -> None:
+    torch.set_rng_state(states["torch"])
+    np.random.set_state(states["numpy"])
+    random.setstate(states["random"])
+    if "cuda" in states:
+        torch.cuda.set_rng_state_all(states["cuda"])
 
 
 def _generator_state(generator: Any) -> Any:

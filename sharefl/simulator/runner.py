@@ -207,6 +207,7 @@ def run_one(
         raise
     state = LoopState(sim)  # the fresh build: the baseline a checkpoint is relative to
     if checkpoint is not None:
+        checkpoint.check_device(sim.device)
         state.restore(checkpoint.state)
         sim.started = time.perf_counter() - checkpoint.elapsed
         writer.resume(checkpoint.round)
@@ -221,7 +222,8 @@ def run_one(
 
     def save_checkpoint() -> None:
         nonlocal last_checkpoint
-        Checkpoint(run.run_id, sim.round, sim.elapsed(), state.capture()).write(folder)
+        capture = state.capture()
+        Checkpoint(run.run_id, sim.round, sim.elapsed(), capture, str(sim.device)).write(folder)
         last_checkpoint = time.monotonic()
 
     def on_round(record: RoundRecord) -> None:
