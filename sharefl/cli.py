@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import NoReturn
 
 from sharefl import __version__
-from sharefl.exit_status import ExitStatus, UserError, epilog
+from sharefl.errors import ShareflError, UserError
+from sharefl.exit_status import ExitStatus, epilog
 from sharefl.machine import forget_caught_interrupt, machine_info
 from sharefl.wording import counted
 
@@ -364,18 +365,6 @@ class _Parser(argparse.ArgumentParser):
         self.exit(ExitStatus.CONFIG, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
-USER_ERRORS: tuple[tuple[str, tuple[str, ...], ExitStatus], ...] = (
-    ("sharefl.simulator.datasets", ("MissingDataError",), ExitStatus.DATA_MISSING),
-    ("sharefl.simulator.errors", ("SimulatorError",), ExitStatus.CONFIG),
-    ("sharefl.robust.base", ("AggregationError",), ExitStatus.CONFIG),
-    ("sharefl.privacy.errors", ("PrivacyError",), ExitStatus.CONFIG),
-    ("sharefl.protocol.errors", ("ConfigurationError", "LeakageError"), ExitStatus.CONFIG),
-    ("sharefl.deploy.results", ("ResumeError",), ExitStatus.CONFIG),
-)
-"""(module, exception class names, status): the errors a user causes and can fix. The
-first match wins, so a subclass comes before its base."""
-
-
 EXTRA_OF_MODULE = {
     "grpc": "grpc",
     "google": "grpc",
@@ -387,19 +376,6 @@ EXTRA_OF_MODULE = {
     "flwr": "flower",
 }
 """Top-level module → the extra of ``pyproject.toml`` that installs it."""
-
-
-def _user_error_status(exc: BaseException) -> ExitStatus | None:
-    """The exit status of an error the user can fix, or None for a bug. Only modules
-    already imported are consulted (``info`` does not import torch to classify an error)."""
-    if isinstance(exc, UserError):
-        return exc.status
-    for module, names, status in USER_ERRORS:
-        loaded = sys.modules.get(module)
-        classes = tuple(getattr(loaded, name) for name in names) if loaded else ()
-        if classes and isinstance(exc, classes):
-            return status
-    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -433,8 +409,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         status = ExitStatus.CONFIG
     except Exception as exc:
         error = exc
-        user_status = _user_error_status(exc)
-        if user_status is None:
+        user_status = exc.exit_status if isinstance(exc, ShareflError) else None
+        if user_status is None:  # not an error a user causes: a bug, with its traceback
             raise
         message, status = str(exc), user_status
     if args.debug:

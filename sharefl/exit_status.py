@@ -45,12 +45,3 @@ def epilog() -> str:
     lines += [f"  {int(status):>3}  {MEANING[status]}" for status in ExitStatus]
     lines.append("--debug (before the command) prints the traceback behind an error.")
     return "\n".join(lines)
-
-
-class UserError(Exception):
-    """An error the user can fix, with the status the command exits with; the CLI prints
-    ``sharefl COMMAND: <message>`` as one line, without a traceback."""
-
-    def __init__(self, message: str, status: ExitStatus = ExitStatus.CONFIG) -> None:
-        super().__init__(message)
-        self.status = status

@@ -1,7 +1,9 @@
-"""One base exception per package, and no class name defined twice.
+"""One base exception per package under one root, and no class name defined twice.
 
 Every public exception class a package defines derives from that package's base, so a caller
-can catch "anything sharefl.crypto refused" with one ``except``. No two modules define a
+can catch "anything sharefl.crypto refused" with one ``except``, and every base derives from
+:class:`~sharefl.errors.ShareflError`, so one ``except`` catches anything sharefl raised on
+purpose; each error's ``exit_status`` is what the command line exits with. No two modules define a
 public class (exception, config or record) under the same name, so an import never silently
 picks the wrong one (the generated protobuf module ``sharefl.proto`` is excluded: its message
 classes mirror the protocol's on purpose).
@@ -19,7 +21,8 @@ import pytest
 import sharefl
 from sharefl.crypto.errors import CryptoError
 from sharefl.deploy.errors import DeployError
-from sharefl.exit_status import UserError
+from sharefl.errors import ShareflError, UserError
+from sharefl.exit_status import ExitStatus
 from sharefl.privacy.errors import PrivacyError
 from sharefl.protocol.errors import ProtocolError
 from sharefl.robust.base import AggregationError
@@ -33,7 +36,7 @@ BASES: dict[str, type[BaseException]] = {
     "sharefl.robust": AggregationError,
     "sharefl.privacy": PrivacyError,
     "sharefl.simulator": SimulatorError,
-    "sharefl.exit_status": UserError,  # the CLI's own errors (with their exit status)
+    "sharefl.errors": ShareflError,  # the root, and the CLI's own UserError
 }
 
 
@@ -72,6 +75,14 @@ def test_every_public_exception_derives_from_its_package_base():
             wrong.append(f"{module}.{cls.__name__} does not derive from {base.__name__}")
     assert len(exceptions) > 40  # the walk found the package's exceptions
     assert not wrong, "\n".join(wrong)
+
+
+def test_every_exception_has_the_one_root_and_says_what_the_command_line_exits_with():
+    exceptions = [c for _, c in _defined_classes() if issubclass(c, BaseException)]
+    assert [c for c in exceptions if not issubclass(c, ShareflError)] == []
+    for cls in exceptions:
+        assert cls.exit_status is None or isinstance(cls.exit_status, ExitStatus), cls
+    assert UserError("x", ExitStatus.REFUSED).exit_status is ExitStatus.REFUSED
 
 
 def test_package_bases_are_distinct_and_deploy_errors_are_protocol_errors():

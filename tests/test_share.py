@@ -101,8 +101,8 @@ def _clusterings_per_round(sim: Simulation, rounds: int) -> list[tuple]:
     return seen
 
 
-def test_fixed_clustering_keeps_the_same_clusters_across_rounds():
-    fixed = simulation(secure_aggregation={"clustering": "fixed", "reclusterings": 2})
+def test_fixed_plan_keeps_the_same_clusters_across_rounds():
+    fixed = simulation(secure_aggregation={"clustering": "fixed_plan", "reclusterings": 2})
     seen = _clusterings_per_round(fixed, 3)
     assert seen[0] == seen[1] == seen[2]
     assert seen[0][0] != seen[0][1]  # two different clusterings inside the round

@@ -28,7 +28,7 @@ from test_sim_outputs import DECENTRALIZED, FEDERATED, RSA
 
 from sharefl.machine import stop_at_a_safe_point
 from sharefl.simulator import checkpoint as checkpoint_module
-from sharefl.simulator.checkpoint import CHECKPOINT_FILE, Checkpoint, CheckpointError, LoopState
+from sharefl.simulator.checkpoint import CHECKPOINT_FILE, CheckpointError, LoopCheckpoint, LoopState
 from sharefl.simulator.config import expand
 from sharefl.simulator.loops import build_loop
 from sharefl.simulator.results import MODEL_FILE, ROUNDS_CSV_FILE, ROUNDS_FILE, SUMMARY_FILE
@@ -99,8 +99,8 @@ def test_a_loop_restored_after_any_round_is_the_uninterrupted_loop(name, tmp_pat
         stopped = build_loop(run)
         state = LoopState(stopped)
         assert _records(stopped, stop) == expected[:stop]
-        Checkpoint(run.run_id, stop, stopped.elapsed(), state.capture()).write(tmp_path)
-        saved = Checkpoint.read(tmp_path, run.run_id)
+        LoopCheckpoint(run.run_id, stop, stopped.elapsed(), state.capture()).write(tmp_path)
+        saved = LoopCheckpoint.read(tmp_path, run.run_id)
         assert saved is not None and saved.round == stop
         resumed = build_loop(run)
         LoopState(resumed).restore(saved.state)
@@ -136,15 +136,15 @@ def test_a_state_made_of_what_pickle_cannot_write_is_named():
 
 
 def test_a_checkpoint_of_another_run_or_a_damaged_file_is_refused(tmp_path):
-    Checkpoint("other-run", 1, 0.0, b"").write(tmp_path)
+    LoopCheckpoint("other-run", 1, 0.0, b"").write(tmp_path)
     with pytest.raises(CheckpointError, match="belongs to run other-run"):
-        Checkpoint.read(tmp_path, "this-run")
+        LoopCheckpoint.read(tmp_path, "this-run")
     (tmp_path / CHECKPOINT_FILE).write_bytes(b"\x80\x05 truncated")
     with pytest.raises(CheckpointError, match="delete it to start the run again"):
-        Checkpoint.read(tmp_path, "this-run")
-    assert Checkpoint.read(tmp_path / "absent", "this-run") is None
+        LoopCheckpoint.read(tmp_path, "this-run")
+    assert LoopCheckpoint.read(tmp_path / "absent", "this-run") is None
     with pytest.raises(CheckpointError, match="resume it with --device cuda:0"):
-        Checkpoint("this-run", 1, 0.0, b"", device="cuda:0").check_device("cpu")
+        LoopCheckpoint("this-run", 1, 0.0, b"", device="cuda:0").check_device("cpu")
 
 
 # -- the runner: files, signals, --resume ------------------------------------------------
@@ -208,7 +208,7 @@ def test_sigint_checkpoints_the_round_under_way_and_resume_finishes_the_same_run
     with pytest.raises(KeyboardInterrupt):
         run_one(run, tmp_path / "stopped", simulation_factory=_factory(signal_in=3))
     folder = tmp_path / "stopped" / run.run_id
-    saved = Checkpoint.read(folder, run.run_id)
+    saved = LoopCheckpoint.read(folder, run.run_id)
     assert saved is not None and saved.round == 3  # the round the signal landed in
     assert not (folder / SUMMARY_FILE).exists()
     outcome = run_one(run, tmp_path / "stopped", resume=True, simulation_factory=_factory())
@@ -227,7 +227,7 @@ def test_periodic_checkpoints_resume_from_the_last_one_and_rewrite_later_rows(tm
             run, tmp_path / "stopped", simulation_factory=_factory(die_in=5), checkpoint_every=0
         )
     folder = tmp_path / "stopped" / run.run_id
-    saved = Checkpoint.read(folder, run.run_id)
+    saved = LoopCheckpoint.read(folder, run.run_id)
     assert saved is not None and saved.round == 4
     rows = (folder / ROUNDS_FILE).read_text().splitlines()
     (folder / ROUNDS_FILE).write_text(
@@ -287,7 +287,7 @@ def test_simulate_stopped_by_sigterm_resumes_as_documented(tmp_path):
     assert code == 130, err[-3000:]
     assert "checkpointed after round" in err and "--resume continues" in err
     (folder,) = stopped.iterdir()
-    saved = Checkpoint.read(folder, folder.name)
+    saved = LoopCheckpoint.read(folder, folder.name)
     assert saved is not None and 20 <= saved.round < 300
     done = subprocess.run(
         [*command, "--out", str(stopped), "--resume"], capture_output=True, text=True

@@ -8,8 +8,10 @@ subclass that also derives from :class:`ValueError`, so generic handlers still w
 
 from __future__ import annotations
 
+from sharefl.errors import ShareflError
 
-class CryptoError(Exception):
+
+class CryptoError(ShareflError):
     """Base class of every error raised by :mod:`sharefl.crypto`."""
 
 

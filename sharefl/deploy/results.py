@@ -58,6 +58,7 @@ from sharefl.deploy.config import (
     check_keep_aggregates,
 )
 from sharefl.deploy.errors import DeployError
+from sharefl.exit_status import ExitStatus
 from sharefl.protocol.clustering import Clustering
 from sharefl.protocol.coordinator import Release
 from sharefl.protocol.memory import model_digest
@@ -77,6 +78,8 @@ model's on the wire (:func:`sharefl.deploy.wire.vector_to_proto` of a float32 mo
 
 class ResumeError(DeployError, ValueError):
     """A results folder that cannot be resumed (say what is wrong with it)."""
+
+    exit_status = ExitStatus.CONFIG
 
 
 def model_id(model: np.ndarray) -> str:

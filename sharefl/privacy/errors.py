@@ -7,9 +7,14 @@ generic handlers keep working.
 
 from __future__ import annotations
 
+from sharefl.errors import ShareflError
+from sharefl.exit_status import ExitStatus
 
-class PrivacyError(Exception):
+
+class PrivacyError(ShareflError):
     """Base class of every error raised by :mod:`sharefl.privacy`."""
+
+    exit_status = ExitStatus.CONFIG
 
 
 class PrivacyConfigError(PrivacyError, ValueError):

@@ -13,13 +13,18 @@ Two families:
 
 from __future__ import annotations
 
+from sharefl.errors import ShareflError
+from sharefl.exit_status import ExitStatus
 
-class ProtocolError(Exception):
+
+class ProtocolError(ShareflError):
     """Base class of every error raised by :mod:`sharefl.protocol`."""
 
 
 class ConfigurationError(ProtocolError, ValueError):
     """A cluster or session configuration that cannot run (say what to change)."""
+
+    exit_status = ExitStatus.CONFIG
 
 
 class ClientRefusal(ProtocolError):
@@ -118,3 +123,5 @@ class StageError(ProtocolError):
 class LeakageError(ProtocolError):
     """The planned clusterings let the server solve for individual updates or for sums of
     fewer than m clients; pass ``allow_leakage=True`` only if that is acceptable."""
+
+    exit_status = ExitStatus.CONFIG

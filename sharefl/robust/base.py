@@ -24,10 +24,15 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
+from sharefl.errors import ShareflError
+from sharefl.exit_status import ExitStatus
 
-class AggregationError(ValueError):
+
+class AggregationError(ShareflError, ValueError):
     """Bad parameters or inputs of a robust rule: f too large for n, a negative threshold,
     a non-2-D or non-floating input, weights of the wrong shape or sign."""
+
+    exit_status = ExitStatus.CONFIG
 
 
 def check_matrix(X: object, *, name: str = "X") -> Tensor:

@@ -32,7 +32,7 @@ runs wrote.
 
 Files: ``checkpoint.pkl`` in the run's folder, written atomically
 (:func:`~sharefl.simulator.results.write_atomically`) with the run id, the round and the
-elapsed seconds beside the state (:class:`Checkpoint`).
+elapsed seconds beside the state (:class:`LoopCheckpoint`).
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ class CheckpointError(SimulatorError, ValueError):
 
 
 @dataclass(frozen=True)
-class Checkpoint:
+class LoopCheckpoint:
     """What ``checkpoint.pkl`` holds: the run it belongs to, the rounds done, the seconds
     the run had taken, and :meth:`LoopState.capture`'s bytes."""
 
@@ -116,7 +116,7 @@ class Checkpoint:
         return path
 
     @staticmethod
-    def read(folder: Path, run_id: str) -> Checkpoint | None:
+    def read(folder: Path, run_id: str) -> LoopCheckpoint | None:
         """The checkpoint in ``folder`` (``None`` if there is none).
 
         Raises:
@@ -132,7 +132,7 @@ class Checkpoint:
                 f"{path} cannot be read ({type(exc).__name__}: {exc}); delete it to start "
                 "the run again"
             ) from exc
-        if not isinstance(checkpoint, Checkpoint) or checkpoint.format != FORMAT:
+        if not isinstance(checkpoint, LoopCheckpoint) or checkpoint.format != FORMAT:
             raise CheckpointError(f"{path} is not a checkpoint of this sharefl; delete it")
         if checkpoint.run_id != run_id:
             raise CheckpointError(

@@ -3,8 +3,19 @@
 ``secure_aggregation.clustering``:
 
 - ``"random"`` (the paper's Algorithm 1): fresh clusterings every round;
-- ``"fixed"`` (Figure 9's baseline): the round-1 clusterings are drawn once and reused in
-  every round (the participants must be the same every round: ``clients.per_round = 0``).
+- ``"fixed"`` (Figure 9's baseline, "clusters are drawn once before training"): **one**
+  uniform random partition of the participants into clusters of m, drawn in round 1 and
+  used in every round. Needs ``reclusterings = 1`` (the config refuses more): reusing one
+  partition R times adds no equation and no mixture, so R > 1 could only mean the variant
+  below;
+- ``"fixed_plan"``: the round-1 *plan* of R clusterings (from the planner) reused in every
+  round. With R > 1 this still reclusters R times per round (with the safe planner: R
+  partitions inside fixed blocks of 2m), so it is not the paper's fixed baseline; it is
+  what ``"fixed"`` meant before ``"fixed"`` became one clustering, and
+  :attr:`~sharefl.simulator.config.RunConfig.run_id` hashes it as ``"fixed"`` so that the
+  runs recorded under that name keep their ids.
+
+Both fixed variants need the same participants every round (``clients.per_round = 0``).
 
 ``secure_aggregation.planner`` (R > 1 reclusterings of the same updates):
 
@@ -38,7 +49,8 @@ class ClusterSchedule:
     Attributes:
         settings: the run's ``[secure_aggregation]``.
         min_sum_size: no sum of fewer clients may become recoverable (the protocol's).
-        fixed: the clusterings drawn in round 1 when ``clustering = "fixed"``.
+        fixed: the clusterings drawn in round 1 when ``clustering`` is ``"fixed"`` (one)
+            or ``"fixed_plan"`` (R).
     """
 
     settings: SecureAggregationConfig
@@ -53,7 +65,9 @@ class ClusterSchedule:
         self, participants: Sequence[int], rng: np.random.Generator
     ) -> list[Clustering] | None:
         """The round's explicit clusterings, or ``None``: let the protocol's planner draw
-        them (``clustering = "random"``)."""
+        them (``clustering = "random"``). Every round of a fixed schedule gets the same list
+        (``"fixed"``: of one clustering). Raises :class:`SimulationConfigError` if the
+        participants change between rounds of a fixed schedule."""
         if self.settings.clustering == "random":
             return None
         ids = sorted(participants)
@@ -61,13 +75,17 @@ class ClusterSchedule:
             self.fixed = self._draw(ids, rng)
         elif sorted(self.fixed[0].members) != ids:
             raise SimulationConfigError(
-                'secure_aggregation.clustering = "fixed" needs the same participants every '
-                "round: set clients.per_round = 0"
+                f'secure_aggregation.clustering = "{self.settings.clustering}" needs the same '
+                "participants every round: set clients.per_round = 0"
             )
         return self.fixed
 
     def _draw(self, ids: list[int], rng: np.random.Generator) -> list[Clustering]:
         m, r = self.settings.cluster_size, self.settings.reclusterings
+        if self.settings.clustering == "fixed":
+            # One partition (the config holds reclusterings = 1): the same draw as the
+            # protocol's R = 1 plan under either planner.
+            return [random_clustering(ids, m, rng)]
         if self.planner is Planner.SAFE and r > 1:
             return _safe(ids, m, r, rng, min_sum_size=self.min_sum_size)
         return [random_clustering(ids, m, rng) for _ in range(r)]

@@ -295,14 +295,23 @@ class SecureAggregationConfig:
     clip: float = 1.0  # per-coordinate bound of the uploads (fixed-point encoding)
     allow_leakage: bool = False
     # -- SHARE (seed001): see sharefl.simulator.clustering_schedule --
-    clustering: str = "random"  # "random" (new clusters every round) or "fixed" (drawn once)
+    # "random" (new clusters every round), "fixed" (one clustering, drawn once, R = 1) or
+    # "fixed_plan" (round 1's R clusterings reused every round)
+    clustering: str = "random"
     planner: str = "safe"  # R > 1: "safe" (leak-free reclusterings) or "random" (paper's)
 
     def __post_init__(self) -> None:
         _require(self.cluster_size >= 1, "secure_aggregation.cluster_size must be >= 1")
         _require(
-            self.clustering in ("random", "fixed"),
-            'secure_aggregation.clustering must be "random" or "fixed"',
+            self.clustering in CLUSTERINGS,
+            f"secure_aggregation.clustering must be one of {CLUSTERINGS}",
+        )
+        _require(
+            self.clustering != "fixed" or self.reclusterings == 1,
+            'secure_aggregation.clustering = "fixed" is one clustering used in every round '
+            "(SHARE's Figure 9 baseline): set secure_aggregation.reclusterings = 1, or "
+            'clustering = "fixed_plan" to reuse round 1\'s '
+            f"{self.reclusterings} reclusterings in every round",
         )
         _require(
             self.planner in ("safe", "random"), 'secure_aggregation.planner: "safe" or "random"'
@@ -551,6 +560,9 @@ class RunConfig:
         for section, key in _SHARE_KEYS:  # ids of runs from before SHARE's options
             if settings[section][key] == getattr(_SHARE_DEFAULTS[section], key):
                 del settings[section][key]
+        share = settings["secure_aggregation"]
+        if share.get("clustering") == "fixed_plan":  # recorded as "fixed" before the split
+            share["clustering"] = "fixed"
         if self.decentralized == DecentralizedConfig():  # likewise
             del settings["decentralized"]
         blob = json.dumps(settings, sort_keys=True, default=str).encode()
@@ -559,6 +571,11 @@ class RunConfig:
         return f"{slug}-s{self.seed}-{hashlib.sha256(blob).hexdigest()[:10]}"
 
 
+CLUSTERINGS = ("random", "fixed", "fixed_plan")
+"""``secure_aggregation.clustering`` (:mod:`sharefl.simulator.clustering_schedule`). Before
+``"fixed_plan"`` existed, ``"fixed"`` reused round 1's R clusterings; runs of that kind are
+now ``"fixed_plan"`` and keep their ids (:attr:`RunConfig.run_id`), while ``"fixed"`` with
+R = 1 was and is one clustering."""
 NOISE_SPLITS = ("participants", "cluster")
 DISTRIBUTED_MECHANISMS = ("gaussian", "discrete_gaussian", "skellam")
 ROTATIONS = ("hadamard", "none")

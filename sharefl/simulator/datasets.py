@@ -47,6 +47,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from sharefl.exit_status import ExitStatus
 from sharefl.simulator.errors import SimulatorError
 
 
@@ -57,6 +58,8 @@ class DatasetError(SimulatorError, ValueError):
 class MissingDataError(DatasetError):
     """A dataset's files are neither on disk nor downloadable; the message (one line) says
     where they were looked for and how to provide them."""
+
+    exit_status = ExitStatus.DATA_MISSING
 
 
 @dataclass(frozen=True, eq=False)

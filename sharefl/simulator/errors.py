@@ -9,6 +9,11 @@ asked, bad arguments to a gradient-leakage attack) raises a subclass of
 
 from __future__ import annotations
 
+from sharefl.errors import ShareflError
+from sharefl.exit_status import ExitStatus
 
-class SimulatorError(Exception):
+
+class SimulatorError(ShareflError):
     """Base class of every error defined by :mod:`sharefl.simulator`."""
+
+    exit_status = ExitStatus.CONFIG

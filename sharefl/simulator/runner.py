@@ -33,7 +33,7 @@ from typing import Any, TextIO
 from sharefl.machine import stop_at_a_safe_point
 from sharefl.privacy.calibration import calibrate_noise
 from sharefl.privacy.errors import CalibrationError
-from sharefl.simulator.checkpoint import CHECKPOINT_FILE, Checkpoint, LoopState
+from sharefl.simulator.checkpoint import CHECKPOINT_FILE, LoopCheckpoint, LoopState
 from sharefl.simulator.config import RunConfig
 from sharefl.simulator.engine import Simulation
 from sharefl.simulator.loops import Loop, build_loop
@@ -189,7 +189,7 @@ def run_one(
             writer.finish(summary)
         return RunOutcome(run, folder, summary, True)
     label = f"{position}{run.label or run.name} seed {run.seed}"
-    checkpoint = Checkpoint.read(folder, run.run_id) if resume else None
+    checkpoint = LoopCheckpoint.read(folder, run.run_id) if resume else None
     if checkpoint is None and progress is not None and (folder / CHECKPOINT_FILE).is_file():
         progress.update(f"{label}: starting again (--resume continues a checkpoint)", final=True)
     outermost = folder  # the outermost folder this call creates, removed if the build fails
@@ -223,7 +223,7 @@ def run_one(
     def save_checkpoint() -> None:
         nonlocal last_checkpoint
         capture = state.capture()
-        Checkpoint(run.run_id, sim.round, sim.elapsed(), capture, str(sim.device)).write(folder)
+        LoopCheckpoint(run.run_id, sim.round, sim.elapsed(), capture, str(sim.device)).write(folder)
         last_checkpoint = time.monotonic()
 
     def on_round(record: RoundRecord) -> None:

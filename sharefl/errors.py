@@ -1,0 +1,35 @@
+"""The root of every exception sharefl defines, and what each means to the command line.
+
+Each package has its own base (:class:`~sharefl.crypto.errors.CryptoError`,
+:class:`~sharefl.protocol.errors.ProtocolError`, :class:`~sharefl.privacy.errors.PrivacyError`,
+:class:`~sharefl.robust.base.AggregationError`,
+:class:`~sharefl.simulator.errors.SimulatorError`, :class:`UserError` for the command line),
+and all of them derive from :class:`ShareflError`, so ``except ShareflError`` catches
+whatever sharefl raised on purpose. Errors that are also bad arguments derive from
+``ValueError`` too, so generic handlers keep working.
+
+An error's :attr:`ShareflError.exit_status` is the status ``sharefl`` exits with when the
+error ends a command: an :class:`~sharefl.exit_status.ExitStatus` for errors a user causes
+and can fix (the CLI prints the message, which says what to change, as one line), ``None``
+for errors that mean sharefl itself went wrong (the CLI lets them through, with their
+traceback). A subclass states its status where it is defined.
+"""
+
+from __future__ import annotations
+
+from sharefl.exit_status import ExitStatus
+
+
+class ShareflError(Exception):
+    """Base class of every exception sharefl defines."""
+
+    exit_status: ExitStatus | None = None
+
+
+class UserError(ShareflError):
+    """An error the user can fix, with the status the command exits with; the CLI prints
+    ``sharefl COMMAND: <message>`` as one line, without a traceback."""
+
+    def __init__(self, message: str, status: ExitStatus = ExitStatus.CONFIG) -> None:
+        super().__init__(message)
+        self.exit_status = status
