@@ -150,17 +150,17 @@ def run_server(
         if writer is not None and writer.rows:  # a run stopped after some rounds: keep them
             writer.finish(error=str(exc))
         _error("serve", str(exc))
-        return 2
+        return ExitStatus.CONFIG
     except KeyboardInterrupt:
         kept = ""
         if writer is not None:
             writer.finish(interrupted=True)
             kept = f"; {counted(len(writer.rows), 'finished round')} kept in {writer.folder}"
         _error("serve", "server interrupted" + kept)
-        return 130
+        return ExitStatus.INTERRUPTED
     if writer is not None:
         print(f"results in {writer.finish(result.traffic)}", file=sys.stderr)
-    return 0
+    return ExitStatus.OK
 
 
 def _server_config(config_path: str, out: str | None) -> tuple[DeploymentConfig, Any]:
@@ -271,10 +271,10 @@ def run_client(client_id: int, address: str, **kwargs: Any) -> int:
         report = _run_cancellable(runtime.run())
     except (ValueError, OSError) as exc:
         _error("client", str(exc))
-        return 2
+        return ExitStatus.CONFIG
     except ConnectionLost as exc:
         _error("client", str(exc))
-        return 3
+        return ExitStatus.UNREACHABLE
     except TrainerFailed as exc:
         _error("client", f"{exc} (fix the trainer; --debug shows its traceback)")
         return ExitStatus.USER_CODE_FAILED
@@ -283,13 +283,13 @@ def run_client(client_id: int, address: str, **kwargs: Any) -> int:
             "client",
             f"client {client_id}: the server refused: {exc.code().name}: {exc.details()}",
         )
-        return 4
+        return ExitStatus.REFUSED
     except ProtocolError as exc:  # ServerMisbehaved: nothing was revealed
         _error("client", f"client {client_id}: leaving the server: {exc}")
-        return 5
+        return ExitStatus.SERVER_MISBEHAVED
     except KeyboardInterrupt:
         _error("client", f"client {client_id} interrupted")
-        return 130
+        return ExitStatus.INTERRUPTED
     print(
         f"client {client_id}: {counted(report.rounds, 'round')}"
         + (f" ({report.sampled_out} not sampled)" if report.sampled_out else "")
@@ -297,7 +297,7 @@ def run_client(client_id: int, address: str, **kwargs: Any) -> int:
         + (f", refused {counted(len(report.refusals), 'request')}" if report.refusals else ""),
         file=sys.stderr,
     )
-    return 0
+    return ExitStatus.OK
 
 
 def write_address(path: Path) -> Callable[[str], None]:
@@ -374,7 +374,7 @@ def launch(config_path: str, clients: int | None, *, trainer: str, out: str | No
             clients = clients or config.server.clients
     except (ConfigurationError, SimulationConfigError) as exc:
         _error("launch", str(exc))
-        return 2
+        return ExitStatus.CONFIG
     if not out:
         print(
             "sharefl launch: no --out: the results are not kept (give --out DIR to keep "
@@ -411,7 +411,7 @@ def launch(config_path: str, clients: int | None, *, trainer: str, out: str | No
         _stop([server], grace=0)
         _stop(procs, grace=0)
         _error("launch", f"interrupted; server and {counted(len(procs), 'client')} stopped")
-        return 130
+        return ExitStatus.INTERRUPTED
     finally:
         port_dir.cleanup()
     failed = sum(1 for p in procs if p.returncode not in (0, None))
