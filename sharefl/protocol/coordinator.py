@@ -432,9 +432,12 @@ class ReleaseAuditor:
         # client -> position -> the sums it saw released there (several: all kept)
         self._seen: dict[int, dict[tuple[int, int], tuple[frozenset[int], ...]]] = {}
         self.approved: list[frozenset[int]] = []
+        # how many approved sets are not planned clusters: while it is 0 (and the plan
+        # passed its audit) the approved row space is inside the audited one
+        self._unplanned = 0
         for release in prior:
             row = frozenset(release.members)
-            self.approved.append(row)
+            self._approve([row])
             for client in row:
                 views = self._seen.setdefault(client, {})
                 views[release.position] = (*views.get(release.position, ()), row)
@@ -450,10 +453,11 @@ class ReleaseAuditor:
         ``neighbours`` its cluster's neighbour graph (``None``: complete)."""
         pieces = revealed_sums(members, neighbours)
         if not self._enforce:
-            self.approved.extend(pieces)
+            self._approve(pieces)
             return None
-        rows = [*self.approved, *pieces]
-        if not (self._plan_is_safe and all(r in self._planned for r in rows)):
+        planned = self._unplanned == 0 and all(p in self._planned for p in pieces)
+        if not (self._plan_is_safe and planned):
+            rows = [*self.approved, *pieces]
             report = audit_rows(
                 linked_to(pieces, rows), self._min, self._budget, colluders=self._colluders
             )
@@ -480,8 +484,12 @@ class ReleaseAuditor:
             for piece in pieces:
                 for client in piece:
                     self._seen.setdefault(client, {})[position] = tuple(pieces)
-        self.approved.extend(pieces)
+        self._approve(pieces)
         return None
+
+    def _approve(self, pieces: Sequence[frozenset[int]]) -> None:
+        self._unplanned += sum(piece not in self._planned for piece in pieces)
+        self.approved.extend(pieces)
 
 
 def _sums(pieces: Sequence[frozenset[int]]) -> str:
