@@ -10,6 +10,8 @@ by hypothesis:
   mode; the words are little-endian uint32/uint64, reduced mod 2^b when masks are combined.
 - The AEAD is AES-256-GCM with a 12-byte nonce, ``nonce ‖ ciphertext ‖ tag`` and the
   envelope's associated data, rebuilt here byte by byte from the format in docs.
+- HKDF-SHA256, which sharefl computes with one-shot HMAC calls, against ``cryptography``'s
+  HKDF and RFC 5869's test case 3.
 
 pycryptodome is in the ``[test]`` extra: this module fails (never skips) without it.
 """
@@ -22,12 +24,14 @@ import numpy as np
 import pytest
 from conftest import examples
 from Crypto.Cipher import AES
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sharefl.crypto.aead import Envelope, decrypt, encrypt
 from sharefl.crypto.errors import DecryptionError
-from sharefl.crypto.kdf import PLAN_DIGEST_BYTES, KeyContext
+from sharefl.crypto.kdf import PLAN_DIGEST_BYTES, KeyContext, hkdf_sha256
 from sharefl.crypto.prg import MaskExpander, combine_masks, expand_mask
 
 _WORD = {32: "<u4", 64: "<u8"}
@@ -181,3 +185,24 @@ def test_aead_tampering_fails_in_both_implementations(
     gcm.update(_associated_data(context, sender, receiver))
     with pytest.raises(ValueError, match="MAC check failed"):
         gcm.decrypt_and_verify(bytes(sealed[12:-16]), bytes(sealed[-16:]))
+
+
+# -- HKDF-SHA256: sharefl's one-shot HMAC form against cryptography's HKDF and RFC 5869 ---
+
+
+def test_hkdf_matches_rfc5869_test_case_3():
+    """RFC 5869 A.3 (SHA-256, no salt, no info, L = 42)."""
+    okm = hkdf_sha256(bytes([0x0B]) * 22, b"", 42)
+    assert okm.hex() == (
+        "8da4e775a563c18f715f802a063c5a31b8a11f5c5ee1879ec3454e5f3c738d2d9d201395faa4b61a96c8"
+    )
+
+
+@given(
+    secret=st.binary(min_size=0, max_size=80),
+    info=st.binary(max_size=120),
+    length=st.integers(1, 255 * 32),
+)
+def test_hkdf_matches_cryptography_byte_for_byte(secret, info, length):
+    expected = HKDF(algorithm=hashes.SHA256(), length=length, salt=None, info=info).derive(secret)
+    assert hkdf_sha256(secret, info, length) == expected

@@ -15,12 +15,11 @@ from the same shared secret are independent (HKDF with distinct ``info``).
 from __future__ import annotations
 
 import enum
+import hmac
 import struct
 from dataclasses import dataclass, field
 
-from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from sharefl.crypto.errors import CryptoParameterError, InvalidKeyError
 
@@ -200,12 +199,25 @@ def derive_key(
         raise InvalidKeyError(f"an X25519 shared secret is {KEY_BYTES} bytes")
     if not isinstance(length, int) or isinstance(length, bool) or not 1 <= length <= 255 * 32:
         raise CryptoParameterError(f"an HKDF-SHA256 output is 1 to 8160 bytes; got {length!r}")
-    return HKDF(
-        algorithm=hashes.SHA256(),
-        length=length,
-        salt=None,
-        info=context.kdf_info(purpose, client_a, client_b),
-    ).derive(shared_secret)
+    return hkdf_sha256(shared_secret, context.kdf_info(purpose, client_a, client_b), length)
+
+
+_ZERO_SALT = bytes(32)
+
+
+def hkdf_sha256(secret: bytes, info: bytes, length: int) -> bytes:
+    """HKDF-SHA256 (RFC 5869) without salt (the RFC's default: 32 zero bytes):
+    ``PRK = HMAC(salt, secret)``, then ``T(i) = HMAC(PRK, T(i-1) | info | i)`` until
+    ``length`` bytes (at most 8160). Byte for byte ``cryptography``'s ``HKDF(SHA256(),
+    length, salt=None, info)`` (tested against it), with ``hmac.digest``'s one-shot C calls:
+    a key agreement in a cluster derives two keys per peer, and HKDF objects cost more than
+    the hashing."""
+    prk = hmac.digest(_ZERO_SALT, secret, "sha256")
+    blocks, block = [], b""
+    for counter in range(1, -(-length // 32) + 1):
+        block = hmac.digest(prk, block + info + bytes((counter,)), "sha256")
+        blocks.append(block)
+    return b"".join(blocks)[:length]
 
 
 def pairwise_key(

@@ -63,6 +63,15 @@ class RoundPlan:
         return len(self.clusterings)
 
     @cached_property
+    def _hash(self) -> int:
+        return hash((self.round, self.clusterings))
+
+    def __hash__(self) -> int:
+        # Hashed once: the plan is immutable, and every client of an in-process round looks
+        # its audit up by the plan (hashing 10^4 clients' plan for each of them was O(n^2)).
+        return self._hash
+
+    @cached_property
     def _digest(self) -> bytes:
         h = hashlib.sha256(PLAN_TAG)
         h.update(struct.pack(">IQI", PROTOCOL_VERSION, self.round, self.reclusterings))
