@@ -2,10 +2,16 @@
 
 One line on each side, as with Flower's own ``secaggplus_mod`` / ``SecAggPlusWorkflow``::
 
-    # client
-    app = ClientApp(client_fn=client_fn, mods=[sharefl_mod])
-    # server
+    # client (Message API: @app.train() functions; or ClientApp(client_fn=..., mods=[...]))
+    app = ClientApp(mods=[sharefl_mod])
+    # server, Message API: any strategy, wrapped
+    strategy = ShareflStrategy(FedAvg(fraction_train=1.0), cluster_size=5, clip=1.0)
+    # server, legacy API
     workflow = DefaultWorkflow(fit_workflow=ShareflWorkflow(cluster_size=5, clip=1.0))
+
+Both server forms run the same round (:meth:`ShareflWorkflow.secure_round`);
+:class:`ShareflStrategy` runs it in ``configure_train`` and hands the inner strategy the
+result as its clients' replies.
 
 :class:`ShareflWorkflow` drives one :class:`~sharefl.protocol.coordinator.RoundCoordinator`
 per Flower round (planning, audit, encoding, routing by the sender Flower authenticated,
@@ -93,12 +99,21 @@ if TYPE_CHECKING:
 
 try:  # flwr is the [flower] extra
     import flwr.compat.common.recorddict_compat as compat
-    from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+    from flwr.app import (
+        Array,
+        ArrayRecord,
+        ConfigRecord,
+        Context,
+        Message,
+        MetricRecord,
+        RecordDict,
+    )
     from flwr.app.message_type import MessageType
     from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
     from flwr.server.compat.legacy_context import LegacyContext
     from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD
     from flwr.server.workflow.constant import Key as WorkflowKey
+    from flwr.serverapp.strategy import Strategy
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
         'sharefl.integrations.flower needs flwr: pip install "sharefl[flower]"'
@@ -278,6 +293,18 @@ class Route:
 # ---- the server side ----------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class SecureRoundOutcome:
+    """What :meth:`ShareflWorkflow.secure_round` returns: the new global arrays (``None``:
+    nothing was released, the model stays), each trained node's training reply (node id →
+    the reply message, its arrays cleared: they never left the client), and the round's
+    failures."""
+
+    arrays: list[np.ndarray] | None
+    train_replies: dict[int, Message]
+    failures: Failures
+
+
 @dataclass
 class ShareflWorkflow:
     """A Flower fit workflow that aggregates with sharefl's cluster secure aggregation.
@@ -389,7 +416,6 @@ class ShareflWorkflow:
         parameters = compat.arrayrecord_to_parameters(
             context.state.array_records[MAIN_PARAMS_RECORD], keep_input=True
         )
-        global_arrays = parameters_to_ndarrays(parameters)
         instructions = context.strategy.configure_fit(
             current_round, parameters, context.client_manager
         )
@@ -397,19 +423,51 @@ class ShareflWorkflow:
             log.info("configure_fit: no clients selected, cancel")
             return
         proxies = {proxy.node_id: proxy for proxy, _ in instructions}
+        contents = {
+            proxy.node_id: compat.fitins_to_recorddict(ins, True) for proxy, ins in instructions
+        }
+        outcome = self.secure_round(
+            grid, current_round, contents, parameters_to_ndarrays(parameters)
+        )
+        if outcome.arrays is None:
+            return
+        new_parameters = ndarrays_to_parameters(outcome.arrays)
+        results = []
+        for node_id, reply in outcome.train_replies.items():
+            fitres = compat.recorddict_to_fitres(reply.content, keep_input=True)
+            fitres.parameters = new_parameters
+            results.append((proxies[node_id], fitres))
+        aggregated, metrics = context.strategy.aggregate_fit(
+            current_round, results, outcome.failures
+        )
+        if aggregated:
+            context.state.array_records[MAIN_PARAMS_RECORD] = compat.parameters_to_arrayrecord(
+                aggregated, True
+            )
+            context.history.add_metrics_distributed_fit(server_round=current_round, metrics=metrics)
+
+    def secure_round(
+        self,
+        grid,
+        current_round: int,
+        contents: Mapping[int, RecordDict],
+        global_arrays: Sequence[np.ndarray],
+    ) -> SecureRoundOutcome:
+        """One secure round over the nodes of ``contents`` (node id → the strategy's train
+        instructions, legacy fit instructions or Message-API ``arrays`` + ``config``): the
+        clients train when the first masking request brings them their instructions and
+        mask their updates; the rule's aggregate of the released sums is added to
+        ``global_arrays``. Serves both APIs (:meth:`__call__`, :class:`ShareflStrategy`).
+        """
         failures: Failures = []
         self.last_node_culprits = {}
         if self.signed:
-            route = self._hello(grid, current_round, sorted(proxies), failures)
+            route = self._hello(grid, current_round, sorted(contents), failures)
         else:
-            route = Route.identity(sorted(proxies))
+            route = Route.identity(sorted(contents))
         self.last_route = route
         clients = route.clients
-        fitins = {
-            clients[proxy.node_id]: compat.fitins_to_recorddict(ins, True)
-            for proxy, ins in instructions
-            if proxy.node_id in clients
-        }
+        fitins = {clients[nid]: content for nid, content in contents.items() if nid in clients}
         codec = WeightedUpdateCodec.like(global_arrays, self.clip, self.max_weight)
         encoder = None
         if self.privacy is not None:
@@ -428,10 +486,10 @@ class ShareflWorkflow:
             )
         except (ConfigurationError, LeakageError) as exc:
             log.error("sharefl: no round with %d clients: %s", len(fitins), exc)
-            return
-        fit_results: dict[int, Any] = {}
+            return SecureRoundOutcome(None, {}, failures)
+        train_replies: dict[int, Message] = {}
         while not rc.done:
-            self._reclustering(grid, rc, route, current_round, fitins, fit_results, failures)
+            self._reclustering(grid, rc, route, current_round, fitins, train_replies, failures)
         result = rc.result()
         self.last_result = result
         if encoder is None:
@@ -447,21 +505,12 @@ class ShareflWorkflow:
                 current_round,
                 failure_reasons(result, failures),
             )
-            return
+            return SecureRoundOutcome(None, {}, failures)
         new = [
             (g + u).astype(g.dtype, copy=False) for g, u in zip(global_arrays, update, strict=True)
         ]
-        new_parameters = ndarrays_to_parameters(new)
-        results = []
-        for cid, fitres in fit_results.items():
-            fitres.parameters = new_parameters
-            results.append((proxies[route.nodes[cid]], fitres))
-        aggregated, metrics = context.strategy.aggregate_fit(current_round, results, failures)
-        if aggregated:
-            context.state.array_records[MAIN_PARAMS_RECORD] = compat.parameters_to_arrayrecord(
-                aggregated, True
-            )
-            context.history.add_metrics_distributed_fit(server_round=current_round, metrics=metrics)
+        replies = {route.nodes[cid]: reply for cid, reply in train_replies.items()}
+        return SecureRoundOutcome(new, replies, failures)
 
     def _send(self, grid, contents: Mapping[int, RecordDict], group: str) -> list[Message]:
         """Send each node its content (a TRAIN message) and return the replies that came
@@ -535,7 +584,7 @@ class ShareflWorkflow:
         route: Route,
         current_round: int,
         fitins: Mapping[int, RecordDict],
-        fit_results: dict[int, Any],
+        train_replies: dict[int, Message],
         failures: Failures,
     ) -> None:
         first = rc.reclustering == 0
@@ -559,7 +608,7 @@ class ShareflWorkflow:
                 if reply.has_error():
                     failures.append(Exception(reply.error))
                     continue
-                self._deliver(rc, sender, reply.content, fit_results)
+                self._deliver(rc, sender, reply, train_replies)
             outgoing = {}
             if rc.reclustering_done:
                 break
@@ -573,8 +622,13 @@ class ShareflWorkflow:
         rc.close_reclustering()
 
     def _deliver(
-        self, rc: RoundCoordinator, cid: int, content: RecordDict, fit_results: dict[int, Any]
+        self,
+        rc: RoundCoordinator,
+        cid: int,
+        reply: Message,
+        train_replies: dict[int, Message],
     ) -> None:
+        content = reply.content
         try:
             message = records.from_record(
                 get_record(content, f"{PREFIX}.message"), records.CLIENT_MESSAGES
@@ -587,8 +641,8 @@ class ShareflWorkflow:
         except RejectedMessage as exc:
             log.warning("sharefl: %s", exc)
             return
-        if "fitres.status" in content.config_records:  # the first masking stage's reply
-            fit_results[cid] = compat.recorddict_to_fitres(content, keep_input=True)
+        if any(not name.startswith(PREFIX) for name in content):  # the training reply
+            train_replies[cid] = reply
 
     def _aggregate(
         self, result: RoundResult, codec: WeightedUpdateCodec
@@ -638,6 +692,74 @@ class ShareflWorkflow:
             sizes.append(torch.tensor([float(len(c.members)) for c in clusters]))
         mean = self._aggregator.average(rounds, sizes).numpy()
         return codec.split(mean)
+
+
+class ShareflStrategy(Strategy):
+    """sharefl's secure aggregation around any Message-API strategy (``FedAvg``, ``FedProx``,
+    ...), the way Flower's ``DifferentialPrivacyClientSideFixedClipping`` wraps one::
+
+        strategy = ShareflStrategy(FedAvg(fraction_train=1.0), cluster_size=3, clip=1.0)
+        result = strategy.start(grid=grid, initial_arrays=arrays, num_rounds=5)
+
+    ``options`` are :class:`ShareflWorkflow`'s (cluster size, clip, R, rule, timeout,
+    signed mode with a directory, distributed DP, ...); the workflow is :attr:`secure`, and
+    its ``last_result``, ``last_update``, ``last_epsilon`` describe the last round.
+
+    Each round, :meth:`configure_train` takes the inner strategy's train messages (its
+    sampling, its ``ArrayRecord`` and ``ConfigRecord``) and runs the whole secure round
+    through the grid (:meth:`ShareflWorkflow.secure_round`): the clients' ``@app.train()``
+    functions run on those instructions when the first masking request reaches them, behind
+    :func:`make_sharefl_mod`, and reply with a ``MetricRecord`` holding ``"num-examples"``.
+    It returns no message for ``start`` to send: :meth:`aggregate_train` hands the inner
+    strategy one reply per trained client, each carrying the new arrays (the rule's
+    aggregate of the released cluster sums) and that client's metrics, so the inner
+    strategy's metric aggregation and bookkeeping run unchanged. A round that released
+    nothing leaves the arrays as they were (``aggregate_train`` returns ``None`` for them).
+    Evaluation is the inner strategy's.
+    """
+
+    def __init__(self, strategy: Strategy, **options: Any) -> None:
+        self.strategy = strategy
+        self.secure = ShareflWorkflow(**options)
+        self._replies: list[Message] = []
+
+    def summary(self) -> None:
+        log.info("ShareflStrategy: %s, around:", self.secure.settings)
+        self.strategy.summary()
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid
+    ) -> Iterable[Message]:
+        messages = list(self.strategy.configure_train(server_round, arrays, config, grid))
+        self._replies = []
+        if not messages:
+            return []
+        contents = {m.metadata.dst_node_id: m.content for m in messages}
+        outcome = self.secure.secure_round(grid, server_round, contents, arrays.to_numpy_ndarrays())
+        if outcome.arrays is not None:
+            new = ArrayRecord(dict(zip(arrays.keys(), map(Array, outcome.arrays), strict=True)))
+            for reply in outcome.train_replies.values():
+                metrics = {k: v for k, v in reply.content.items() if isinstance(v, MetricRecord)}
+                reply.content = RecordDict({"arrays": new, **metrics})
+                self._replies.append(reply)
+        return []  # the round ran above; ``start`` has nothing more to send
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        if not self._replies:
+            return None, None
+        return self.strategy.aggregate_train(server_round, self._replies)
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid
+    ) -> Iterable[Message]:
+        return self.strategy.configure_evaluate(server_round, arrays, config, grid)
+
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
+        return self.strategy.aggregate_evaluate(server_round, replies)
 
 
 def failure_reasons(result: RoundResult, failures: Failures, most: int = 3) -> str:
@@ -844,18 +966,26 @@ class _Client:
         return out
 
     def _train(self, msg: Message, ctxt: Context, call_next, plan: RoundPlan) -> RecordDict:
-        if _FITINS_PARAMS not in msg.content.array_records:
-            raise FlowerIntegrationError(
-                "the first masking request carries no fit instructions; the server must be "
-                "a ShareflWorkflow"
-            )
-        received = parameters_to_ndarrays(
-            compat.arrayrecord_to_parameters(msg.content.array_records[_FITINS_PARAMS], True)
-        )
+        """Run the client app on the strategy's instructions (legacy fit instructions or a
+        Message-API ``ArrayRecord`` + ``ConfigRecord``), keep its update (trained − received)
+        encoded for masking, and return its reply with every array cleared."""
         inner = RecordDict({k: v for k, v in msg.content.items() if not k.startswith(PREFIX)})
+        legacy = _FITINS_PARAMS in inner.array_records
+        if legacy:
+            received = parameters_to_ndarrays(
+                compat.arrayrecord_to_parameters(inner.array_records[_FITINS_PARAMS], True)
+            )
+        elif len(inner.array_records) == 1:
+            received = next(iter(inner.array_records.values())).to_numpy_ndarrays()
+        else:
+            raise FlowerIntegrationError(
+                "the first masking request carries no training instructions (fit instructions "
+                "or one ArrayRecord); the server must be a ShareflWorkflow or ShareflStrategy"
+            )
         out = call_next(_with_content(msg, inner), ctxt)
-        fitres = compat.recorddict_to_fitres(out.content, keep_input=True)
-        trained = parameters_to_ndarrays(fitres.parameters)
+        if out.has_error():
+            raise FlowerIntegrationError(f"the client app failed to train: {out.error.reason}")
+        trained, weight = _training_reply(out.content, legacy)
         delta = [t.astype(np.float64) - r for t, r in zip(trained, received, strict=True)]
         if self.privacy is not None:
             flat = np.concatenate([d.reshape(-1) for d in delta]) if delta else np.zeros(0)
@@ -866,12 +996,39 @@ class _Client:
             max_weight = float(encoding_record.pop("max_weight"))
             encoding = records.from_record(encoding_record, RingEncoding)
             codec = WeightedUpdateCodec.like(received, encoding.clip, max_weight)
-            ring = encode(codec.encode(delta, fitres.num_examples), encoding, rng=None)
+            ring = encode(codec.encode(delta, weight), encoding, rng=None)
         self._save("input", {"vector": ring})
         content = out.content
         for arrays in content.array_records.values():
             arrays.clear()  # the trained arrays never leave the client in the clear
         return content
+
+
+WEIGHT_METRIC = "num-examples"
+"""The metric a Message-API training reply weighs its update by (Flower's strategies
+aggregate by it by default: ``weighted_by_key``)."""
+
+
+def _training_reply(content: RecordDict, legacy: bool) -> tuple[list[np.ndarray], float]:
+    """(trained arrays, weight) of a client app's training reply. Raises
+    :class:`FlowerIntegrationError` for a Message-API reply without exactly one
+    ``ArrayRecord`` or without :data:`WEIGHT_METRIC` in its ``MetricRecord``."""
+    if legacy:
+        fitres = compat.recorddict_to_fitres(content, keep_input=True)
+        return parameters_to_ndarrays(fitres.parameters), float(fitres.num_examples)
+    if len(content.array_records) != 1:
+        raise FlowerIntegrationError(
+            f"a training reply needs exactly one ArrayRecord (the trained model); this one has "
+            f"{len(content.array_records)}"
+        )
+    weights = [m[WEIGHT_METRIC] for m in content.metric_records.values() if WEIGHT_METRIC in m]
+    if len(weights) != 1:
+        raise FlowerIntegrationError(
+            f"a training reply needs one MetricRecord with {WEIGHT_METRIC!r} (the number of "
+            "examples the update is weighted by, as Flower's strategies expect)"
+        )
+    trained = next(iter(content.array_records.values())).to_numpy_ndarrays()
+    return trained, float(cast(float, weights[0]))
 
 
 _client_encoder = functools.lru_cache(maxsize=4)(DistributedEncoder)
