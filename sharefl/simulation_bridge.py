@@ -39,7 +39,7 @@ from sharefl.deploy.config import (
 from sharefl.deploy.distributed import DistributedRingInputs
 from sharefl.deploy.server import descend
 from sharefl.robust.hierarchical import ClusterScale, HierarchicalAggregator
-from sharefl.simulator.components import build_rule
+from sharefl.robust.registry import build_rule
 from sharefl.simulator.config import RunConfig, SimulationConfigError, load_runs
 from sharefl.simulator.engine import Simulation
 from sharefl.simulator.preflight import check_run
@@ -124,8 +124,8 @@ class RobustStrategy:
     Algorithm 1), then ``model ← model − learning_rate × aggregate``
     (:func:`~sharefl.deploy.server.descend`); the model starts at zero.
 
-    Raises :class:`~sharefl.simulator.config.SimulationConfigError` (a ``ValueError``) for an
-    unknown rule, option or pre-aggregator.
+    Raises :class:`~sharefl.robust.base.AggregationError` (a ``ValueError``) for an unknown
+    rule, option or pre-aggregator (:mod:`sharefl.robust.registry`).
     """
 
     def __init__(self, config: DeploymentConfig) -> None:

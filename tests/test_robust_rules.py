@@ -111,7 +111,7 @@ def test_hierarchical_errors() -> None:
         HierarchicalAggregator(rule=Median(), scale="mean")(SUMS)
     with pytest.raises(AggregationError, match="positive client counts"):
         HierarchicalAggregator(rule=Median(), scale="mean")(SUMS, [1, 2])
-    with pytest.raises(AggregationError, match="Aggregator or ZenoPlusPlus"):
+    with pytest.raises(AggregationError, match="an Aggregator, a Pipeline or ZenoPlusPlus"):
         HierarchicalAggregator(rule=lambda X: X.mean(0))  # type: ignore[arg-type]
     with pytest.raises(ValueError):
         HierarchicalAggregator(rule=Median(), scale="median")  # type: ignore[arg-type]

@@ -38,6 +38,7 @@ import torch
 from torch import Tensor
 
 from sharefl.robust.base import AggregationError, Aggregator, check_matrix
+from sharefl.robust.preagg import Pipeline
 from sharefl.robust.zeno import ZenoPlusPlus
 
 
@@ -78,7 +79,7 @@ def prob_always_with_byzantine(n: int, q: int, m: int, rounds: int) -> float:
     return (1.0 - clean) ** rounds
 
 
-ClusterRule = Aggregator | ZenoPlusPlus
+ClusterRule = Aggregator | Pipeline | ZenoPlusPlus
 
 
 def _sizes(sizes: Sequence[int] | Tensor | None, c: int, like: Tensor) -> Tensor:
@@ -98,7 +99,9 @@ class HierarchicalAggregator:
 
     Attributes:
         rule: an :class:`~sharefl.robust.base.Aggregator` whose ``f`` counts corrupted
-            *clusters*, or :class:`~sharefl.robust.zeno.ZenoPlusPlus`.
+            *clusters*, a :class:`~sharefl.robust.preagg.Pipeline` (pre-aggregators over
+            the cluster means, then its aggregator; no weights), or
+            :class:`~sharefl.robust.zeno.ZenoPlusPlus`.
         scale: :class:`ClusterScale` (``TOTAL`` by default, as in SHARE).
 
     Call with the ``[c, d]`` cluster sums of one reclustering round, the cluster sizes
@@ -110,9 +113,10 @@ class HierarchicalAggregator:
     scale: ClusterScale = ClusterScale.TOTAL
 
     def __post_init__(self) -> None:
-        if not isinstance(self.rule, Aggregator | ZenoPlusPlus):
+        if not isinstance(self.rule, Aggregator | Pipeline | ZenoPlusPlus):
             raise AggregationError(
-                f"rule must be an Aggregator or ZenoPlusPlus, got {type(self.rule).__name__}"
+                "rule must be an Aggregator, a Pipeline or ZenoPlusPlus, got "
+                f"{type(self.rule).__name__}"
             )
         object.__setattr__(self, "scale", ClusterScale(self.scale))
 
@@ -120,7 +124,9 @@ class HierarchicalAggregator:
     def tolerance(self) -> int | None:
         """Byzantine clients tolerated in the worst case (Lemma 2): the rule's ``f`` over
         clusters; ``None`` for Zeno++, which tolerates any number of bad clusters."""
-        return None if isinstance(self.rule, ZenoPlusPlus) else self.rule.f
+        if isinstance(self.rule, ZenoPlusPlus):
+            return None
+        return self.rule.aggregator.f if isinstance(self.rule, Pipeline) else self.rule.f
 
     @torch.no_grad()
     def __call__(
@@ -138,7 +144,8 @@ class HierarchicalAggregator:
             return self.rule(sums, **rule_inputs) * c
         s = _sizes(sizes, c, sums)
         means = (sums / s.to(sums.dtype)[:, None]).to(sums.dtype)
-        if self.rule.accepts_weights:
+        # a Pipeline's pre-aggregators make other rows than the clusters: no weights then
+        if isinstance(self.rule, Aggregator) and self.rule.accepts_weights:
             weighted: Callable[..., Tensor] = self.rule  # a rule that takes weights=
             return weighted(means, weights=s, **rule_inputs)
         return self.rule(means, **rule_inputs)

@@ -27,21 +27,10 @@ from sharefl.privacy.schedules import (
     NoiseSchedule,
     StaircaseSchedule,
 )
+from sharefl.robust import registry
+from sharefl.robust.registry import RULES
 from sharefl.simulator import attacks
 from sharefl.simulator.config import PrivacyConfig, SimulationConfigError
-
-AGGREGATORS: dict[str, type] = {
-    "mean": robust.Mean,
-    "median": robust.Median,
-    "trimmed_mean": robust.TrimmedMean,
-    "meamed": robust.MeaMed,
-    "krum": robust.Krum,
-    "multi_krum": robust.MultiKrum,
-    "mda": robust.MDA,
-    "geometric_median": robust.GeometricMedian,
-    "centered_clipping": robust.CenteredClipping,
-}
-"""Rules over the rows of an ``[n, d]`` matrix (individual uploads or cluster means)."""
 
 SERVER_RULES = ("noise_filter",)
 """Rules that need the server's auxiliary data and the individual uploads."""
@@ -151,31 +140,17 @@ def build_attack(name: str, options: dict[str, Any], *, noise_std: float) -> Att
 
 
 def build_rule(name: str, options: dict[str, Any], pre: list[str], generator: torch.Generator):
-    """A robust rule over rows (optionally behind pre-aggregators ``"nnm"``/``"bucketing"``).
-
-    ``f`` in the options counts corrupted rows: Byzantine clients without secure
-    aggregation, corrupted *clusters* with it (SHARE's Lemma 2).
-    """
-    if name not in AGGREGATORS:
+    """The rule ``name`` of :mod:`sharefl.robust.registry` (optionally behind the
+    pre-aggregators ``"nnm"``/``"bucketing"``); raises :class:`SimulationConfigError` with
+    the registry's message (naming the key), and lists the server rules too."""
+    if name not in RULES:
         raise SimulationConfigError(
-            f"aggregator.name must be one of {sorted(AGGREGATORS) + list(SERVER_RULES)}, "
-            f"got {name!r}"
+            f"aggregator.name must be one of {sorted(RULES) + list(SERVER_RULES)}, got {name!r}"
         )
-    rule = _construct("aggregator", name, AGGREGATORS[name], options)
-    if not pre:
-        return rule
-    steps: list[robust.PreAggregator] = []
-    f = int(options.get("f", 0))
-    for step in pre:
-        if step == "nnm":
-            steps.append(robust.NNM(f=f))
-        elif step == "bucketing":
-            steps.append(robust.Bucketing(generator=generator))
-        else:
-            raise SimulationConfigError(
-                f'aggregator.pre entries must be "nnm" or "bucketing", not {step!r}'
-            )
-    return robust.Pipeline(aggregator=rule, pre=tuple(steps))
+    try:
+        return registry.build_rule(name, options, pre, generator)
+    except robust.AggregationError as exc:
+        raise SimulationConfigError(str(exc)) from exc
 
 
 def build_noise_filter(

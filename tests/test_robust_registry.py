@@ -1,0 +1,69 @@
+"""The rules by name (``sharefl.robust.registry``): what every configuration file's
+``[aggregator]`` is looked up in, by the simulator and the deployment alike, and rules with
+pre-aggregators over cluster sums (a ``Pipeline`` under ``HierarchicalAggregator``, which
+refused it before: a deployment's ``pre = ["nnm"]`` could not start)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from sharefl.deploy.config import AggregatorSection, DeploymentConfig, ModelSection
+from sharefl.deploy.server import ReleasedSum
+from sharefl.robust import NNM, AggregationError, Krum, Pipeline
+from sharefl.robust.hierarchical import ClusterScale, HierarchicalAggregator
+from sharefl.robust.registry import RULES, build_rule
+from sharefl.simulation_bridge import RobustStrategy
+from sharefl.simulator.components import build_rule as simulator_build_rule
+from sharefl.simulator.config import SimulationConfigError
+
+OPTIONS = {"krum": {"f": 1}, "multi_krum": {"f": 1}, "mda": {"f": 1}, "trimmed_mean": {"f": 1}}
+
+
+@pytest.mark.parametrize("name", sorted(RULES))
+def test_every_named_rule_builds_and_aggregates(name):
+    rule = build_rule(name, OPTIONS.get(name, {}))
+    assert isinstance(rule, RULES[name])
+    X = torch.randn(7, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    assert rule(X).shape == (5,)
+
+
+def test_a_bad_name_option_or_pre_aggregator_names_the_key():
+    with pytest.raises(AggregationError, match=r"aggregator\.name must be one of"):
+        build_rule("kurm")
+    with pytest.raises(AggregationError, match="'krum' with options"):
+        build_rule("krum", {"q": 1})
+    with pytest.raises(AggregationError, match=r"aggregator\.pre entries must be one of"):
+        build_rule("krum", {"f": 1}, ["bucket"])
+    with pytest.raises(SimulationConfigError, match="noise_filter"):  # the simulator's list
+        simulator_build_rule("kurm", {}, [], torch.Generator())
+
+
+def test_a_pipeline_over_cluster_means_is_the_pipeline_of_the_means():
+    """Oracle: the means computed here, then NNM and Krum by hand."""
+    sums = torch.randn(6, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    sizes = [3, 3, 2, 3, 3, 2]
+    rule = build_rule("krum", {"f": 1}, ["nnm"])
+    assert isinstance(rule, Pipeline)
+    hierarchical = HierarchicalAggregator(rule=rule, scale=ClusterScale.MEAN)
+    assert hierarchical.tolerance == 1
+    means = sums / torch.tensor(sizes, dtype=torch.float64)[:, None]
+    expected = Krum(f=1)(NNM(f=1)(means))
+    torch.testing.assert_close(hierarchical(sums, sizes), expected, rtol=0, atol=0)
+
+
+def test_a_deployment_with_pre_aggregators_steps_with_them():
+    config = DeploymentConfig(
+        model=ModelSection(dim=3, learning_rate=1.0),
+        aggregator=AggregatorSection(name="krum", options={"f": 1}, pre=["nnm"]),
+    )
+    strategy = RobustStrategy(config)
+    rng = np.random.default_rng(3)
+    sums = [rng.normal(size=3) * 3 for _ in range(5)]
+    released = [[ReleasedSum(s, (3 * i, 3 * i + 1, 3 * i + 2)) for i, s in enumerate(sums)]]
+    model = strategy.initial_model()
+    updated, aggregate, _ = strategy.apply(model, 0, released)
+    means = torch.as_tensor(np.stack(sums) / 3)
+    np.testing.assert_allclose(aggregate, Krum(f=1)(NNM(f=1)(means)).numpy(), rtol=1e-12)
+    np.testing.assert_allclose(updated, model - aggregate, rtol=1e-6)
