@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 from conftest import PYTHON, start_server
 
-from sharefl.crypto.signatures import IdentityKey
+from sharefl.crypto.signatures import IdentityKey, stream_hello_message
 from sharefl.deploy.client import ClientRuntime, ConnectionLost, read_tls
 from sharefl.deploy.config import (
     DeploymentConfig,
@@ -35,7 +35,7 @@ from sharefl.deploy.config import (
     load_config,
 )
 from sharefl.deploy.keygen import keygen, load_identity
-from sharefl.deploy.server import deployment_rng, hello_statement, validate_deployment
+from sharefl.deploy.server import deployment_rng, validate_deployment
 from sharefl.proto import sharefl_pb2 as pb
 from sharefl.proto import sharefl_pb2_grpc as pb_grpc
 from sharefl.protocol.client import ClientPolicy
@@ -210,7 +210,7 @@ async def hello(
         call = pb_grpc.AggregationStub(channel).Session()
         challenge = await call.read()
         nonce = challenge.challenge.nonce
-        signature = identity.sign(hello_statement(nonce, client_id))
+        signature = identity.sign(stream_hello_message(nonce, client_id))
         await call.write(
             pb.ClientMessage(
                 hello=pb.Hello(

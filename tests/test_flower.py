@@ -22,7 +22,7 @@ from flwr.server.compat.legacy_context import LegacyContext
 from flwr.server.strategy import FedAvg
 from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD
 
-from sharefl.crypto.signatures import IdentityKey
+from sharefl.crypto.signatures import IdentityKey, node_hello_message
 from sharefl.deploy.keygen import keygen
 from sharefl.integrations.flower import (
     PREFIX,
@@ -30,7 +30,6 @@ from sharefl.integrations.flower import (
     FlowerIntegrationError,
     ShareflWorkflow,
     get_record,
-    hello_statement,
     make_sharefl_mod,
     policy_from_node_config,
     put_record,
@@ -318,7 +317,7 @@ def replaying(node_id: int, client: int):
 
     def mod(msg, ctxt, call_next):
         nonce = get_record(msg.content, STAGE_RECORD)["nonce"]
-        signature = IDENTITIES[client].sign(hello_statement(node_id, client, nonce))
+        signature = IDENTITIES[client].sign(node_hello_message(node_id, client, nonce))
         out = RecordDict()
         put_record(out, f"{PREFIX}.hello", {"client_id": client, "signature": signature})
         return Message(out, reply_to=msg)

@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 from conftest import PYTHON, serving, start_server
 
-from sharefl.crypto.signatures import IdentityKey
+from sharefl.crypto.signatures import IdentityKey, stream_hello_message
 from sharefl.deploy import wire
 from sharefl.deploy.client import ClientRuntime
 from sharefl.deploy.config import (
@@ -42,7 +42,7 @@ from sharefl.deploy.results import (
     load_checkpoint,
     model_id,
 )
-from sharefl.deploy.server import ClientLink, ServerRun, hello_statement, serve
+from sharefl.deploy.server import ClientLink, ServerRun, serve
 from sharefl.proto import sharefl_pb2 as pb
 from sharefl.proto import sharefl_pb2_grpc as pb_grpc
 from sharefl.protocol.audit import audit
@@ -376,7 +376,7 @@ def test_a_client_still_writing_when_its_stream_ends_reads_the_reason(tmp_path):
                     hello=pb.Hello(
                         client_id=1,
                         identity_public=identity.public,
-                        signature=identity.sign(hello_statement(nonce, 1)),
+                        signature=identity.sign(stream_hello_message(nonce, 1)),
                     )
                 )
             )

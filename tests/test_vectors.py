@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from sharefl.crypto import aead, kdf, shamir, signatures
-from sharefl.deploy import server, wire
+from sharefl.deploy import wire
 from sharefl.protocol import bundles, plan
 
 HERE = Path(__file__).resolve().parent / "vectors"
@@ -95,7 +95,7 @@ MUTATIONS = [
     ("signed_statements", signatures, "advertised_keys_message", _flip_last_byte),
     ("signed_statements", signatures, "client_list_message", _flip_last_byte),
     ("signed_statements", signatures.IdentityKey, "sign", _flip_last_byte),
-    ("hello", server, "hello_statement", _flip_last_byte),
+    ("hello", signatures, "stream_hello_message", _flip_last_byte),
     ("plan_digest", plan.RoundPlan, "digest", _flip_last_byte),
     ("shamir_share", shamir.Share, "to_bytes", _flip_last_byte),
     ("shamir_share", bundles.SharePair, "to_plaintext", _flip_last_byte),

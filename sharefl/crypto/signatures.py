@@ -1,10 +1,13 @@
-"""Ed25519 identity keys and the two signed statements of the protocol.
+"""Ed25519 identity keys and every statement a client signs.
 
 When the server is not trusted to behave, clients sign (a) the keys they advertise for a
 (round, reclustering, cluster), so the server cannot substitute its own, and (b) the list
 of clients they saw survive to the masked-input stage (the consistency check), so the
-server cannot show different lists to different clients. Messages are canonical,
-domain-separated byte strings; :func:`verify` raises :class:`SignatureError`.
+server cannot show different lists to different clients. The transports bind a connection
+to a directory id with a hello: (c) over sharefl's gRPC stream
+(:func:`stream_hello_message`), (d) inside Flower, where the node id is Flower's
+(:func:`node_hello_message`). Messages are canonical, domain-separated byte strings (each
+tag differs from every other); :func:`verify` raises :class:`SignatureError`.
 """
 
 from __future__ import annotations
@@ -20,6 +23,9 @@ from sharefl.crypto.errors import CryptoParameterError, InvalidKeyError, Signatu
 from sharefl.crypto.kdf import KEY_BYTES, KeyContext
 
 SIGNATURE_BYTES = 64
+HELLO_NONCE_BYTES = 32
+STREAM_HELLO_TAG = b"sharefl/hello\x00"
+NODE_HELLO_TAG = b"sharefl/flower-hello\x00"
 
 
 @dataclass(frozen=True, repr=False)
@@ -109,3 +115,30 @@ def client_list_message(context: KeyContext, client_ids: Iterable[int], label: s
         + context.to_bytes()
         + struct.pack(f">I{len(ids)}Q", len(ids), *ids)
     )
+
+
+def _check_hello(nonce: bytes, *ids: int) -> None:
+    if len(nonce) != HELLO_NONCE_BYTES:
+        raise CryptoParameterError(f"a hello nonce is {HELLO_NONCE_BYTES} bytes, got {len(nonce)}")
+    if not all(0 <= i < 2**64 for i in ids):
+        raise CryptoParameterError(f"ids are in [0, 2^64), got {list(ids)}")
+
+
+def stream_hello_message(nonce: bytes, client_id: int) -> bytes:
+    """What a client signs to authenticate its gRPC stream as ``client_id``, answering the
+    server's fresh ``nonce`` (no replay on another stream). Raises
+    :class:`CryptoParameterError` for a nonce of the wrong size or an id outside
+    [0, 2^64)."""
+    _check_hello(nonce, client_id)
+    return STREAM_HELLO_TAG + bytes(nonce) + client_id.to_bytes(8, "big")
+
+
+def node_hello_message(node_id: int, client_id: int, nonce: bytes) -> bytes:
+    """What a client signs in a Flower round's ``hello`` stage: it is ``client_id`` of the
+    directory, reachable as Flower node ``node_id``, answering the server's fresh ``nonce``.
+    The node id (which Flower authenticates as the reply's sender) stops another node
+    replaying it; the nonce stops a replay in a later round. Raises
+    :class:`CryptoParameterError` for a nonce of the wrong size or an id outside
+    [0, 2^64)."""
+    _check_hello(nonce, node_id, client_id)
+    return NODE_HELLO_TAG + struct.pack(">QQ", node_id, client_id) + bytes(nonce)

@@ -54,7 +54,7 @@ import numpy as np
 from grpc._cython.cygrpc import InternalError as _GrpcInternalError
 
 from sharefl.crypto.encoding import RingEncoding, encode
-from sharefl.crypto.signatures import IdentityKey
+from sharefl.crypto.signatures import HELLO_NONCE_BYTES, IdentityKey, stream_hello_message
 from sharefl.deploy import wire
 from sharefl.deploy.config import is_loopback
 from sharefl.deploy.errors import DeployError
@@ -63,7 +63,6 @@ from sharefl.deploy.server import (
     MAX_MESSAGE_BYTES,
     MIN_PING_INTERVAL_S,
     TRANSPORT_OPTIONS,
-    hello_statement,
     keepalive_options,
 )
 from sharefl.proto import sharefl_pb2 as pb
@@ -136,7 +135,7 @@ STAGES = ("advertise", "share", "mask", "consistency", "unmask")
 MAX_MODEL_LENGTH = 1 << 28
 """Default bound on the model length a client accepts (2^28 float32 = 1 GiB)."""
 
-NONCE_BYTES = 32
+NONCE_BYTES = HELLO_NONCE_BYTES
 SERVER_TIMEOUT_S = 60.0
 """Default bound on how long a client waits for a silent server before it gives up."""
 READ_TIMEOUT_S = 900.0
@@ -501,7 +500,7 @@ class ClientRuntime:
                 hello=pb.Hello(
                     client_id=self.client_id,
                     identity_public=self.identity.public,
-                    signature=self.identity.sign(hello_statement(nonce, self.client_id)),
+                    signature=self.identity.sign(stream_hello_message(nonce, self.client_id)),
                 )
             ),
         )

@@ -46,7 +46,12 @@ from google.protobuf.message import DecodeError
 from sharefl import __version__
 from sharefl.crypto.errors import SignatureError
 from sharefl.crypto.kdf import KEY_BYTES
-from sharefl.crypto.signatures import SIGNATURE_BYTES, verify
+from sharefl.crypto.signatures import (
+    HELLO_NONCE_BYTES,
+    SIGNATURE_BYTES,
+    stream_hello_message,
+    verify,
+)
 from sharefl.deploy import wire
 from sharefl.deploy.config import DeploymentConfig, check_secure_deployment
 from sharefl.deploy.distributed import deployment_encoder, input_length
@@ -72,7 +77,6 @@ if TYPE_CHECKING:  # grpc ships no type stubs here: to mypy this is Any, kept fo
     SessionContext: TypeAlias = grpc.aio.ServicerContext[pb.ClientMessage, pb.ServerMessage]
     """The server's end of one ``Session`` stream."""
 
-HELLO_TAG = b"sharefl/hello\x00"
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 TRANSPORT_OPTIONS = (
     ("grpc.http2.lookahead_bytes", 16 * 1024 * 1024),
@@ -107,11 +111,6 @@ def server_keepalive_options(interval_s: float) -> list[tuple[str, int]]:
         ("grpc.http2.min_recv_ping_interval_without_data_ms", int(MIN_PING_INTERVAL_S * 1000)),
         ("grpc.http2.max_ping_strikes", 0),
     ]
-
-
-def hello_statement(nonce: bytes, client_id: int) -> bytes:
-    """What a client signs to authenticate its stream."""
-    return HELLO_TAG + nonce + client_id.to_bytes(8, "big")
 
 
 class StreamError(DeployError):
@@ -942,7 +941,7 @@ class AggregationService(pb_grpc.AggregationServicer):
         """Challenge, authenticate and register the stream's client. Raises
         :class:`StreamError` (see :meth:`_authenticate`, :func:`check_certificate`,
         :meth:`ServerRun.register`)."""
-        nonce = os.urandom(32)
+        nonce = os.urandom(HELLO_NONCE_BYTES)
         await context.write(
             pb.ServerMessage(challenge=pb.Challenge(nonce=nonce, server_version=__version__))
         )
@@ -1030,7 +1029,11 @@ class AggregationService(pb_grpc.AggregationServicer):
                     grpc.StatusCode.PERMISSION_DENIED, f"client {client_id} is not in the directory"
                 )
         try:
-            verify(bytes(hello.identity_public), hello_statement(nonce, client_id), hello.signature)
+            verify(
+                bytes(hello.identity_public),
+                stream_hello_message(nonce, client_id),
+                hello.signature,
+            )
         except SignatureError as exc:
             raise StreamError(
                 grpc.StatusCode.UNAUTHENTICATED, f"client {client_id}: Hello signature invalid"

@@ -55,7 +55,6 @@ import hashlib
 import json
 import logging
 import os
-import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,7 +66,13 @@ import torch
 from sharefl.crypto.encoding import RingEncoding, encode
 from sharefl.crypto.errors import CryptoError, SignatureError
 from sharefl.crypto.kdf import KEY_BYTES
-from sharefl.crypto.signatures import SIGNATURE_BYTES, IdentityKey, verify
+from sharefl.crypto.signatures import (
+    HELLO_NONCE_BYTES,
+    SIGNATURE_BYTES,
+    IdentityKey,
+    node_hello_message,
+    verify,
+)
 from sharefl.privacy.distributed import DistributedDPConfig, DistributedEncoder, ReleaseLedger
 from sharefl.privacy.secure_random import SecureRandom
 from sharefl.protocol import records
@@ -170,28 +175,11 @@ def _drop_record(content: RecordDict, name: str) -> None:
 
 # ---- identities ---------------------------------------------------------------------------
 
-HELLO_TAG = b"sharefl/flower-hello\x00"
-"""Domain separation of the hello statement (distinct from every other signed statement)."""
-NONCE_BYTES = 32
+NONCE_BYTES = HELLO_NONCE_BYTES
 IDENTITY_CONFIG = "sharefl-identity"
 """The node-config key naming a client's identity file (:func:`policy_from_node_config`)."""
 DIRECTORY_CONFIG = "sharefl-directory"
 """The node-config key naming the directory file (:func:`policy_from_node_config`)."""
-
-
-def hello_statement(node_id: int, client_id: int, nonce: bytes) -> bytes:
-    """The bytes a client signs in the ``hello`` stage: it is ``client_id`` of the directory,
-    reachable as Flower node ``node_id``, answering the server's fresh ``nonce``. The node
-    id (which Flower authenticates as the reply's sender) stops another node replaying it;
-    the nonce stops a replay in a later round. Raises :class:`FlowerIntegrationError` for an
-    id outside [0, 2^64) or a nonce of the wrong size."""
-    if len(nonce) != NONCE_BYTES:
-        raise FlowerIntegrationError(f"a hello nonce is {NONCE_BYTES} bytes, got {len(nonce)}")
-    if not (0 <= node_id < 2**64 and 0 <= client_id < 2**64):
-        raise FlowerIntegrationError(
-            f"node and client ids are in [0, 2^64), got {node_id}, {client_id}"
-        )
-    return HELLO_TAG + struct.pack(">QQ", node_id, client_id) + bytes(nonce)
 
 
 def checked_directory(directory: Mapping[int, bytes]) -> dict[int, bytes]:
@@ -570,7 +558,7 @@ class ShareflWorkflow:
         if cid not in self._directory:
             raise RejectedMessage(f"it claims client {cid}, which the directory lacks", cid)
         try:
-            verify(self._directory[cid], hello_statement(node_id, cid, nonce), signature)
+            verify(self._directory[cid], node_hello_message(node_id, cid, nonce), signature)
         except SignatureError as exc:
             raise RejectedMessage(
                 f"its hello as client {cid} is not signed by that client's identity", cid
@@ -891,7 +879,7 @@ class _Client:
         if self.policy.identity is None:
             raise ConfigurationError("a signed round needs policy.identity and policy.directory")
         cid = self.signed_id()
-        signature = self.policy.identity.sign(hello_statement(self.node_id, cid, nonce))
+        signature = self.policy.identity.sign(node_hello_message(self.node_id, cid, nonce))
         out = RecordDict()
         put_record(out, f"{PREFIX}.hello", {"client_id": cid, "signature": signature})
         return out

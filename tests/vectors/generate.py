@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from sharefl.crypto import aead, kdf, shamir, signatures
-from sharefl.deploy import server, wire
+from sharefl.deploy import wire
 from sharefl.protocol import bundles, plan
 from sharefl.protocol.clustering import Clustering
 
@@ -107,7 +107,7 @@ def signed_statement_vectors(inputs: Inputs) -> Outputs:
 
 def hello_vectors(inputs: Inputs) -> Outputs:
     """The statement a client signs to authenticate its stream, and its signature."""
-    statement = server.hello_statement(bytes.fromhex(inputs["nonce"]), inputs["client"])
+    statement = signatures.stream_hello_message(bytes.fromhex(inputs["nonce"]), inputs["client"])
     return {"statement": statement.hex(), "signature": _identity(inputs).sign(statement).hex()}
 
 
