@@ -97,6 +97,7 @@ from sharefl.protocol.updates import WeightedUpdateCodec
 from sharefl.robust.base import Aggregator
 from sharefl.robust.coordinate import Mean
 from sharefl.robust.hierarchical import ClusterScale, HierarchicalAggregator
+from sharefl.wording import counted
 
 if TYPE_CHECKING:
     from flwr.common import FitRes
@@ -766,9 +767,11 @@ def failure_reasons(result: RoundResult, failures: Failures, most: int = 3) -> s
     clusters = [f"{f.stage}: {f.reason}" for r in result.reclusterings for f in r.failed]
     parts = []
     if errors:
-        parts.append(f"{len(errors)} client error replies: {top(errors)}")
+        parts.append(
+            f"{counted(len(errors), 'client error reply', 'client error replies')}: {top(errors)}"
+        )
     if clusters:
-        parts.append(f"{len(clusters)} clusters failed: {top(clusters)}")
+        parts.append(f"{counted(len(clusters), 'cluster')} failed: {top(clusters)}")
     return (" — " + " | ".join(parts)) if parts else ""
 
 
