@@ -17,7 +17,8 @@ from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAvg
 from test_flower import NODES, SHAPES, FakeGrid, fedavg, task_identity, updates_for
 
-from sharefl.integrations.flower import ShareflStrategy
+from sharefl.integrations.flower import NothingReleased, ShareflStrategy
+from sharefl.protocol.errors import ConfigurationError
 from sharefl.robust.coordinate import Median
 
 __all__ = ["task_identity"]  # the fixture that stamps the server app's run id
@@ -124,3 +125,23 @@ def test_rounds_chain_and_a_round_that_releases_nothing_keeps_the_arrays():
     result, _ = start(silent, apps, global_arrays, error_at=everyone)
     assert silent.secure.last_update is None
     assert len(result.arrays) == 0  # as FedAvg without replies: no new arrays this round
+
+
+def test_rounds_that_release_nothing_stop_the_run_with_their_reason():
+    """``max_empty_rounds`` empty rounds in a row raise NothingReleased naming the last
+    round's reasons; a round that releases resets the count."""
+    updates = updates_for(NODES, seed=8)
+    global_arrays = [np.zeros(s, np.float32) for s in SHAPES]
+    apps = {nid: train_app(*updates[nid]) for nid in NODES}
+    refusing = dict.fromkeys(NODES, "MaskingRequest")
+    strategy = ShareflStrategy(
+        fedavg_strategy(len(NODES)), cluster_size=5, clip=1.0, seed=3, max_empty_rounds=2
+    )
+    start(strategy, apps, global_arrays, error_at=refusing)
+    assert strategy.secure.empty_rounds == 1
+    start(strategy, apps, global_arrays)  # released: the count starts again
+    assert strategy.secure.empty_rounds == 0
+    with pytest.raises(NothingReleased, match=r"2 rounds in a row .* client error replies"):
+        start(strategy, apps, global_arrays, rounds=2, error_at=refusing)
+    with pytest.raises(ConfigurationError, match="max_empty_rounds must be >= 1"):
+        ShareflStrategy(fedavg_strategy(2), cluster_size=3, clip=1.0, max_empty_rounds=0)

@@ -145,6 +145,12 @@ class FlowerIntegrationError(ProtocolError, ValueError):
     bad arguments (ids out of range, two clients routed to one node)."""
 
 
+class NothingReleased(ProtocolError):
+    """``max_empty_rounds`` rounds in a row released no cluster sum: the run stops (a run
+    that goes on would only look finished, untrained). The message names the last round's
+    reasons (the clients' refusals and errors, the clusters' failures)."""
+
+
 # ---- records <-> Flower records -----------------------------------------------------------
 
 
@@ -332,6 +338,9 @@ class ShareflWorkflow:
             client's ε at ``delta`` so far (:class:`~sharefl.privacy.distributed.
             ReleaseLedger`). ``clip`` and ``max_weight`` are then unused.
         delta: δ of ``last_epsilon``.
+        max_empty_rounds: after this many rounds in a row that released no cluster sum, the
+            round raises :class:`NothingReleased` with the last round's reasons, stopping
+            the run (``None``: never; every such round is logged with its reasons).
 
     Attributes set by each round: ``last_result`` (the :class:`RoundResult`, its culprits
     by client id), ``last_update`` (the aggregated update arrays, or ``None``),
@@ -363,6 +372,8 @@ class ShareflWorkflow:
     privacy: DistributedDPConfig | None = None
     delta: float = 1e-5
     last_epsilon: float | None = field(default=None, init=False)
+    max_empty_rounds: int | None = 3
+    empty_rounds: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
         self.settings = SecureAggregationSettings(
@@ -378,6 +389,10 @@ class ShareflWorkflow:
         )
         if not self.settings.secure:
             raise ConfigurationError("cluster_size 1 is no secure aggregation; use FedAvg")
+        if self.max_empty_rounds is not None and self.max_empty_rounds < 1:
+            raise ConfigurationError(
+                f"max_empty_rounds must be >= 1 (or None: never stop), got {self.max_empty_rounds}"
+            )
         self._directory = self._load_directory()
         self._aggregator = HierarchicalAggregator(rule=self.rule or Mean(), scale=ClusterScale.MEAN)
         self._rng = np.random.default_rng(self.seed)
@@ -474,8 +489,8 @@ class ShareflWorkflow:
                 directory=self._directory,
             )
         except (ConfigurationError, LeakageError) as exc:
-            log.error("sharefl: no round with %d clients: %s", len(fitins), exc)
-            return SecureRoundOutcome(None, {}, failures)
+            reason = f" — no round with {counted(len(fitins), 'client')}: {exc}"
+            return self._nothing_released(current_round, reason, failures)
         train_replies: dict[int, Message] = {}
         while not rc.done:
             self._reclustering(grid, rc, route, current_round, fitins, train_replies, failures)
@@ -489,17 +504,30 @@ class ShareflWorkflow:
             )
         self.last_update = update
         if update is None:
-            log.error(
-                "sharefl: round %d released no cluster sum; the model is unchanged%s",
-                current_round,
-                failure_reasons(result, failures),
+            return self._nothing_released(
+                current_round, failure_reasons(result, failures), failures
             )
-            return SecureRoundOutcome(None, {}, failures)
+        self.empty_rounds = 0
         new = [
             (g + u).astype(g.dtype, copy=False) for g, u in zip(global_arrays, update, strict=True)
         ]
         replies = {route.nodes[cid]: reply for cid, reply in train_replies.items()}
         return SecureRoundOutcome(new, replies, failures)
+
+    def _nothing_released(
+        self, current_round: int, reasons: str, failures: Failures
+    ) -> SecureRoundOutcome:
+        """Log a round that released nothing, and raise :class:`NothingReleased` when it is
+        the ``max_empty_rounds``-th in a row."""
+        self.empty_rounds += 1
+        message = f"round {current_round} released no cluster sum; the model is unchanged{reasons}"
+        log.error("sharefl: %s", message)
+        if self.max_empty_rounds is not None and self.empty_rounds >= self.max_empty_rounds:
+            raise NothingReleased(
+                f"{counted(self.empty_rounds, 'round')} in a row released no cluster sum, the "
+                f"run stops (ShareflWorkflow(max_empty_rounds=...)); the last: {message}"
+            )
+        return SecureRoundOutcome(None, {}, failures)
 
     def _send(self, grid, contents: Mapping[int, RecordDict], group: str) -> list[Message]:
         """Send each node its content (a TRAIN message) and return the replies that came
