@@ -111,12 +111,6 @@ def deployment_for(run: RunConfig, simulation: Simulation) -> DeploymentConfig:
     )
 
 
-def check_cluster_rule(rule: HierarchicalAggregator, clusters: int) -> None:
-    """Run ``rule`` once over ``clusters`` zero sums; raises the rule's ``ValueError``
-    (``AggregationError``) when it cannot aggregate that many (``f`` too large...)."""
-    rule(torch.zeros(clusters, 2, dtype=torch.float64), [2] * clusters)
-
-
 class RobustStrategy:
     """The server strategy of a deployment file with an ``[aggregator]`` table: any
     :mod:`sharefl.robust` rule (named as in simulation configs, with its options and
@@ -139,14 +133,13 @@ class RobustStrategy:
         return np.zeros(self.dim, dtype=np.float32)
 
     def check(self, clusters: int) -> None:
-        check_cluster_rule(self.rule, clusters)
+        self.rule.check_clusters(clusters)
 
     def apply(
         self, model: np.ndarray, round_index: int, released: list
     ) -> tuple[np.ndarray, np.ndarray, str]:
-        rounds = [torch.as_tensor(np.stack([s.value for s in sums])) for sums in released]
-        sizes = [[len(s.members) for s in sums] for sums in released]
-        aggregate = self.rule.average(rounds, sizes).cpu().numpy()
+        pairs = [[(s.value, len(s.members)) for s in sums] for sums in released]
+        aggregate = self.rule.aggregate_released(pairs).cpu().numpy()
         updated = descend(model, self.learning_rate, aggregate)
         return updated, aggregate, f", {type(self.rule.rule).__name__} over cluster sums"
 

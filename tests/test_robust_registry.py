@@ -67,3 +67,21 @@ def test_a_deployment_with_pre_aggregators_steps_with_them():
     means = torch.as_tensor(np.stack(sums) / 3)
     np.testing.assert_allclose(aggregate, Krum(f=1)(NNM(f=1)(means)).numpy(), rtol=1e-12)
     np.testing.assert_allclose(updated, model - aggregate, rtol=1e-6)
+
+
+def test_the_released_sums_of_a_round_are_aggregated_in_one_place():
+    """``aggregate_released`` (what every transport calls): the rule per reclustering over
+    the cluster means, reclusterings that released nothing skipped, the rest averaged."""
+    rule = HierarchicalAggregator(rule=build_rule("median"), scale=ClusterScale.MEAN)
+    a = [(np.array([3.0, 6.0]), 3), (np.array([2.0, 2.0]), 2), (np.array([9.0, 0.0]), 3)]
+    b = [(np.array([4.0, 4.0]), 2), (np.array([0.0, 3.0]), 3), (np.array([6.0, 6.0]), 3)]
+    got = rule.aggregate_released([a, [], b])
+    median_a = torch.tensor([1.0, 1.0], dtype=torch.float64)  # means (1, 2), (1, 1), (3, 0)
+    median_b = torch.tensor([2.0, 2.0], dtype=torch.float64)  # means (2, 2), (0, 1), (2, 2)
+    torch.testing.assert_close(got, (median_a + median_b) / 2, rtol=0, atol=1e-12)
+    with pytest.raises(AggregationError, match="at least one reclustering"):
+        rule.aggregate_released([[], []])
+    krum = HierarchicalAggregator(rule=build_rule("krum", {"f": 1}), scale=ClusterScale.MEAN)
+    krum.check_clusters(5)
+    with pytest.raises(AggregationError, match=r"needs n >= 2f \+ 3 = 5 rows, got n = 4"):
+        krum.check_clusters(4)

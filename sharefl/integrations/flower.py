@@ -61,7 +61,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
-import torch
 
 from sharefl.crypto.encoding import RingEncoding, encode
 from sharefl.crypto.errors import CryptoError, SignatureError
@@ -667,23 +666,21 @@ class ShareflWorkflow:
         """The rule over each reclustering's cluster means (weighted by the clusters' total
         weights where the rule takes weights: Mean gives FedAvg exactly), averaged over
         the reclusterings; ``None`` when nothing was released."""
-        rounds, sizes = [], []
+        released = []
         for reclustering in result.reclusterings:
             if not reclustering.clusters:
                 continue
             means, weights = codec.cluster_means(
                 np.stack([c.float_sum for c in reclustering.clusters])
             )
-            keep = weights > 0
-            if not keep.any():
-                continue
-            # HierarchicalAggregator's MEAN scale divides by the sizes and weights by them.
-            rounds.append(torch.from_numpy(means[keep] * weights[keep][:, None]))
-            sizes.append(torch.from_numpy(weights[keep]))
-        if not rounds:
+            # the MEAN scale divides each sum by its size and weights by it: with the
+            # clusters' total weights as sizes, Mean is FedAvg exactly
+            released.append(
+                [(m * w, float(w)) for m, w in zip(means, weights, strict=True) if w > 0]
+            )
+        if not any(released):
             return None
-        mean = self._aggregator.average(rounds, sizes).numpy()
-        return codec.split(mean)
+        return codec.split(self._aggregator.aggregate_released(released).numpy())
 
     def _aggregate_ring(
         self,
@@ -701,14 +698,11 @@ class ShareflWorkflow:
         self.last_epsilon = self._ledger.epsilon(self.delta)
         if not released:
             return None
-        rounds, sizes = [], []
-        for clusters in released:
-            rounds.append(
-                torch.from_numpy(np.stack([encoder.decode(c.ring_sum, seed) for c in clusters]))
-            )
-            sizes.append(torch.tensor([float(len(c.members)) for c in clusters]))
-        mean = self._aggregator.average(rounds, sizes).numpy()
-        return codec.split(mean)
+        decoded = [
+            [(encoder.decode(c.ring_sum, seed), float(len(c.members))) for c in clusters]
+            for clusters in released
+        ]
+        return codec.split(self._aggregator.aggregate_released(decoded).numpy())
 
 
 class ShareflStrategy(Strategy):

@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -82,7 +83,7 @@ def prob_always_with_byzantine(n: int, q: int, m: int, rounds: int) -> float:
 ClusterRule = Aggregator | Pipeline | ZenoPlusPlus
 
 
-def _sizes(sizes: Sequence[int] | Tensor | None, c: int, like: Tensor) -> Tensor:
+def _sizes(sizes: Sequence[float] | Tensor | None, c: int, like: Tensor) -> Tensor:
     if sizes is None:
         raise AggregationError(
             "the MEAN scale needs the cluster sizes (len(members) of each cluster sum)"
@@ -130,7 +131,7 @@ class HierarchicalAggregator:
 
     @torch.no_grad()
     def __call__(
-        self, sums: Tensor, sizes: Sequence[int] | Tensor | None = None, **rule_inputs: Any
+        self, sums: Tensor, sizes: Sequence[float] | Tensor | None = None, **rule_inputs: Any
     ) -> Tensor:
         """Aggregate one round's cluster sums (shape ``[c, d]``) into one vector ``[d]``."""
         sums = check_matrix(sums, name="sums")
@@ -154,7 +155,7 @@ class HierarchicalAggregator:
     def average(
         self,
         rounds: Sequence[Tensor],
-        sizes: Sequence[Sequence[int] | Tensor | None] | None = None,
+        sizes: Sequence[Sequence[float] | Tensor | None] | None = None,
         **rule_inputs: Any,
     ) -> Tensor:
         """Algorithm 1's ``(1/R) Σ_r g^r`` over the reclustering rounds of one global step.
@@ -173,3 +174,24 @@ class HierarchicalAggregator:
             total = g.clone() if total is None else total.add_(g)
         assert total is not None
         return total / len(rounds)
+
+    def aggregate_released(
+        self, released: Sequence[Sequence[tuple[Tensor | np.ndarray, float]]], **rule_inputs: Any
+    ) -> Tensor:
+        """The aggregate of the sums a secure round released: ``released[r]`` holds
+        reclustering r's ``(cluster sum [d], members)`` pairs; the rule runs over each
+        reclustering's sums (:meth:`__call__`) and the reclusterings that released something
+        are averaged (:meth:`average`). This is what every transport does with a round.
+
+        Raises:
+            AggregationError: nothing was released, or the rule cannot take that many sums.
+        """
+        kept = [sums for sums in released if sums]
+        rounds = [torch.stack([torch.as_tensor(s) for s, _ in sums]) for sums in kept]
+        sizes = [[n for _, n in sums] for sums in kept]
+        return self.average(rounds, sizes, **rule_inputs)
+
+    def check_clusters(self, clusters: int) -> None:
+        """Raise :class:`AggregationError` when the rule cannot aggregate ``clusters`` cluster
+        sums (``f`` too large for them...): it runs once over zero sums of 2 members."""
+        self(torch.zeros(clusters, 2, dtype=torch.float64), [2] * clusters)

@@ -185,15 +185,13 @@ class Server:
         averaged."""
         if not isinstance(self.rule, HierarchicalAggregator):
             raise SimulationConfigError("cluster sums need secure_aggregation.cluster_size >= 2")
-        rounds = [torch.as_tensor(np.stack([s for s, _ in sums])) for sums in released]
-        sizes = [[size for _, size in sums] for sums in released]
-        return self.rule.average(rounds, sizes).to(self.w.dtype).to(self.device)
+        return self.rule.aggregate_released(released).to(self.w.dtype).to(self.device)
 
     def check_clusters(self, clusters: int) -> None:
         """Raise the rule's ``ValueError`` when it cannot aggregate ``clusters`` cluster
         sums (``f`` too large...); nothing to check without clusters."""
         if isinstance(self.rule, HierarchicalAggregator):
-            self.rule(torch.zeros(clusters, 2, dtype=torch.float64), [2] * clusters)
+            self.rule.check_clusters(clusters)
 
     def auxiliary_gradient(self) -> Tensor:
         """The server's clean gradient on its auxiliary data at the current model."""

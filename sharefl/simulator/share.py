@@ -271,8 +271,10 @@ class ShareAggregation:
             flags = [[any(c in byzantine for c in m) for m in r] for r in members]
             return self.zeno.aggregate(rounds, w, len(ids), flags)
         assert self.rule is not None
-        sizes = [[len(m) for m in r] for r in members]
-        return self.rule.average(rounds, sizes).to(w.dtype).to(w.device)
+        pairs = [
+            list(zip(r, map(len, m), strict=True)) for r, m in zip(rounds, members, strict=True)
+        ]
+        return self.rule.aggregate_released(pairs).to(w.dtype).to(w.device)
 
     def account(self, released: list[tuple[int, ...]], honest: list[int]) -> None:
         """Record one round's released sums (survivors) for the ``honest`` clients."""
