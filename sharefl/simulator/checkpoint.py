@@ -53,7 +53,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from sharefl import __version__
 from sharefl.simulator.errors import SimulatorError
 from sharefl.simulator.results import write_atomically
 
@@ -106,7 +105,6 @@ class LoopCheckpoint:
     elapsed: float
     state: bytes
     device: str = "cpu"  # the loop's torch device: a run resumes on the device it ran on
-    version: str = __version__
     format: int = FORMAT
 
     def write(self, folder: Path) -> Path:
@@ -176,7 +174,6 @@ class LoopState:
     (see the module's argument). Build it right after the loop, before any round."""
 
     def __init__(self, loop: Any) -> None:
-        self.loop = loop
         self.paths: dict[int, Path_] = {}
         self.objects: dict[Path_, Any] = {}  # keeps every baseline object alive (ids stay)
         self.versions: dict[int, int] = {}
@@ -295,11 +292,9 @@ def _generator_state(generator: Any) -> Any:
         return generator.get_state()
     if isinstance(generator, np.random.Generator):
         return generator.bit_generator.state
-    return (
-        generator.get_state()
-        if isinstance(generator, np.random.RandomState)
-        else (generator.getstate())
-    )
+    if isinstance(generator, np.random.RandomState):
+        return generator.get_state()
+    return generator.getstate()
 
 
 def _set_generator_state(generator: Any, state: Any) -> None:
@@ -323,8 +318,7 @@ class _BaselinePickler(pickle.Pickler):
     def persistent_id(self, obj: Any) -> Any:
         if isinstance(obj, str | int | float | bool | type(None)):
             return None
-        path = self.baseline.paths.get(id(obj))
-        return None if path is None else path
+        return self.baseline.paths.get(id(obj))
 
 
 class _BaselineUnpickler(pickle.Unpickler):
