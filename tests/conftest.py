@@ -46,6 +46,31 @@ PYTHON = [sys.executable, "-m", "sharefl.cli"]
 LOOPBACK_ANY_PORT = "127.0.0.1:0"
 
 
+def ray_backend() -> dict[str, dict[str, Any]]:
+    """The backend config of a Flower simulation in the tests: 2 CPUs, one per client, no
+    dashboard (a fresh dict each time: Flower edits it in place)."""
+    return {
+        "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+        "init_args": {"num_cpus": 2, "num_gpus": 0, "include_dashboard": False},
+    }
+
+
+def tiny_simulation(path: Path, *, rounds: int, eval_every: int) -> Path:
+    """Write a simulation file of 4 clients training a small MLP on synthetic data (a round
+    takes milliseconds) to ``path``; returns ``path``."""
+    path.write_text(
+        f'name = "long"\nseed = 1\nrounds = {rounds}\neval_every = {eval_every}\n'
+        '[data]\ndataset = "synthetic"\npartition = "iid"\n'
+        "options = { num_examples = 400, shape = [1, 4, 4] }\n"
+        '[model]\nname = "mlp"\noptions = { hidden = [8] }\n'
+        "[clients]\nhonest = 4\n"
+        '[training]\nbatch_size = 8\nlocal_steps = 1\nlearning_rate = 0.1\nupload = "delta"\n'
+        "[secure_aggregation]\ncluster_size = 1\n"
+        '[aggregator]\nname = "mean"\n'
+    )
+    return path
+
+
 class ServerStartFailed(RuntimeError):
     """The server process ended before it listened (its stderr is the message)."""
 

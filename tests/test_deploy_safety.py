@@ -21,7 +21,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-from conftest import PYTHON, start_server
+from conftest import PYTHON, start_server, tiny_simulation
 
 from sharefl.crypto.signatures import IdentityKey, stream_hello_message
 from sharefl.deploy.client import ClientRuntime, ConnectionLost, read_tls
@@ -584,17 +584,7 @@ def test_a_killed_server_leaves_every_finished_round_intact(tmp_path):
 
 
 def test_sigterm_to_simulate_exits_130(tmp_path):
-    config = tmp_path / "sim.toml"
-    config.write_text(
-        'name = "long"\nseed = 1\nrounds = 100000\neval_every = 100000\n'
-        '[data]\ndataset = "synthetic"\npartition = "iid"\n'
-        "options = { num_examples = 400, shape = [1, 4, 4] }\n"
-        '[model]\nname = "mlp"\noptions = { hidden = [8] }\n'
-        "[clients]\nhonest = 4\n"
-        '[training]\nbatch_size = 8\nlocal_steps = 1\nlearning_rate = 0.1\nupload = "delta"\n'
-        "[secure_aggregation]\ncluster_size = 1\n"
-        '[aggregator]\nname = "mean"\n'
-    )
+    config = tiny_simulation(tmp_path / "sim.toml", rounds=100000, eval_every=100000)
     out = tmp_path / "runs"
     sim = subprocess.Popen(
         [*PYTHON, "simulate", str(config), "--out", str(out)], stderr=subprocess.PIPE, text=True

@@ -17,6 +17,7 @@ pytest.importorskip("ray")
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "flower_share"
 sys.path.insert(0, str(EXAMPLE))  # before run_simulation: Ray's workers import it too
 
+from conftest import ray_backend  # noqa: E402
 from flwr.app import Context  # noqa: E402
 from flwr.server import ServerApp  # noqa: E402
 from flwr.simulation import run_simulation  # noqa: E402
@@ -51,11 +52,7 @@ def test_the_app_learns_with_a_byzantine_client():
     def main(grid, context: Context) -> None:
         histories.append(server_app.run(grid, context))
 
-    backend = {
-        "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-        "init_args": {"num_cpus": 2, "num_gpus": 0, "include_dashboard": False},
-    }
-    run_simulation(server, client_app.app, num_supernodes=10, backend_config=backend)
+    run_simulation(server, client_app.app, num_supernodes=10, backend_config=ray_backend())
     (history,) = histories
     accuracy = dict(history.metrics_centralized["accuracy"])
     assert accuracy[0] < 0.6  # the zero model predicts one class

@@ -16,6 +16,7 @@ import pytest
 pytest.importorskip("flwr")
 pytest.importorskip("ray")
 
+from conftest import ray_backend
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import ServerApp
@@ -27,10 +28,6 @@ from sharefl.integrations.flower import ShareflStrategy, sharefl_mod
 N = 10
 SHAPES = [(20, 8), (8,)]
 ROUNDS = 2
-BACKEND = {
-    "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-    "init_args": {"num_cpus": 2, "num_gpus": 0, "include_dashboard": False},
-}
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -75,8 +72,7 @@ def results():
         runs["sharefl"] = secure.start(grid=grid, initial_arrays=initial, num_rounds=ROUNDS)
         runs["clusters"] = [len(secure.secure.last_result.clusters)]
 
-    backend = {k: dict(v) for k, v in BACKEND.items()}  # Flower edits it in place
-    run_simulation(server, CLIENT_APP, num_supernodes=N, backend_config=backend)
+    run_simulation(server, CLIENT_APP, num_supernodes=N, backend_config=ray_backend())
     return runs
 
 

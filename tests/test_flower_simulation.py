@@ -18,6 +18,7 @@ import pytest
 pytest.importorskip("flwr")
 pytest.importorskip("ray")
 
+from conftest import ray_backend
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.client import ClientApp, NumPyClient
 from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
@@ -38,10 +39,6 @@ LOST_AT_MASKING = 1  # partition ids
 LOST_AT_UNMASKING = 2
 LOST_AT_CONSISTENCY = 3
 BYZANTINE = 0
-BACKEND = {
-    "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-    "init_args": {"num_cpus": 2, "num_gpus": 0, "include_dashboard": False},
-}
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -195,8 +192,7 @@ def runs() -> dict[str, Run]:
             else:
                 DefaultWorkflow(fit_workflow=run.workflow)(grid, legacy)
 
-    backend = {k: dict(v) for k, v in BACKEND.items()}  # Flower edits it in place
-    run_simulation(server, CLIENT_APP, num_supernodes=N, backend_config=backend)
+    run_simulation(server, CLIENT_APP, num_supernodes=N, backend_config=ray_backend())
     for name, run in runs.items():
         assert run.strategy.aggregated is not None, f"{name} aggregated nothing"
     return runs

@@ -23,7 +23,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import PYTHON
+from conftest import PYTHON, tiny_simulation
+from test_sim_distributed_dp import DP
 from test_sim_outputs import DECENTRALIZED, FEDERATED, RSA
 
 from sharefl.machine import stop_at_a_safe_point
@@ -51,16 +52,7 @@ FEDERATED_DISTRIBUTED: dict[str, Any] = copy.deepcopy(FEDERATED) | {
     "clients": {"honest": 9, "byzantine": 0},
     "secure_aggregation": {"cluster_size": 3, "enabled": True},
     "aggregator": {"name": "trimmed_mean", "options": {"f": 1}},
-    "privacy": {
-        "enabled": True,
-        "level": "client",
-        "noise_split": "cluster",
-        "epsilon": 2.0,
-        "clip": 0.05,
-        "delta": 1e-5,
-        "distributed": "skellam",
-        "bits": 16,
-    },
+    "privacy": DP | {"distributed": "skellam", "bits": 16},
 }
 RSA_BYZANTINE: dict[str, Any] = copy.deepcopy(RSA) | {
     "rounds": 6,
@@ -262,17 +254,7 @@ def test_a_second_signal_stops_at_once():
 def test_simulate_stopped_by_sigterm_resumes_as_documented(tmp_path):
     """``sharefl simulate FILE --out DIR``, SIGTERM, then ``... --resume``: exit 130 with a
     checkpoint, then 0 with the files an uninterrupted run writes."""
-    config = tmp_path / "sim.toml"
-    config.write_text(
-        'name = "long"\nseed = 1\nrounds = 300\neval_every = 20\n'
-        '[data]\ndataset = "synthetic"\npartition = "iid"\n'
-        "options = { num_examples = 400, shape = [1, 4, 4] }\n"
-        '[model]\nname = "mlp"\noptions = { hidden = [8] }\n'
-        "[clients]\nhonest = 4\n"
-        '[training]\nbatch_size = 8\nlocal_steps = 1\nlearning_rate = 0.1\nupload = "delta"\n'
-        "[secure_aggregation]\ncluster_size = 1\n"
-        '[aggregator]\nname = "mean"\n'
-    )
+    config = tiny_simulation(tmp_path / "sim.toml", rounds=300, eval_every=20)
     stopped, straight = tmp_path / "stopped", tmp_path / "straight"
     command = [*PYTHON, "simulate", str(config)]
     sim = subprocess.Popen([*command, "--out", str(stopped)], stderr=subprocess.PIPE, text=True)
