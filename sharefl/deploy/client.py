@@ -135,7 +135,6 @@ STAGES = ("advertise", "share", "mask", "consistency", "unmask")
 MAX_MODEL_LENGTH = 1 << 28
 """Default bound on the model length a client accepts (2^28 float32 = 1 GiB)."""
 
-NONCE_BYTES = HELLO_NONCE_BYTES
 SERVER_TIMEOUT_S = 60.0
 """Default bound on how long a client waits for a silent server before it gives up."""
 READ_TIMEOUT_S = 900.0
@@ -492,8 +491,8 @@ class ClientRuntime:
         if challenge is grpc.aio.EOF or challenge.WhichOneof("body") != "challenge":
             raise ServerMisbehaved("the server did not open with a Challenge")
         nonce = challenge.challenge.nonce
-        if len(nonce) != NONCE_BYTES:
-            raise ServerMisbehaved(f"the Challenge nonce must be {NONCE_BYTES} bytes")
+        if len(nonce) != HELLO_NONCE_BYTES:
+            raise ServerMisbehaved(f"the Challenge nonce must be {HELLO_NONCE_BYTES} bytes")
         await self._send(
             call,
             pb.ClientMessage(

@@ -181,7 +181,6 @@ def _drop_record(content: RecordDict, name: str) -> None:
 
 # ---- identities ---------------------------------------------------------------------------
 
-NONCE_BYTES = HELLO_NONCE_BYTES
 IDENTITY_CONFIG = "sharefl-identity"
 """The node-config key naming a client's identity file (:func:`policy_from_node_config`)."""
 DIRECTORY_CONFIG = "sharefl-directory"
@@ -548,7 +547,7 @@ class ShareflWorkflow:
         route of the client ids whose signed replies verify against the directory (the
         first node to prove an id gets it). Error replies are failures; replies that do not
         verify name their node in ``last_node_culprits``."""
-        nonce = os.urandom(NONCE_BYTES)
+        nonce = os.urandom(HELLO_NONCE_BYTES)
         contents = {}
         for nid in node_ids:
             content = RecordDict()
@@ -867,7 +866,7 @@ def make_sharefl_mod(
             msg.metadata.dst_node_id, ctxt, pol, lambda: id_of(ctxt, pol), randbytes, privacy
         )
         if stage.get("stage") == "hello":
-            out = client.hello(records.get_bytes(stage, "nonce", (NONCE_BYTES,)))
+            out = client.hello(records.get_bytes(stage, "nonce", (HELLO_NONCE_BYTES,)))
         elif stage.get("stage") == "assign":
             out = client.assign(msg.content, float(stage["max_weight"]))
         else:
