@@ -266,13 +266,14 @@ class ShareAggregation:
         self.account([m for r in members for m in r], [c for c in ids if c not in byzantine])
         if not released:  # every cluster failed: no update this round
             return torch.zeros_like(w)
-        rounds = [torch.as_tensor(np.stack(sums)) for sums in released]
         if self.zeno is not None:
+            rounds = [torch.as_tensor(np.stack(sums)) for sums in released]
             flags = [[any(c in byzantine for c in m) for m in r] for r in members]
             return self.zeno.aggregate(rounds, w, len(ids), flags)
         assert self.rule is not None
         pairs = [
-            list(zip(r, map(len, m), strict=True)) for r, m in zip(rounds, members, strict=True)
+            list(zip(sums, map(len, m), strict=True))
+            for sums, m in zip(released, members, strict=True)
         ]
         return self.rule.aggregate_released(pairs).to(w.dtype).to(w.device)
 
