@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import examples
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sharefl.protocol import (
     ClientSession,
@@ -79,6 +82,45 @@ def test_release_check_passes_planned_sums_and_withholds_a_subtracting_one():
     reason = auditor.check((1, 2))  # (0, 1, 2) − (1, 2) = x_0
     assert reason is not None and "updates of [0]" in reason
     assert auditor.approved == [frozenset({0, 1, 2}), frozenset({3, 4, 5})]
+
+
+def test_a_planned_sum_after_an_unplanned_one_is_audited_with_it():
+    """Invariant of ReleaseAuditor: the plan's audit covers a planned sum only while every
+    approved sum is planned. A drop-out sum (0, 1, 2) of the planned cluster (0, 1, 2, 3) is
+    safe alone; the planned cluster after it would reveal x_3, so it is withheld."""
+    plan = RoundPlan(0, (Clustering(((0, 1, 2, 3), (4, 5, 6, 7))),))
+    auditor = ReleaseAuditor(plan, 3, plan_is_safe=True)
+    assert auditor.check((0, 1, 2)) is None
+    reason = auditor.check((0, 1, 2, 3))
+    assert reason is not None and "updates of [3]" in reason
+    assert auditor.check((4, 5, 6, 7)) is None  # another component: nothing to subtract
+
+
+def _recoverable(rows: list[frozenset[int]], n: int) -> list[int]:
+    """Oracle: the clients whose update lies in the span of the approved sums (exact rank
+    of 0/1 rows over the rationals, by numpy's SVD on matrices this small)."""
+    if not rows:
+        return []
+    A = np.array([[1.0 if c in r else 0.0 for c in range(n)] for r in rows])
+    rank = np.linalg.matrix_rank(A)
+    return [c for c in range(n) if np.linalg.matrix_rank(np.vstack([A, np.eye(n)[c]])) == rank]
+
+
+@settings(max_examples=examples(200))
+@given(data=st.data())
+def test_no_sequence_of_planned_and_drop_out_sums_reveals_an_update(data):
+    """Search: a plan of clusters of 4 over 8 or 12 clients, then any sequence of release
+    requests, each a planned cluster or the survivors (3 or more) of one; whatever the
+    auditor approves must leave no single update in the span of the approved sums."""
+    n = data.draw(st.sampled_from([8, 12]))
+    order = data.draw(st.permutations(range(n)))
+    clusters = [tuple(sorted(order[i : i + 4])) for i in range(0, n, 4)]
+    auditor = ReleaseAuditor(RoundPlan(0, (Clustering(tuple(clusters)),)), 3, plan_is_safe=True)
+    for _ in range(data.draw(st.integers(1, 6))):
+        cluster = data.draw(st.sampled_from(clusters))
+        members = data.draw(st.lists(st.sampled_from(cluster), min_size=3, max_size=4, unique=True))
+        auditor.check(tuple(sorted(members)))
+        assert _recoverable(auditor.approved, n) == [], auditor.approved
 
 
 def test_an_audit_that_cannot_finish_withholds():
