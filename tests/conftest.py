@@ -18,6 +18,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 HYPOTHESIS_PROFILE = os.environ.get("SHAREFL_HYPOTHESIS_PROFILE", "ci")
@@ -53,6 +54,17 @@ def ray_backend() -> dict[str, dict[str, Any]]:
         "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
         "init_args": {"num_cpus": 2, "num_gpus": 0, "include_dashboard": False},
     }
+
+
+@pytest.fixture
+def flower_task_identity(monkeypatch):
+    """Stamp the messages a test builds with a run id and node ids, as Flower's runtime does
+    for a server app (``flwr.app.Message`` refuses to be built without them)."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    monkeypatch.setattr(TaskIdentity, "_run_id", 1)
+    monkeypatch.setattr(TaskIdentity, "_task_id", 1, raising=False)
+    monkeypatch.setattr(TaskIdentity, "_node_id", 0, raising=False)
 
 
 def tiny_simulation(path: Path, *, rounds: int, eval_every: int) -> Path:
