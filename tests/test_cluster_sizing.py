@@ -18,6 +18,7 @@ from sharefl.protocol.clustering import (
     clusters_to_tolerate,
     random_clustering,
     spoiled_clusters,
+    tolerance_warning,
 )
 
 
@@ -69,3 +70,18 @@ def test_the_f_to_tolerate_is_the_confidence_quantile():
         spoiled_clusters(3, 4, 2)
     with pytest.raises(ClusteringError, match="confidence"):
         clusters_to_tolerate(10, 2, 3, confidence=0)
+
+
+def test_the_start_up_warning_says_when_the_rule_cannot_hold():
+    """10 clients, 2 Byzantine, clusters of 3: 3 clusters, at most 1 spoiled only with
+    probability 0.27 (the exact distribution), so Median(f=1) draws a warning naming the
+    figures; 60 clients with 1 Byzantine and f = 1 hold always and draw none."""
+    text = tolerance_warning(10, 2, 3, tolerated=1)
+    dist = spoiled_clusters(10, 2, 3)
+    assert text is not None
+    assert f"{float(1 - dist[0] - dist[1]):.2f}" in text
+    assert "3 clusters" in text and "f >= 2" in text
+    assert tolerance_warning(60, 1, 3, tolerated=1) is None
+    assert tolerance_warning(60, 0, 3, tolerated=0) is None
+    assert tolerance_warning(20, 4, 3, tolerated=4) is None  # f at 99 % is 4 (table above)
+    assert tolerance_warning(20, 4, 3, tolerated=3) is not None

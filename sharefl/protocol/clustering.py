@@ -204,6 +204,30 @@ def clusters_to_tolerate(
     raise AssertionError("the distribution sums to one")  # pragma: no cover
 
 
+def tolerance_warning(
+    clients: int, byzantine: int, cluster_size: int, tolerated: int, confidence: float = 0.99
+) -> str | None:
+    """``None`` if a rule that tolerates ``tolerated`` spoiled cluster sums holds with
+    probability at least ``confidence`` per random clustering of ``clients`` with
+    ``byzantine`` of them Byzantine (:func:`spoiled_clusters`); otherwise one sentence with
+    the figures and what to change (transports log it when a run starts)."""
+    dist = spoiled_clusters(clients, byzantine, cluster_size)
+    holds = sum(dist[: tolerated + 1], Fraction(0))
+    if holds >= Fraction(confidence):
+        return None
+    clusters = len(dist) - 1
+    mean = float(sum(j * p for j, p in enumerate(dist)))
+    need = clusters_to_tolerate(clients, byzantine, cluster_size, confidence)
+    return (
+        f"{byzantine} Byzantine clients among {clients} in clusters of {cluster_size} "
+        f"({clusters} clusters) spoil {mean:.2f} clusters on average, and more than the "
+        f"{tolerated} the rule tolerates with probability {float(1 - holds):.2f} per "
+        f"clustering; a rule over the cluster sums needs f >= {need} (and f < "
+        f"{clusters}/2 for a majority rule): use more clients per Byzantine one, smaller "
+        "clusters, or a rule with a larger f"
+    )
+
+
 def random_reclusterings(
     client_ids: Sequence[int], cluster_size: int, reclusterings: int, rng: RngLike = None
 ) -> list[Clustering]:
