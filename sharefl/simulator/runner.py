@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from sharefl.machine import stop_at_a_safe_point
+from sharefl.machine import StopRequest, stop_at_a_safe_point
 from sharefl.privacy.calibration import calibrate_noise
 from sharefl.privacy.errors import CalibrationError
 from sharefl.simulator.checkpoint import CHECKPOINT_FILE, LoopCheckpoint, LoopState
@@ -189,89 +189,116 @@ def run_one(
             writer.finish(summary)
         return RunOutcome(run, folder, summary, True)
     label = f"{position}{run.label or run.name} seed {run.seed}"
+    say = _final_lines(progress)
     checkpoint = LoopCheckpoint.read(folder, run.run_id) if resume else None
-    if checkpoint is None and progress is not None and (folder / CHECKPOINT_FILE).is_file():
-        progress.update(f"{label}: starting again (--resume continues a checkpoint)", final=True)
-    outermost = folder  # the outermost folder this call creates, removed if the build fails
-    while not outermost.parent.exists():
-        outermost = outermost.parent
-    created = None if folder.exists() else outermost
-    if checkpoint is None:
-        writer.start(run.to_dict())
-        (folder / CHECKPOINT_FILE).unlink(missing_ok=True)
-    try:
-        sim = simulation_factory(run, device=device)
-    except Exception:  # data, model or rule unusable: leave no folder holding only config.json
-        if created is not None:
-            shutil.rmtree(created, ignore_errors=True)
-        raise
+    if checkpoint is None and (folder / CHECKPOINT_FILE).is_file():
+        say(f"{label}: starting again (--resume continues a checkpoint)")
+    sim = _build(run, writer, fresh=checkpoint is None, factory=simulation_factory, device=device)
     state = LoopState(sim)  # the fresh build: the baseline a checkpoint is relative to
     if checkpoint is not None:
         checkpoint.check_device(sim.device)
         state.restore(checkpoint.state)
         sim.started = time.perf_counter() - checkpoint.elapsed
         writer.resume(checkpoint.round)
-        if progress is not None:
-            progress.update(f"{label}: resumed after round {checkpoint.round}", final=True)
+        say(f"{label}: resumed after round {checkpoint.round}")
     if progress is not None and file_rounds is not None:
         note = rounds_override_note(sim, file_rounds)
         if note is not None:
-            progress.update(f"{label}: {note}", final=True)
-    last_line = ""
-    last_checkpoint = time.monotonic()
-
-    def save_checkpoint() -> None:
-        nonlocal last_checkpoint
-        capture = state.capture()
-        LoopCheckpoint(run.run_id, sim.round, sim.elapsed(), capture, str(sim.device)).write(folder)
-        last_checkpoint = time.monotonic()
-
-    def on_round(record: RoundRecord) -> None:
-        nonlocal last_line
-        if writer.record(record):
-            eps = "" if record.epsilon is None else f" ε {record.epsilon:.3g}"
-            last_line = f" acc {record.accuracy:.4f}{eps}"
-        if progress is not None:
-            elapsed = record.seconds or 0.0
-            progress.update(
-                f"{label} {_bar(record.round, run.rounds)} round {record.round}/{run.rounds}"
-                f"{last_line} {_clock(elapsed)} elapsed, "
-                f"ETA {_clock(_remaining(elapsed, record.round, run.rounds))}"
-            )
-        if record.round == run.rounds:
-            return  # finished: the model and summary follow, no checkpoint is needed
-        if stop.asked or time.monotonic() - last_checkpoint >= checkpoint_every:
-            save_checkpoint()
-        if stop.asked:
-            if progress is not None:
-                progress.update(f"{label}: checkpointed after round {record.round}", final=True)
-            raise KeyboardInterrupt
+            say(f"{label}: {note}")
 
     def asked() -> None:
-        if progress is not None:
-            progress.update(
-                f"{label}: stopping after this round to checkpoint it (again to stop now)",
-                final=True,
-            )
+        say(f"{label}: stopping after this round to checkpoint it (again to stop now)")
 
     with stop_at_a_safe_point(asked) as stop:
-        last = sim.run_rounds(on_round)
+        rounds = _AfterEachRound(run, sim, state, writer, label, progress, checkpoint_every, stop)
+        last = sim.run_rounds(rounds)
     writer.write_model(
         sim.final_model(), run_id=run.run_id, test_accuracy=last.accuracy, test_loss=last.loss
     )
     summary = run_summary(sim, last, writer.accuracies)
     writer.finish(summary)
     (folder / CHECKPOINT_FILE).unlink(missing_ok=True)
-    if progress is not None:
-        progress.update(
-            f"{label}: accuracy "
-            f"{last.accuracy:.4f}{'' if last.epsilon is None else f', ε {last.epsilon:.3g}'}"
-            f", {_clock(last.seconds or 0.0)}",
-            final=True,
-        )
+    eps = "" if last.epsilon is None else f", ε {last.epsilon:.3g}"
+    say(f"{label}: accuracy {last.accuracy:.4f}{eps}, {_clock(last.seconds or 0.0)}")
     if stop.asked:  # asked during the last round: the run is finished, the grid stops
         raise KeyboardInterrupt
     return RunOutcome(run, folder, summary, False)
+
+
+def _final_lines(progress: Progress | None) -> Callable[[str], None]:
+    """Print a line that stays (``progress.update(..., final=True)``), or nothing."""
+    if progress is None:
+        return lambda text: None
+    return lambda text: progress.update(text, final=True)
+
+
+def _build(
+    run: RunConfig,
+    writer: RunWriter,
+    *,
+    fresh: bool,
+    factory: Callable[..., Loop],
+    device: str | None,
+) -> Loop:
+    """Build the run's loop; a ``fresh`` run (no checkpoint to go on from) first starts its
+    folder again. If the build fails (data, model or rule unusable), the folders this call
+    created are removed, so none is left holding only ``config.json``."""
+    folder = writer.folder
+    outermost = folder
+    while not outermost.parent.exists():
+        outermost = outermost.parent
+    created = None if folder.exists() else outermost
+    if fresh:
+        writer.start(run.to_dict())
+        (folder / CHECKPOINT_FILE).unlink(missing_ok=True)
+    try:
+        return factory(run, device=device)
+    except Exception:
+        if created is not None:
+            shutil.rmtree(created, ignore_errors=True)
+        raise
+
+
+@dataclass
+class _AfterEachRound:
+    """What :func:`run_one` does after each round: record it, show progress, and checkpoint
+    when ``checkpoint_every`` seconds passed or a stop was asked (then stop)."""
+
+    run: RunConfig
+    sim: Loop
+    state: LoopState
+    writer: RunWriter
+    label: str
+    progress: Progress | None
+    checkpoint_every: float
+    stop: StopRequest
+    last_line: str = ""
+    last_checkpoint: float = dataclasses.field(default_factory=time.monotonic)
+
+    def __call__(self, record: RoundRecord) -> None:
+        if self.writer.record(record):
+            eps = "" if record.epsilon is None else f" ε {record.epsilon:.3g}"
+            self.last_line = f" acc {record.accuracy:.4f}{eps}"
+        total = self.run.rounds
+        if self.progress is not None:
+            elapsed = record.seconds or 0.0
+            self.progress.update(
+                f"{self.label} {_bar(record.round, total)} round {record.round}/{total}"
+                f"{self.last_line} {_clock(elapsed)} elapsed, "
+                f"ETA {_clock(_remaining(elapsed, record.round, total))}"
+            )
+        if record.round == total:
+            return  # finished: the model and summary follow, no checkpoint is needed
+        if self.stop.asked or time.monotonic() - self.last_checkpoint >= self.checkpoint_every:
+            capture = self.state.capture()
+            sim = self.sim
+            LoopCheckpoint(
+                self.run.run_id, sim.round, sim.elapsed(), capture, str(sim.device)
+            ).write(self.writer.folder)
+            self.last_checkpoint = time.monotonic()
+        if self.stop.asked:
+            _final_lines(self.progress)(f"{self.label}: checkpointed after round {record.round}")
+            raise KeyboardInterrupt
 
 
 def run_grid(
