@@ -579,31 +579,47 @@ def _colluder_leaks(
     if len(hidden) - 1 <= colluders or width <= colluders:
         # Z_i in the span of c others iff in the span of all others: a spanning subset of
         # them has at most rank <= min(width, len(hidden) − 1) <= c members.
-        for i in hidden:
-            basis: dict[int, np.ndarray] = {}
-            others = [k for k in hidden if k != i]
-            for k in others:
-                _insert(basis, rows[k].copy(), width, work)
-            if not _reduced(basis, rows[i].copy(), width, work).any():
-                chosen = [k for k in others if k in _spanning(rows, others, width, work)]
-                found.append((i, *chosen))
-                return found, True
-        return found, True
-    if len(comp.clients) > COLLUDER_SEARCH_CLIENTS:
+        leak = _in_span_of_all_others(hidden, rows, width, work)
+    elif len(comp.clients) > COLLUDER_SEARCH_CLIENTS or not budget.spend(
+        math.comb(len(hidden), colluders) * (len(hidden) - colluders)
+    ):
         return found, False
-    if not budget.spend(math.comb(len(hidden), colluders) * (len(hidden) - colluders)):
-        return found, False
+    else:
+        leak = _in_span_of_some(hidden, rows, colluders, width, work)
+    if leak is not None:
+        found.append(leak)
+    return found, True
+
+
+def _in_span_of_all_others(
+    hidden: Sequence[int], rows: dict[int, np.ndarray], width: int, work: _Work
+) -> tuple[int, ...] | None:
+    """The first hidden client whose row is in the span of all the others' rows, with a
+    spanning subset of them: ``(i, j_1, ...)``; ``None`` if there is none."""
+    for i in hidden:
+        basis: dict[int, np.ndarray] = {}
+        others = [k for k in hidden if k != i]
+        for k in others:
+            _insert(basis, rows[k].copy(), width, work)
+        if not _reduced(basis, rows[i].copy(), width, work).any():
+            spanning = _spanning(rows, others, width, work)
+            return (i, *(k for k in others if k in spanning))
+    return None
+
+
+def _in_span_of_some(
+    hidden: Sequence[int], rows: dict[int, np.ndarray], colluders: int, width: int, work: _Work
+) -> tuple[int, ...] | None:
+    """The first ``(i, j_1, ..., j_c)`` (c = ``colluders``) with row i in the span of rows
+    j_1..j_c, searching every c-subset; ``None`` if there is none."""
     for subset in combinations(hidden, colluders):
-        basis = {}
+        basis: dict[int, np.ndarray] = {}
         for k in subset:
             _insert(basis, rows[k].copy(), width, work)
         for i in hidden:
-            if i in subset:
-                continue
-            if not _reduced(basis, rows[i].copy(), width, work).any():
-                found.append((i, *subset))
-                return found, True
-    return found, True
+            if i not in subset and not _reduced(basis, rows[i].copy(), width, work).any():
+                return (i, *subset)
+    return None
 
 
 def _spanning(
