@@ -359,9 +359,10 @@ def launch(config_path: str, clients: int | None, *, trainer: str, out: str | No
     simulation = is_simulation_config(config_path)
     try:
         if simulation:
-            from sharefl.simulation_bridge import single_run
+            from sharefl.simulation_bridge import deployment_section, single_run
 
             run = single_run(config_path)
+            deployment_section(run)  # what a deployment cannot run, refused before any process
             clients = clients or run.clients.total
             if clients != run.clients.total:
                 raise ConfigurationError(

@@ -38,6 +38,8 @@ from sharefl.deploy.config import (
 )
 from sharefl.deploy.distributed import DistributedRingInputs
 from sharefl.deploy.server import descend
+from sharefl.protocol.errors import ConfigurationError
+from sharefl.protocol.settings import SETTINGS_KEYS
 from sharefl.robust.hierarchical import ClusterScale, HierarchicalAggregator
 from sharefl.robust.registry import build_rule
 from sharefl.simulator.config import RunConfig, SimulationConfigError, load_runs
@@ -61,14 +63,51 @@ def single_run(path: str | Path, seed: int | None = None) -> RunConfig:
     return runs[0]
 
 
-def deployment_for(run: RunConfig, simulation: Simulation) -> DeploymentConfig:
-    """The gRPC deployment of ``run`` (``simulation``: the server's, built from it): every
-    client in every round, its clusters; with a discrete ``privacy.distributed`` its
-    ``[privacy]`` table, σ as the simulation calibrated it, so that the server's pipeline
-    (:func:`~sharefl.deploy.distributed.deployment_encoder`) is the clients' own."""
+def deployment_section(run: RunConfig) -> SecureAggregationSection:
+    """The deployment's ``[secure_aggregation]`` of ``run``: every key of the run's settings
+    as parsed (so the server's ``round_settings`` are the run's), checked before any data
+    loads. What a deployment cannot run is refused, naming the key: ``cluster_size`` 1,
+    ``enabled = false`` (a deployment always runs the protocol), ``clustering`` other than
+    ``"random"`` (the server draws a plan for every new model and reuses it only while the
+    model is unchanged), ``signed`` (the processes of a simulation file have no
+    identities) and ``planner = "isolate"`` (refused by the section).
+
+    Raises :class:`SimulationConfigError` saying what to change."""
     sa = run.secure_aggregation
     if sa.cluster_size < 2:
         raise SimulationConfigError("a deployment needs secure_aggregation.cluster_size >= 2")
+    if not sa.enabled:
+        raise SimulationConfigError(
+            "secure_aggregation.enabled = false adds the sums in the clear, which only a "
+            "simulation does: a deployment always runs the protocol (remove the key)"
+        )
+    if sa.clustering != "random":
+        raise SimulationConfigError(
+            f'secure_aggregation.clustering = "{sa.clustering}" is a simulation schedule; a '
+            "deployment draws new clusters for every new model (and reuses them only while "
+            'the model is unchanged): use clustering = "random" (the default)'
+        )
+    if sa.signed:
+        raise SimulationConfigError(
+            "secure_aggregation.signed needs each client's identity and a directory (sharefl "
+            "keygen, then sharefl serve with [tls]); the processes of a simulation file have "
+            "none: remove the key, or deploy with a deployment file"
+        )
+    try:
+        return SecureAggregationSection(**{key: getattr(sa, key) for key in SETTINGS_KEYS})
+    except ConfigurationError as exc:
+        raise SimulationConfigError(str(exc)) from exc
+
+
+def deployment_for(run: RunConfig, simulation: Simulation) -> DeploymentConfig:
+    """The gRPC deployment of ``run`` (``simulation``: the server's, built from it): every
+    client in every round, its clusters (:func:`deployment_section`); with a discrete
+    ``privacy.distributed`` its ``[privacy]`` table, σ as the simulation calibrated it, so
+    that the server's pipeline (:func:`~sharefl.deploy.distributed.deployment_encoder`) is
+    the clients' own.
+
+    Raises :class:`SimulationConfigError` saying what to change."""
+    section = deployment_section(run)
     if run.clients.per_round:
         raise SimulationConfigError(
             "a deployment uses every client each round: set clients.per_round = 0"
@@ -86,29 +125,26 @@ def deployment_for(run: RunConfig, simulation: Simulation) -> DeploymentConfig:
             min_survivors=c.min_survivors,
             colluders=c.colluders,
         )
-        if sa.bits != privacy.ring_bits:
+        if section.bits != privacy.ring_bits:
             raise SimulationConfigError(
                 f"privacy.bits = {c.bits} is carried in {privacy.ring_bits}-bit words: "
                 f"set secure_aggregation.bits = {privacy.ring_bits}"
             )
-    return DeploymentConfig(
-        server=ServerSection(
-            address=run.deployment.address,
-            clients=run.clients.total,
-            rounds=run.rounds,
-            connect_timeout_s=run.deployment.connect_timeout_s,
-            stage_timeout_s=run.deployment.stage_timeout_s,
-        ),
-        model=ModelSection(dim=simulation.dim),
-        secure_aggregation=SecureAggregationSection(
-            cluster_size=sa.cluster_size,
-            reclusterings=sa.reclusterings,
-            bits=sa.bits,
-            clip=sa.clip,
-            allow_leakage=sa.allow_leakage,
-        ),
-        privacy=privacy,
-    )
+    try:
+        return DeploymentConfig(
+            server=ServerSection(
+                address=run.deployment.address,
+                clients=run.clients.total,
+                rounds=run.rounds,
+                connect_timeout_s=run.deployment.connect_timeout_s,
+                stage_timeout_s=run.deployment.stage_timeout_s,
+            ),
+            model=ModelSection(dim=simulation.dim),
+            secure_aggregation=section,
+            privacy=privacy,
+        )
+    except ConfigurationError as exc:
+        raise SimulationConfigError(str(exc)) from exc
 
 
 class RobustStrategy:

@@ -209,7 +209,8 @@ def test_sampling_configurations_that_cannot_run_fail_before_listening(tmp_path,
 def test_validation_plans_the_sampled_round_not_every_client():
     """A robust rule's ``f`` that fits the clusters of all clients but not of a sample."""
     cfg = dataclasses.replace(
-        config(clients=12, clients_per_round=4), secure_aggregation=SecureAggregationSection()
+        config(clients=12, clients_per_round=4),
+        secure_aggregation=SecureAggregationSection(cluster_size=4),
     )
 
     class Strategy:

@@ -245,7 +245,7 @@ def test_the_bridge_steps_the_server_with_the_trainers_uploads(tmp_path):
     run = one_run(
         rounds=2,
         clients={"honest": 4},
-        secure_aggregation={"cluster_size": 2},
+        secure_aggregation={"cluster_size": 2, "min_sum_size": 2},
         privacy={"enabled": True, "noise_multiplier": 1.0, "clipping": "flat", "clip": 1.0},
     )
     strategy = SimulationStrategy(run, tmp_path / "grpc")

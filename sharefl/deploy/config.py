@@ -21,18 +21,10 @@ A TOML file with six tables; every key is optional except where noted::
     learning_rate = 1.0       # model -= learning_rate * aggregate (updates are descent vectors)
     aggregator = "mean"       # "sum" or "mean" (per client) of the released cluster sums
 
-    [secure_aggregation]
-    cluster_size = 4          # m >= 2
-    threshold = 0             # minimum t; raised to the clients' floor, floor(size/2) + 1
-    reclusterings = 1
-    bits = 32
-    clip = 1.0                # per-coordinate bound of the updates
-    signed = false            # untrusted-server mode (needs [tls] identities)
-    neighbour_degree = 0      # > 0: SecAgg+ sparse masking
-    planner = "safe"          # "safe": reclusterings that leak nothing; "random"
-    min_sum_size = 3          # no update, no sum of fewer clients may become recoverable
+    [secure_aggregation]      # the protocol's settings (SecureAggregationSettings: every key
+    cluster_size = 3          # and its one default in docs/architecture.md); m >= 2 here
+    clip = 1.0                # per-coordinate bound of the updates; signed needs [tls]
     exclude_after = 1         # rounds named a culprit before a client is excluded (0: never)
-    allow_leakage = false
     reproducible_seed = 0     # TESTS ONLY: omit it, plans and graphs then come from the OS
 
     [aggregator]              # optional: a sharefl.robust rule over the released cluster sums
@@ -74,6 +66,7 @@ from pathlib import Path
 from typing import Any
 
 from sharefl.protocol.errors import ConfigurationError
+from sharefl.protocol.settings import Planner, SecureAggregationSettings, SettingsError
 from sharefl.toml_tables import build_dataclass
 
 KEEP_ALL_AGGREGATES = -1
@@ -148,35 +141,38 @@ class ModelSection:
 
 
 @dataclass(frozen=True)
-class SecureAggregationSection:
-    cluster_size: int = 4
-    threshold: int = 0
-    reclusterings: int = 1
-    bits: int = 32
-    clip: float = 1.0
-    signed: bool = False
-    neighbour_degree: int = 0
-    planner: str = "safe"
-    min_sum_size: int = 3
+class SecureAggregationSection(SecureAggregationSettings):
+    """``[secure_aggregation]`` of a deployment: the protocol's one settings type
+    (:class:`~sharefl.protocol.settings.SecureAggregationSettings`: its keys, defaults and
+    checks, documented in docs/architecture.md) plus what only the gRPC server uses.
+
+    Attributes:
+        exclude_after: rounds a client is named a culprit before later rounds exclude it
+            (:class:`~sharefl.protocol.coordinator.Exclusions`; 0: never).
+        reproducible_seed: seeds cluster plans and SecAgg+ graphs (tests only; refused off
+            loopback by :func:`check_secure_deployment`); ``None``: the operating system.
+
+    What the server cannot honour is refused here, naming the key: ``cluster_size`` 1 (a
+    deployment is secure aggregation) and ``planner = "isolate"`` (the server keeps no
+    history of flagged clusters across rounds).
+    """
+
     exclude_after: int = 1
-    allow_leakage: bool = False
     reproducible_seed: int | None = None
 
     def __post_init__(self) -> None:
-        _require(self.cluster_size >= 2, "secure_aggregation.cluster_size must be >= 2")
-        _require(self.threshold >= 0, "secure_aggregation.threshold must be >= 0 (0: auto)")
-        _require(self.reclusterings >= 1, "secure_aggregation.reclusterings must be >= 1")
-        _require(self.bits in (32, 64), "secure_aggregation.bits must be 32 or 64")
-        _require(self.clip > 0, "secure_aggregation.clip must be > 0")
-        _require(self.neighbour_degree >= 0, "secure_aggregation.neighbour_degree >= 0")
+        try:
+            super().__post_init__()
+        except SettingsError as exc:
+            raise ConfigurationError(f"secure_aggregation.{exc}") from exc
         _require(
-            self.planner in ("safe", "random"), 'secure_aggregation.planner: "safe" or "random"'
+            self.cluster_size >= 2,
+            "secure_aggregation.cluster_size must be >= 2 (a deployment is secure aggregation)",
         )
-        _require(self.min_sum_size >= 2, "secure_aggregation.min_sum_size must be >= 2")
         _require(
-            self.allow_leakage or self.cluster_size >= self.min_sum_size,
-            "secure_aggregation.cluster_size must be >= min_sum_size (every cluster sum "
-            "reveals the sum of its members)",
+            self.planner is not Planner.ISOLATE,
+            'secure_aggregation.planner = "isolate" needs a history of flagged clusters '
+            'across rounds, which the gRPC server does not keep: use planner = "safe"',
         )
         _require(self.exclude_after >= 0, "secure_aggregation.exclude_after must be >= 0")
 

@@ -35,7 +35,7 @@ import secrets
 import sys
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeAlias
 
@@ -60,17 +60,11 @@ from sharefl.deploy.results import Checkpoint, ModelRecord, model_id
 from sharefl.proto import sharefl_pb2 as pb
 from sharefl.proto import sharefl_pb2_grpc as pb_grpc
 from sharefl.protocol import messages as m
-from sharefl.protocol.coordinator import (
-    Exclusions,
-    Planner,
-    Release,
-    RoundCoordinator,
-    RoundResult,
-    SecureAggregationSettings,
-)
+from sharefl.protocol.coordinator import Exclusions, Release, RoundCoordinator, RoundResult
 from sharefl.protocol.errors import ConfigurationError, LeakageError, RejectedMessage
 from sharefl.protocol.plan import RoundPlan
 from sharefl.protocol.server import ClusterSum
+from sharefl.protocol.settings import SecureAggregationSettings
 from sharefl.wording import counted
 
 if TYPE_CHECKING:  # grpc ships no type stubs here: to mypy this is Any, kept for the reader
@@ -362,22 +356,14 @@ def _stderr(line: str) -> None:
 
 
 def round_settings(config: DeploymentConfig) -> SecureAggregationSettings:
-    """The protocol's settings from a deployment file (one translation, used by every
-    round): thresholds below the clients' floor are raised to it, as clusters vary."""
-    sa = config.secure_aggregation
-    return SecureAggregationSettings(
-        cluster_size=sa.cluster_size,
-        reclusterings=sa.reclusterings,
-        threshold=sa.threshold or None,
-        raise_threshold_to_floor=True,
-        bits=sa.bits,
-        clip=None if config.privacy.enabled else sa.clip,  # ring inputs: no float encoding
-        signed=sa.signed,
-        neighbour_degree=sa.neighbour_degree or None,
-        min_sum_size=sa.min_sum_size,
-        planner=Planner(sa.planner),
-        allow_leakage=sa.allow_leakage,
-    )
+    """The protocol's settings of a deployment file: its ``[secure_aggregation]`` table as
+    parsed (:class:`~sharefl.protocol.settings.SecureAggregationSettings`, without the
+    server's own keys), with ``clip=None`` when ``[privacy]`` makes the clients send ring
+    words (``clip`` bounds float inputs only). One translation, used by every round."""
+    settings = config.secure_aggregation.as_settings()
+    if config.privacy.enabled:
+        return replace(settings, clip=None)  # ring inputs: no float encoding
+    return settings
 
 
 @dataclass

@@ -29,11 +29,12 @@ import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
-
-from flwr.app import Message
+from typing import TYPE_CHECKING, Any
 
 from sharefl.protocol.errors import ConfigurationError
+
+if TYPE_CHECKING:  # the waiting policy needs no Flower; its callers bring the grid
+    from flwr.app import Message
 
 #: Seconds between pulls when the grid does not say (Flower's gRPC grid sleeps 3 s in its
 #: own ``send_and_receive``; a pull on a SuperLink is one small request).

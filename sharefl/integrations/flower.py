@@ -56,7 +56,7 @@ import json
 import logging
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -77,12 +77,7 @@ from sharefl.privacy.secure_random import SecureRandom
 from sharefl.protocol import records
 from sharefl.protocol.client import ClientPolicy, ClientSession
 from sharefl.protocol.client_round import ClientRound
-from sharefl.protocol.coordinator import (
-    Planner,
-    RoundCoordinator,
-    RoundResult,
-    SecureAggregationSettings,
-)
+from sharefl.protocol.coordinator import RoundCoordinator, RoundResult
 from sharefl.protocol.errors import (
     ConfigurationError,
     InconsistentRequest,
@@ -92,6 +87,12 @@ from sharefl.protocol.errors import (
 )
 from sharefl.protocol.messages import ClusterAssignment, MaskingRequest
 from sharefl.protocol.plan import RoundPlan
+from sharefl.protocol.settings import (
+    Planner,
+    SecureAggregationSettings,
+    SettingsError,
+    settings_from,
+)
 from sharefl.protocol.updates import WeightedUpdateCodec
 from sharefl.robust.base import Aggregator
 from sharefl.robust.coordinate import Mean
@@ -298,30 +299,32 @@ class SecureRoundOutcome:
     failures: Failures
 
 
-@dataclass
+@dataclass(init=False)
 class ShareflWorkflow:
     """A Flower fit workflow that aggregates with sharefl's cluster secure aggregation.
 
     Use it as ``DefaultWorkflow(fit_workflow=ShareflWorkflow(...))``; clients need
     :func:`sharefl_mod` (signed mode: :func:`make_sharefl_mod` with the client's identity).
 
+    The round's rules are one :class:`~sharefl.protocol.settings.SecureAggregationSettings`:
+    ``ShareflWorkflow(settings)``, or its keywords (``cluster_size=5, clip=1.0, ...``, the
+    type's defaults), not both; every key reaches the round's
+    :class:`~sharefl.protocol.coordinator.RoundCoordinator` as given (keys documented in
+    docs/architecture.md), and ``cluster_size``, ``clip``, ``signed``, ... read them back.
+    ``clip`` bounds every client's update (trained − received arrays) per coordinate;
+    ``signed`` is untrusted-server mode: a hello stage binds each node to the directory id
+    it proves, adverts and consistency signatures are checked against ``directory``, and
+    the clients verify each other (see the module docstring). Refused, naming the key:
+    ``cluster_size`` 1 (use FedAvg) and ``planner = "isolate"`` (the workflow keeps no
+    history of flagged clusters).
+
     Attributes:
-        cluster_size: m, clients per cluster (SHARE); at least ``min_sum_size``.
-        clip: per-coordinate bound of every client's update (trained − received arrays).
-        reclusterings: R clusterings of the same updates per round (the safe planner draws
-            them so that together they reveal no update).
-        threshold: t per cluster; ``None``: the clients' floor.
-        bits: ring width (32 or 64).
+        settings: the rules of every round.
         max_weight: the largest number of examples a client may report.
-        neighbour_degree: SecAgg+ sparse masking inside clusters (``None``: complete).
-        min_sum_size: no update and no sum of fewer clients may become recoverable.
         timeout: seconds to wait for each stage's replies (``None``: wait for all).
         rule: a robust rule over the released cluster sums (``f`` counts clusters);
             default :class:`~sharefl.robust.coordinate.Mean` (FedAvg).
         seed: seeds the cluster plan (simulations only; ``None``: the OS).
-        signed: untrusted-server mode: a hello stage binds each node to the directory id it
-            proves, adverts and consistency signatures are checked against ``directory``,
-            and the clients verify each other (see the module docstring).
         directory: signed mode: {client id → Ed25519 public key}, or the path of a
             ``sharefl keygen`` ``directory.json`` (:func:`read_directory`); the same
             directory the clients hold.
@@ -334,7 +337,8 @@ class ShareflWorkflow:
             encoding instead); the server decodes each cluster sum, the rule runs over the
             cluster means (weighted by member counts), and ``last_epsilon`` is the worst
             client's ε at ``delta`` so far (:class:`~sharefl.privacy.distributed.
-            ReleaseLedger`). ``clip`` and ``max_weight`` are then unused.
+            ReleaseLedger`). ``clip`` and ``max_weight`` are then unused (the coordinator
+            gets ``clip=None``: ring inputs).
         delta: δ of ``last_epsilon``.
         max_empty_rounds: after this many rounds in a row that released no cluster sum, the
             round raises :class:`NothingReleased` with the last round's reasons, stopping
@@ -345,48 +349,99 @@ class ShareflWorkflow:
     ``last_route`` (the :class:`Route` of client ids to node ids) and
     ``last_node_culprits`` (signed mode: node id → why its hello was refused).
 
-    Raises :class:`ConfigurationError` for settings no round could run with, signed mode
-    without a directory (or a directory without signed mode), and what
-    :func:`read_directory` raises.
+    Raises :class:`ConfigurationError` for settings no round could run with (a
+    :class:`~sharefl.protocol.settings.SettingsError` naming the key), both a settings
+    object and keywords, signed mode without a directory (or a directory without signed
+    mode), and what :func:`read_directory` raises.
     """
 
-    cluster_size: int
-    clip: float
-    reclusterings: int = 1
-    threshold: int | None = None
-    bits: int = 32
+    settings: SecureAggregationSettings
     max_weight: float = 1000.0
-    neighbour_degree: int | None = None
-    min_sum_size: int = 3
     timeout: float | None = None
     rule: Aggregator | None = None
     seed: int | None = None
-    signed: bool = False
     directory: Mapping[int, bytes] | str | Path | None = None
+    privacy: DistributedDPConfig | None = None
+    delta: float = 1e-5
+    max_empty_rounds: int | None = 3
     last_result: RoundResult | None = field(default=None, init=False)
     last_update: list[np.ndarray] | None = field(default=None, init=False)
     last_route: Route | None = field(default=None, init=False)
     last_node_culprits: dict[int, str] = field(default_factory=dict, init=False)
-    privacy: DistributedDPConfig | None = None
-    delta: float = 1e-5
     last_epsilon: float | None = field(default=None, init=False)
-    max_empty_rounds: int | None = 3
     empty_rounds: int = field(default=0, init=False)
 
-    def __post_init__(self) -> None:
-        self.settings = SecureAggregationSettings(
-            cluster_size=self.cluster_size,
-            reclusterings=self.reclusterings,
-            threshold=self.threshold,
-            bits=self.bits,
-            clip=None if self.privacy is not None else self.clip,  # ring inputs: no encoding
-            signed=self.signed,
-            neighbour_degree=self.neighbour_degree,
-            min_sum_size=self.min_sum_size,
-            planner=Planner.SAFE,
-        )
-        if not self.settings.secure:
-            raise ConfigurationError("cluster_size 1 is no secure aggregation; use FedAvg")
+    def __init__(
+        self,
+        settings: SecureAggregationSettings | None = None,
+        *,
+        max_weight: float = 1000.0,
+        timeout: float | None = None,
+        rule: Aggregator | None = None,
+        seed: int | None = None,
+        directory: Mapping[int, bytes] | str | Path | None = None,
+        privacy: DistributedDPConfig | None = None,
+        delta: float = 1e-5,
+        max_empty_rounds: int | None = 3,
+        **keywords: Any,
+    ) -> None:
+        self.settings = settings_from(settings, keywords)
+        self.max_weight, self.timeout, self.rule, self.seed = max_weight, timeout, rule, seed
+        self.directory, self.privacy, self.delta = directory, privacy, delta
+        self.max_empty_rounds = max_empty_rounds
+        self.last_result, self.last_update, self.last_route = None, None, None
+        self.last_node_culprits, self.last_epsilon, self.empty_rounds = {}, None, 0
+        self._check()
+
+    # The settings' keys, read back (``workflow.clip``...): the settings are the one record.
+    @property
+    def cluster_size(self) -> int:
+        return self.settings.cluster_size
+
+    @property
+    def reclusterings(self) -> int:
+        return self.settings.reclusterings
+
+    @property
+    def threshold(self) -> int | None:
+        return self.settings.threshold
+
+    @property
+    def bits(self) -> int:
+        return self.settings.bits
+
+    @property
+    def clip(self) -> float | None:
+        return self.settings.clip
+
+    @property
+    def signed(self) -> bool:
+        return self.settings.signed
+
+    @property
+    def neighbour_degree(self) -> int | None:
+        return self.settings.neighbour_degree
+
+    @property
+    def min_sum_size(self) -> int:
+        return self.settings.min_sum_size
+
+    def _check(self) -> None:
+        settings = self.settings
+        if not settings.secure:
+            raise SettingsError("cluster_size", "1 is no secure aggregation; use FedAvg")
+        if settings.planner is Planner.ISOLATE:
+            raise SettingsError(
+                "planner",
+                '"isolate" needs a history of flagged clusters across rounds, which the '
+                'workflow does not keep: use planner="safe"',
+            )
+        if self.privacy is None and settings.clip is None:
+            raise SettingsError(
+                "clip", "is required: it bounds every client's float update per coordinate"
+            )
+        # ring inputs with distributed DP: no float encoding (clip bounds float inputs only)
+        self._round_settings = settings if self.privacy is None else replace(settings, clip=None)
         if self.max_empty_rounds is not None and self.max_empty_rounds < 1:
             raise ConfigurationError(
                 f"max_empty_rounds must be >= 1 (or None: never stop), got {self.max_empty_rounds}"
@@ -470,7 +525,8 @@ class ShareflWorkflow:
         self.last_route = route
         clients = route.clients
         fitins = {clients[nid]: content for nid, content in contents.items() if nid in clients}
-        codec = WeightedUpdateCodec.like(global_arrays, self.clip, self.max_weight)
+        clip = self.settings.clip if self.settings.clip is not None else 1.0  # unused with DP
+        codec = WeightedUpdateCodec.like(global_arrays, clip, self.max_weight)
         encoder = None
         if self.privacy is not None:
             if self._ledger is None or self._ledger.encoder.dim != codec.size:
@@ -479,7 +535,7 @@ class ShareflWorkflow:
             encoder = self._ledger.encoder  # built once: its tables serve every round
         try:
             rc = RoundCoordinator(
-                self.settings,
+                self._round_settings,
                 round=current_round,
                 participants=sorted(fitins),
                 length=codec.length if encoder is None else encoder.padded,
@@ -711,8 +767,10 @@ class ShareflStrategy(Strategy):
         strategy = ShareflStrategy(FedAvg(fraction_train=1.0), cluster_size=3, clip=1.0)
         result = strategy.start(grid=grid, initial_arrays=arrays, num_rounds=5)
 
-    ``options`` are :class:`ShareflWorkflow`'s (cluster size, clip, R, rule, timeout,
-    signed mode with a directory, distributed DP, ...); the workflow is :attr:`secure`, and
+    ``options`` are :class:`ShareflWorkflow`'s (``settings=`` a
+    :class:`~sharefl.protocol.settings.SecureAggregationSettings` or its keywords: cluster
+    size, clip, R, ...; rule, timeout, a directory for signed mode, distributed DP, ...);
+    the workflow is :attr:`secure`, and
     its ``last_result``, ``last_update``, ``last_epsilon`` describe the last round.
 
     Each round, :meth:`configure_train` takes the inner strategy's train messages (its

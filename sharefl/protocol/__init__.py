@@ -7,6 +7,8 @@
 - :class:`ClientRound`: a client's guard over a round against the committed
   :class:`RoundPlan` (one cluster per reclustering, sizes, degrees, no downgrade, no
   release that leaks).
+- :class:`SecureAggregationSettings`: the rules of every round, one type for every entry
+  point (:mod:`sharefl.protocol.settings`).
 - :func:`secure_sum`: the in-process driver for simulation and tests.
 - :func:`random_clustering`, :func:`audit`, :func:`sample_safe_reclusterings`: SHARE's
   clusters and the audit of what reclustering reveals.
@@ -19,11 +21,9 @@ from sharefl.protocol.clustering import Clustering, random_clustering, random_re
 from sharefl.protocol.coordinator import (
     CorruptedCluster,
     Exclusions,
-    Planner,
     ReclusteringResult,
     RoundCoordinator,
     RoundResult,
-    SecureAggregationSettings,
 )
 from sharefl.protocol.driver import STAGES, SecureSumResult, run_cluster, secure_sum
 from sharefl.protocol.errors import (
@@ -36,6 +36,12 @@ from sharefl.protocol.errors import (
 from sharefl.protocol.messages import ClusterAssignment
 from sharefl.protocol.plan import RoundPlan
 from sharefl.protocol.server import ClusterSum, FailedCluster, ServerSession, ServerState
+from sharefl.protocol.settings import (
+    Planner,
+    SecureAggregationSettings,
+    SettingsError,
+    settings_from,
+)
 
 __all__ = [
     "STAGES",
@@ -64,11 +70,13 @@ __all__ = [
     "SecureSumResult",
     "ServerSession",
     "ServerState",
+    "SettingsError",
     "audit",
     "random_clustering",
     "random_reclusterings",
     "run_cluster",
     "sample_safe_reclusterings",
     "secure_sum",
+    "settings_from",
     "threshold_floor",
 ]

@@ -57,7 +57,6 @@ the next reclustering opens: a transport that persists them there (the gRPC serv
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -85,96 +84,16 @@ from sharefl.protocol.isolation import Suspicion, isolating_reclusterings
 from sharefl.protocol.messages import ClientMessage, ClusterAssignment, ServerMessage
 from sharefl.protocol.plan import RoundPlan
 from sharefl.protocol.server import ClusterSum, FailedCluster, ServerSession
+from sharefl.protocol.settings import Planner as Planner  # re-exported: its old home
+from sharefl.protocol.settings import (
+    SecureAggregationSettings as SecureAggregationSettings,
+)
 
 RANGE_HEADROOM = 2
 """The encoding is chosen for ``RANGE_HEADROOM`` × the largest cluster, so that at least
 half of Z_2^b lies outside the honest range of every cluster sum: a Byzantine value there
 (e.g. a uniformly random ring element, half the time per coordinate) is detected as
 corrupted. It costs one bit of fixed-point precision."""
-
-
-class Planner(enum.Enum):
-    """How the R clusterings of a round are drawn."""
-
-    RANDOM = "random"
-    """Independent uniformly random partitions (R > 1 usually leaks: the audit refuses)."""
-    SAFE = "safe"
-    """R = 1: a random partition; R > 1: :func:`~sharefl.protocol.audit.
-    sample_safe_reclusterings`, reclusterings that together leak nothing."""
-    ISOLATE = "isolate"
-    """:data:`SAFE`, with the suspects of the :class:`~sharefl.protocol.isolation.Suspicion`
-    passed to :func:`plan_round` spread over the clusters (R = 1) or the sampler's blocks
-    (R > 1), to pin a client whose clusters are flagged round after round
-    (:mod:`sharefl.protocol.isolation`). Without a suspicion it is :data:`SAFE`."""
-
-
-@dataclass(frozen=True)
-class SecureAggregationSettings:
-    """The rules of every round (one typed place for what a transport configures).
-
-    Attributes:
-        cluster_size: m; 1 means no secure aggregation at all (each input is its own sum,
-            by design); otherwise ``min_sum_size <= m``.
-        reclusterings: R >= 1 clusterings of the same inputs per round.
-        threshold: t for every cluster; ``None``: the clients' floor.
-        raise_threshold_to_floor: lift a smaller ``threshold`` to the floor instead of
-            refusing it (deployments whose clusters vary in size).
-        bits: ring width b (32 or 64).
-        clip: per-coordinate bound of float inputs (fixes the encoding); ``None`` for
-            integer inputs in Z_2^b (no decoding, no range check).
-        signed: untrusted-server mode (signed adverts and consistency check).
-        neighbour_degree: > 0: SecAgg+ masking on a random k-regular graph per cluster.
-        min_sum_size: no individual update and no sum of fewer than this many clients may
-            become recoverable from what the round releases (>= 2).
-        planner: how the clusterings are drawn.
-        allow_leakage: run and release even when the audit finds a leak (reported only).
-        colluders: c, the clients colluding with the server that the plan and every
-            release must resist (no update may follow from the sums and c colluders'
-            inputs: :func:`~sharefl.protocol.audit.audit`'s ``colluders``). ``None``: the
-            clients' default rule (:func:`~sharefl.protocol.client_round.plan_colluders`
-            under ``signed``), taken at its largest over the participants
-            (:func:`round_colluders`), so the server never proposes a plan or a release
-            that a client with the default policy refuses.
-    """
-
-    cluster_size: int
-    reclusterings: int = 1
-    threshold: int | None = None
-    raise_threshold_to_floor: bool = False
-    bits: int = 32
-    clip: float | None = None
-    signed: bool = False
-    neighbour_degree: int | None = None
-    min_sum_size: int = 3
-    planner: Planner = Planner.SAFE
-    allow_leakage: bool = False
-    colluders: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.colluders is not None and self.colluders < 0:
-            raise ConfigurationError(
-                f"colluders must be >= 0 (None: default), got {self.colluders}"
-            )
-        if self.cluster_size < 1 or self.reclusterings < 1:
-            raise ConfigurationError("cluster_size and reclusterings must be >= 1")
-        if self.min_sum_size < 2:
-            raise ConfigurationError(
-                f"min_sum_size must be >= 2 (1 would allow releasing single updates); "
-                f"got {self.min_sum_size}"
-            )
-        if 1 < self.cluster_size < self.min_sum_size and not self.allow_leakage:
-            raise ConfigurationError(
-                f"cluster_size {self.cluster_size} is below min_sum_size {self.min_sum_size}: "
-                "every cluster sum would reveal a sum of too few clients; use larger clusters, "
-                "lower min_sum_size, or cluster_size = 1 (no secure aggregation)"
-            )
-        if self.bits not in (32, 64):
-            raise ConfigurationError(f"bits must be 32 or 64, got {self.bits}")
-
-    @property
-    def secure(self) -> bool:
-        """False for cluster_size 1: no secure aggregation by design."""
-        return self.cluster_size > 1
 
 
 @dataclass(frozen=True)

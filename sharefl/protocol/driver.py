@@ -21,13 +21,7 @@ from sharefl.crypto.signatures import IdentityKey
 from sharefl.protocol.client import ClientPolicy, ClientSession
 from sharefl.protocol.client_round import ClientRound
 from sharefl.protocol.clustering import Clustering, as_generator
-from sharefl.protocol.coordinator import (
-    Planner,
-    RoundCoordinator,
-    RoundResult,
-    SecureAggregationSettings,
-    plan_round,
-)
+from sharefl.protocol.coordinator import RoundCoordinator, RoundResult, plan_round
 from sharefl.protocol.errors import ClientRefusal, ConfigurationError, RejectedMessage
 from sharefl.protocol.isolation import Suspicion
 from sharefl.protocol.messages import (
@@ -40,6 +34,7 @@ from sharefl.protocol.messages import (
     UnmaskRequest,
 )
 from sharefl.protocol.server import ClusterSum, FailedCluster, ServerSession, ServerState
+from sharefl.protocol.settings import Planner, SecureAggregationSettings, settings_from
 
 STAGES = ("advertise", "share", "mask", "consistency", "unmask")
 """Drop-out points: a client listed under a stage vanishes before sending that stage's
@@ -265,47 +260,46 @@ def _per_reclustering_dropouts(
 
 def secure_sum(
     inputs: Mapping[int, np.ndarray],
+    settings: SecureAggregationSettings | None = None,
     *,
-    cluster_size: int,
-    threshold: int | None = None,
-    reclusterings: int = 1,
     dropouts: Dropouts | Sequence[Dropouts] | None = None,
     seed: int | np.random.Generator | None = None,
-    bits: int | None = None,
-    clip: float | None = None,
     encoding: RingEncoding | None = None,
-    signed: bool = False,
-    neighbour_degree: int | None = None,
     clusterings: Sequence[Clustering] | None = None,
-    min_sum_size: int = 3,
-    planner: Planner = Planner.SAFE,
-    allow_leakage: bool = False,
     round: int = 0,
     observer: Observer | None = None,
     protocol: bool = True,
     policies: Mapping[int, ClientPolicy] | None = None,
     byzantine_inputs: Mapping[int, np.ndarray] | None = None,
     suspicion: Suspicion | None = None,
+    **keywords: Any,
 ) -> RoundResult:
     """Securely sum ``inputs`` inside random clusters, R times, in this process.
 
+    The round's rules are ``settings`` (:class:`~sharefl.protocol.settings.
+    SecureAggregationSettings`), or its keywords (``cluster_size=5, clip=1.0, ...``: every
+    field of that type, with its defaults, except two that follow the inputs in this
+    form: ``bits`` defaults to the width of integer inputs (32 for floats), and ``clip``
+    to none, so float inputs must name their bound: an in-process call never clips at a
+    bound it was not given). Pass one of the two forms.
+
+    ``settings.clip`` applies to float inputs only (its contract): integer inputs, and
+    float inputs with an explicit ``encoding``, reach the coordinator with ``clip=None``.
+
     Args:
         inputs: client id → 1-D vector. uint32/uint64 vectors are summed exactly modulo
-            2^32/2^64; float vectors are encoded (``encoding``, or ``clip`` with the largest
-            safe scale) and the sums decoded to float64.
-        cluster_size: m (1: no secure aggregation; ≥ n: one cluster, plain SecAgg).
-        threshold: t for every cluster (default: the clients' floor).
-        reclusterings: R, the number of clusterings of the same inputs.
+            2^32/2^64 (``settings.bits`` must be their width); float vectors are encoded
+            (``encoding``, or ``settings.clip`` with the largest safe scale) and the sums
+            decoded to float64.
+        settings: the rules (cluster size m — 1: no secure aggregation; ≥ n: one cluster,
+            plain SecAgg —, R reclusterings, threshold, ring, signed mode, SecAgg+ degree,
+            min_sum_size, planner, allow_leakage, colluders).
         dropouts: stage → clients that vanish before sending that stage's message (applies
             to every reclustering), or one such mapping per reclustering.
         seed: seeds the clustering and the stochastic rounding (keys are always fresh).
-        bits: ring width for float inputs (32 default, or 64).
-        signed: untrusted-server mode (signed advertisements and consistency check).
-        neighbour_degree: SecAgg+ sparse masking with a random k-regular graph per cluster.
+        encoding: the fixed-point encoding of float inputs, instead of one chosen from
+            ``clip``.
         clusterings: explicit clusterings (one per reclustering) instead of planned ones.
-        min_sum_size: no update and no sum of fewer clients may become recoverable.
-        planner: how clusterings are drawn (the safe sampler by default, so R > 1 runs).
-        allow_leakage: run and release even if the audits find recoverable sums.
         round: the round number bound into every key and message.
         observer: called with the wall time of every client and server step.
         protocol: ``False`` adds each cluster's encoded inputs in the clear instead of
@@ -313,7 +307,7 @@ def secure_sum(
             are drawn exactly as with the protocol, so the ring sums are identical, and the
             same release check applies; drop-outs and signing need the protocol.
         policies: each client's :class:`ClientPolicy`. Default: clients that accept what
-            these arguments ask (clusters and sums of at least ``min_sum_size``, up to R
+            the settings ask (clusters and sums of at least ``min_sum_size``, up to R
             reclusterings); signed mode makes fresh identities and a directory. Every
             client checks the round plan and each assignment and unmask request with its
             :class:`~sharefl.protocol.client_round.ClientRound` (not with
@@ -322,10 +316,11 @@ def secure_sum(
             length) that Byzantine client masks instead of its encoded input: any value,
             in or out of the honest range.
         suspicion: the history of flagged clusters across rounds
-            (:class:`~sharefl.protocol.isolation.Suspicion`): with ``planner``
+            (:class:`~sharefl.protocol.isolation.Suspicion`): with planner
             :data:`Planner.ISOLATE` the plan spreads its suspects, and the round's outcome
             is recorded into it before this returns (``suspicion.pinned`` then names a
             client the flags point to, if any).
+        keywords: the fields of :class:`SecureAggregationSettings` (without ``settings``).
 
     Returns:
         The :class:`RoundResult`: per reclustering the released (decoded) sums, the failed,
@@ -333,12 +328,21 @@ def secure_sum(
 
     Raises:
         LeakageError: the planned clusterings leak and ``allow_leakage`` is False.
-        ConfigurationError: inconsistent inputs or parameters, or client ids that are not
-            integers in [0, 2^64) (named in the message).
+        ConfigurationError: inconsistent inputs or parameters, both a settings object and
+            keywords, an unknown keyword, or client ids that are not integers in [0, 2^64)
+            (named in the message); :class:`~sharefl.protocol.settings.SettingsError` for
+            a setting that cannot run.
     """
     if not inputs:
         raise ConfigurationError("no inputs")
     inputs = _client_ids(inputs)
+    if settings is None:
+        bits = keywords.pop("bits", None)  # None: the inputs' width
+        clip = keywords.pop("clip", None)  # None: no bound given
+        signed = bool(keywords.get("signed", False))
+    else:
+        settings_from(settings, keywords)  # refuses keywords beside the object
+        bits, clip, signed = settings.bits, settings.clip, settings.signed
     if not protocol and (dropouts or signed):
         raise ConfigurationError("dropouts and signed mode need protocol=True")
     arrays, width, floats = _ring_inputs(inputs, bits, encoding)
@@ -347,18 +351,12 @@ def secure_sum(
             "float inputs need clip= (per-coordinate bound) or encoding= to fix the "
             "fixed-point scale"
         )
-    settings = SecureAggregationSettings(
-        cluster_size=cluster_size,
-        reclusterings=reclusterings,
-        threshold=threshold,
-        bits=width,
-        clip=clip if floats and encoding is None else None,
-        signed=signed,
-        neighbour_degree=neighbour_degree,
-        min_sum_size=min_sum_size,
-        planner=planner,
-        allow_leakage=allow_leakage,
-    )
+    clip = clip if floats and encoding is None else None  # clip bounds float inputs only
+    if settings is None:
+        settings = settings_from(None, {**keywords, "bits": width, "clip": clip})
+    else:
+        settings = replace(settings_from(settings), clip=clip)
+    reclusterings, min_sum_size = settings.reclusterings, settings.min_sum_size
     rng = as_generator(seed)
     ids = sorted(arrays)
     accepting = ClientPolicy(
@@ -369,7 +367,7 @@ def secure_sum(
         max_participants=max(len(ids), ClientPolicy.max_participants),
         max_audit_work=None,  # the coordinator of this process audited the plan unbounded
     )
-    if signed and not policies:
+    if settings.signed and not policies:
         identities = {cid: IdentityKey.generate() for cid in ids}
         directory = {cid: key.public for cid, key in identities.items()}
         policies = {
@@ -378,7 +376,7 @@ def secure_sum(
         }
     else:
         directory = {cid: p.identity.public for cid, p in (policies or {}).items() if p.identity}
-    if suspicion is not None and clusterings is None and planner is Planner.ISOLATE:
+    if suspicion is not None and clusterings is None and settings.planner is Planner.ISOLATE:
         plan, _ = plan_round(round, ids, settings, rng, suspicion=suspicion)
         clusterings = plan.clusterings
     coordinator = RoundCoordinator(
@@ -393,7 +391,7 @@ def secure_sum(
     )
     guards: dict[int, ClientRound] = {}
     plan_refusals: dict[int, str] = {}
-    if protocol and settings.secure and not allow_leakage:
+    if protocol and settings.secure and not settings.allow_leakage:
         for cid in ids:
             policy = (policies or {}).get(cid) or accepting
             try:

@@ -15,7 +15,7 @@ Layout (every key optional unless noted; defaults in the dataclasses below)::
     [privacy]     epsilon or noise_multiplier, delta, clipping, clip, momentum, schedule,
                   level ("example" DP-SGD / "client" Fed-SDP), sample_rate, conversion
     [attack]      name, options, start_fraction
-    [secure_aggregation]  enabled, cluster_size, reclusterings, bits, clip, allow_leakage
+    [secure_aggregation]  the protocol's settings (docs/architecture.md), enabled, clustering
     [aggregator]  name, options, pre
     [server]      learning_rate, momentum
     [deployment]  address, stage_timeout_s, connect_timeout_s (for ``sharefl launch``)
@@ -49,6 +49,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
+from sharefl.protocol.errors import ConfigurationError
+from sharefl.protocol.settings import Planner, SecureAggregationSettings
 from sharefl.simulator.errors import SimulatorError
 from sharefl.toml_tables import build_dataclass
 
@@ -287,21 +289,38 @@ class AttackConfig:
 
 
 @dataclass(frozen=True)
-class SecureAggregationConfig:
+class SecureAggregationConfig(SecureAggregationSettings):
+    """``[secure_aggregation]`` of a simulation: the protocol's one settings type
+    (:class:`~sharefl.protocol.settings.SecureAggregationSettings`: its keys, defaults and
+    checks, documented in docs/architecture.md) plus what only the simulator uses.
+
+    Attributes:
+        enabled: run the protocol (``true``), or add each cluster's encoded inputs in the
+            clear (``false``: an ablation with identical ring sums, see
+            :func:`~sharefl.protocol.driver.secure_sum`'s ``protocol``); needs the
+            protocol for ``signed``.
+        clustering: SHARE's schedule (:mod:`sharefl.simulator.clustering_schedule`):
+            ``"random"`` (new clusters every round), ``"fixed"`` (one clustering, drawn
+            once, R = 1) or ``"fixed_plan"`` (round 1's R clusterings reused every round).
+
+    What no simulation loop can honour is refused here, naming the key:
+    ``planner = "isolate"`` (no loop keeps a history of flagged clusters). Each loop
+    refuses what it alone cannot run (:class:`RunConfig`, the loops).
+    """
+
     enabled: bool = True
-    cluster_size: int = 3
-    reclusterings: int = 1
-    bits: int = 32
-    clip: float = 1.0  # per-coordinate bound of the uploads (fixed-point encoding)
-    allow_leakage: bool = False
-    # -- SHARE (seed001): see sharefl.simulator.clustering_schedule --
-    # "random" (new clusters every round), "fixed" (one clustering, drawn once, R = 1) or
-    # "fixed_plan" (round 1's R clusterings reused every round)
     clustering: str = "random"
-    planner: str = "safe"  # R > 1: "safe" (leak-free reclusterings) or "random" (paper's)
 
     def __post_init__(self) -> None:
-        _require(self.cluster_size >= 1, "secure_aggregation.cluster_size must be >= 1")
+        try:
+            super().__post_init__()
+        except ConfigurationError as exc:  # SettingsError: the message starts with the key
+            raise SimulationConfigError(f"secure_aggregation.{exc}") from exc
+        _require(
+            self.planner is not Planner.ISOLATE,
+            'secure_aggregation.planner = "isolate" needs a history of flagged clusters '
+            'across rounds, which the simulation loops do not keep: use "safe" or "random"',
+        )
         _require(
             self.clustering in CLUSTERINGS,
             f"secure_aggregation.clustering must be one of {CLUSTERINGS}",
@@ -314,11 +333,10 @@ class SecureAggregationConfig:
             f"{self.reclusterings} reclusterings in every round",
         )
         _require(
-            self.planner in ("safe", "random"), 'secure_aggregation.planner: "safe" or "random"'
+            self.enabled or not self.signed,
+            "secure_aggregation.signed runs the protocol's signed mode: set "
+            "secure_aggregation.enabled = true (sums in the clear have no signatures)",
         )
-        _require(self.reclusterings >= 1, "secure_aggregation.reclusterings must be >= 1")
-        _require(self.bits in (32, 64), "secure_aggregation.bits must be 32 or 64")
-        _require(self.clip > 0, "secure_aggregation.clip must be > 0")
 
 
 @dataclass(frozen=True)
@@ -535,6 +553,7 @@ class RunConfig:
         )
         if self.privacy.enabled and self.privacy.level == "client":
             _check_client_level(self)
+        _check_secure_aggregation(self)
         if self.algorithm.name in ("dp_rsa", "decentralized"):
             _require(
                 not self.privacy.enabled,
@@ -580,6 +599,8 @@ NOISE_SPLITS = ("participants", "cluster")
 DISTRIBUTED_MECHANISMS = ("gaussian", "discrete_gaussian", "skellam")
 ROTATIONS = ("hadamard", "none")
 
+_SA_DEFAULTS: dict[str, Any] = dataclasses.asdict(SecureAggregationConfig())
+
 _SHARE_DEFAULTS: dict[str, Any] = {
     "training": TrainingConfig(),
     "privacy": PrivacyConfig(),
@@ -596,9 +617,45 @@ _SHARE_KEYS = (
     ("privacy", "rotation"),
     ("secure_aggregation", "clustering"),
     ("secure_aggregation", "planner"),
+    ("secure_aggregation", "threshold"),
+    ("secure_aggregation", "raise_threshold_to_floor"),
+    ("secure_aggregation", "signed"),
+    ("secure_aggregation", "neighbour_degree"),
+    ("secure_aggregation", "min_sum_size"),
+    ("secure_aggregation", "colluders"),
 )
-"""Keys added after runs were recorded (SHARE's, then distributed DP's): left out of
-:attr:`RunConfig.run_id` at their defaults."""
+"""Keys added after runs were recorded (SHARE's, then distributed DP's, then the protocol
+settings a simulation file gained when ``[secure_aggregation]`` became the protocol's one
+settings type): left out of :attr:`RunConfig.run_id` at their defaults."""
+
+
+def _check_secure_aggregation(run: RunConfig) -> None:
+    """What a loop cannot honour in ``[secure_aggregation]`` is refused, naming the key.
+
+    - ``decentralized``: the loop has no secure aggregation (agents exchange models with
+      their neighbours), so any key set away from its default is refused;
+    - ``dp_rsa``: the sign messages are summed by :func:`~sharefl.protocol.secure_sum` with
+      new clusters every iteration, so ``clustering`` (SHARE's schedule) is refused.
+
+    (SHARE with a discrete ``privacy.distributed`` refuses a ``bits`` other than its ring
+    words' width: :meth:`~sharefl.simulator.share.ShareAggregation.build`.)
+
+    Every other key reaches the protocol (``tests/test_settings_keys.py`` checks each)."""
+    sa, name = run.secure_aggregation, run.algorithm.name
+    if name == "decentralized":
+        changed = {k: v for k, v in dataclasses.asdict(sa).items() if v != _SA_DEFAULTS[k]}
+        _require(
+            not changed,
+            f"secure_aggregation.{next(iter(changed), '')} is set, but the decentralized loop "
+            "has no secure aggregation (agents exchange models with their neighbours): "
+            "remove the [secure_aggregation] table",
+        )
+    if name == "dp_rsa":
+        _require(
+            sa.clustering == "random",
+            f'secure_aggregation.clustering = "{sa.clustering}" is SHARE\'s schedule of the '
+            "federated loop; the dp_rsa loop draws new clusters every iteration: remove it",
+        )
 
 
 def _check_client_level(run: RunConfig) -> None:

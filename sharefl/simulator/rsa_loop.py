@@ -15,9 +15,10 @@ with b_j the Byzantine messages (:mod:`sharefl.simulator.rsa_attacks`); the step
 :func:`~sharefl.robust.rsa.rsa_worker_step` and :class:`~sharefl.robust.rsa.RSAMaster`.
 ``sign`` is the paper's (sign(0) = +1, :func:`~sharefl.robust.rsa.rsa_sign`). With
 ``secure_aggregation.cluster_size >= 2`` the master receives Σ s + Σ b only, from
-:func:`~sharefl.protocol.driver.secure_sum` over the K = r + b workers' messages as
-uint32 ring vectors (±1 mod 2^32, summed exactly, one reclustering's cluster sums added);
-its seed comes from a separate generator, so the trajectory is bit-identical in the clear.
+:func:`~sharefl.protocol.driver.secure_sum` over the K = r + b workers' messages as ring
+vectors (±1 mod 2^bits, summed exactly, one reclustering's cluster sums added), with every
+key of ``[secure_aggregation]`` as parsed (:func:`secure_sign_sum`); its seed comes from a
+separate generator, so the trajectory is bit-identical in the clear.
 
 The choices of the note's §6, as this loop makes them (``[algorithm]`` keys in brackets):
 
@@ -68,7 +69,7 @@ from sharefl.privacy.sign import SignFlip, SignGaussian, rsa_sensitivity
 from sharefl.privacy.sign_accounting import composed_epsilon
 from sharefl.protocol.driver import secure_sum
 from sharefl.robust import GeometricMedian, RSAMaster, rsa_sign, rsa_worker_step
-from sharefl.simulator.config import RunConfig, SimulationConfigError
+from sharefl.simulator.config import RunConfig, SecureAggregationConfig, SimulationConfigError
 from sharefl.simulator.datasets import Dataset
 from sharefl.simulator.final_model import FinalModel
 from sharefl.simulator.models import build_model
@@ -82,22 +83,56 @@ from sharefl.simulator.worker_models import EpochSampler, WorkerGradients
 
 RSA_FAMILY = ("rsa", "dp_rsa_f", "dp_rsa_g")
 RING = 2**32
+"""The default ring Z_2^32 of the sign sums (``secure_aggregation.bits``)."""
+_DTYPES = {32: np.uint32, 64: np.uint64}
 
 
-def ring_signs(messages: Tensor) -> dict[int, np.ndarray]:
-    """Worker index → its ±1 message as a uint32 ring vector (−1 ↦ 2^32 − 1)."""
-    ring = messages.detach().to(torch.int64).remainder(RING).cpu().numpy().astype(np.uint32)
+def ring_signs(messages: Tensor, bits: int = 32) -> dict[int, np.ndarray]:
+    """Worker index → its ±1 message as a ring vector of Z_2^bits (uint32 or uint64;
+    −1 ↦ 2^bits − 1)."""
+    signs = messages.detach().to(torch.int64).cpu().numpy()
+    ring = signs.astype(_DTYPES[bits])  # two's complement: -1 wraps to 2^bits - 1
     return {k: ring[k] for k in range(len(ring))}
 
 
-def signed_ring_sum(sums: list[np.ndarray]) -> np.ndarray:
-    """Σ of uint32 ring sums, read as signed integers in [−2^31, 2^31) (int64)."""
-    total = np.zeros_like(sums[0], dtype=np.uint64)
+def signed_ring_sum(sums: list[np.ndarray], bits: int = 32) -> np.ndarray:
+    """Σ of ring sums of Z_2^bits (wrapping), read as signed integers in
+    [−2^(bits−1), 2^(bits−1)) (int64)."""
+    total = np.zeros_like(sums[0], dtype=_DTYPES[bits])
     for s in sums:
-        total = (total + s.astype(np.uint64)) % RING
-    signed = total.astype(np.int64)
-    signed[signed >= RING // 2] -= RING
-    return signed
+        total += s.astype(_DTYPES[bits])  # unsigned arithmetic wraps modulo 2^bits
+    return total.view(np.int32 if bits == 32 else np.int64).astype(np.int64)
+
+
+def secure_sign_sum(
+    messages: Tensor, settings: SecureAggregationConfig, seed: int, round: int
+) -> Tensor:
+    """Σ_k messages[k] ``[d]`` of the ``[K, d]`` ±1 messages through
+    :func:`~sharefl.protocol.secure_sum` with the run's settings as parsed: every key
+    reaches the protocol (``clip`` bounds float inputs only, and sign messages are ring
+    elements of Z_2^bits; ``enabled = false`` adds them in the clear). With R > 1
+    reclusterings every reclustering sums the same messages, so each gives the total;
+    the first is used and the others must agree.
+
+    Raises:
+        RuntimeError: a cluster produced no sum (cannot happen without drop-outs), or two
+            reclusterings disagree."""
+    bits = settings.bits
+    result = secure_sum(
+        ring_signs(messages, bits),
+        settings.as_settings(),
+        seed=seed,
+        round=round,
+        protocol=settings.enabled,
+    )
+    totals = []
+    for reclustering in result.reclusterings:
+        if reclustering.failed or reclustering.corrupted:
+            raise RuntimeError(f"round {round}: a cluster of the sign sum failed")
+        totals.append(signed_ring_sum([c.ring_sum for c in reclustering.clusters], bits))
+    if any(not np.array_equal(totals[0], t) for t in totals[1:]):
+        raise RuntimeError(f"round {round}: the reclusterings' sign sums disagree")
+    return torch.as_tensor(totals[0], device=messages.device).to(messages.dtype)
 
 
 class RSALoop(SteppedLoop):
@@ -208,27 +243,15 @@ class RSALoop(SteppedLoop):
 
     def sign_sum(self, messages: Tensor) -> Tensor:
         """Σ_k messages[k] ``[d]`` (float) from the ``[K, d]`` ±1 messages: in the clear,
-        or through ``secure_sum`` as uint32 ring vectors when clustered.
+        or through :func:`secure_sign_sum` (every key of ``[secure_aggregation]``) when
+        clustered.
 
         Raises:
             RuntimeError: a cluster produced no sum (cannot happen without drop-outs)."""
         if not self.clustered:
             return messages.sum(dim=0)
-        sa = self.run.secure_aggregation
-        result = secure_sum(
-            ring_signs(messages),
-            cluster_size=sa.cluster_size,
-            reclusterings=1,
-            seed=int(self.rng.integers(2**63)),
-            allow_leakage=sa.allow_leakage,
-            round=self.round,
-            protocol=sa.enabled,
-        )
-        first = result.reclusterings[0]
-        if first.failed or first.corrupted:
-            raise RuntimeError(f"round {self.round}: a cluster of the sign sum failed")
-        total = signed_ring_sum([c.ring_sum for c in first.clusters])
-        return torch.as_tensor(total, device=messages.device).to(messages.dtype)
+        seed = int(self.rng.integers(2**63))
+        return secure_sign_sum(messages, self.run.secure_aggregation, seed, self.round)
 
     def _rsa_step(self) -> None:
         assert self.xk is not None

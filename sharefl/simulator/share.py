@@ -9,8 +9,9 @@ DP whose noise is split over each cluster.
    FedAvg step; :func:`delta_weights`);
 2. without clusters (``cluster_size = 1``, the paper's "No SHARE") runs Zeno++ over the
    individual uploads; otherwise sums them inside clusters with the protocol
-   (:func:`~sharefl.protocol.secure_sum`: the real protocol, or the identical ring sums in
-   the clear with ``secure_aggregation.enabled = false``), with the clusterings of
+   (:func:`~sharefl.protocol.secure_sum` with the run's settings as parsed: the real
+   protocol, or the identical ring sums in the clear with ``secure_aggregation.enabled =
+   false``), with the clusterings of
    :class:`~sharefl.simulator.clustering_schedule.ClusterSchedule` (fixed or per round,
    safe or random planner), and records the protocol's audit of the plan;
 3. aggregates: Zeno++ sums the accepted clusters (:mod:`~sharefl.simulator.cluster_zeno`);
@@ -47,8 +48,9 @@ from sharefl.privacy.distributed import (
 from sharefl.privacy.distributed_accounting import DistributedDPLedger, released_cells
 from sharefl.privacy.secure_random import SecureRandom
 from sharefl.protocol.client import min_released_members
+from sharefl.protocol.driver import secure_sum
+from sharefl.protocol.settings import DEFAULTS
 from sharefl.robust import HierarchicalAggregator
-from sharefl.simulator.cluster_sums import secure_cluster_sums
 from sharefl.simulator.cluster_zeno import ClusterZeno
 from sharefl.simulator.clustering_schedule import AuditLog, ClusterSchedule
 from sharefl.simulator.config import RunConfig, SimulationConfigError
@@ -62,9 +64,10 @@ def delta_weights(sizes: Sequence[int]) -> Tensor:
     return (len(counts) * counts / counts.sum()).to(torch.float32)
 
 
-MIN_SUM_SIZE = 3
-"""The protocol's ``min_sum_size`` as the simulator runs it (:func:`secure_sum`'s default):
-no sum of fewer clients is ever released."""
+MIN_SUM_SIZE = DEFAULTS.min_sum_size
+"""The default of ``secure_aggregation.min_sum_size`` (:class:`~sharefl.protocol.settings.
+SecureAggregationSettings`); a run takes its own from its settings (:func:`split_survivors`,
+the schedule and the protocol all read ``run.secure_aggregation.min_sum_size``)."""
 
 
 def cluster_noise_split(run: RunConfig, noise_multiplier: float) -> ClusterNoiseSplit | None:
@@ -99,9 +102,11 @@ def check_encoding_keeps_the_noise(run: RunConfig, split: ClusterNoiseSplit) -> 
     if not run.secure_aggregation.cluster_size >= 2:
         return
     needed = split.clip_norm + SHARE_TAIL_STDDEVS * split.share_std
-    if run.secure_aggregation.clip < needed:
+    clip = run.secure_aggregation.clip  # None: no float encoding at all
+    if clip is None or clip < needed:
+        shown = "none" if clip is None else f"{clip:g}"
         raise SimulationConfigError(
-            f"secure_aggregation.clip = {run.secure_aggregation.clip:g} would clip the "
+            f"secure_aggregation.clip = {shown} would clip the "
             f"members' noisy shares (one share's noise has std {split.share_std:.3g}), and a "
             "sum of clipped shares is not the Gaussian mechanism the accounting assumes: set "
             f"secure_aggregation.clip >= {needed:.3g}, or add the noise in the ring with "
@@ -112,8 +117,8 @@ def check_encoding_keeps_the_noise(run: RunConfig, split: ClusterNoiseSplit) -> 
 def split_survivors(run: RunConfig) -> int:
     """s of the cluster split: ``privacy.min_survivors`` or the fewest members a released
     sum can hold (:func:`~sharefl.protocol.client.min_released_members`)."""
-    m = run.secure_aggregation.cluster_size
-    survivors = run.privacy.min_survivors or min_released_members(m, MIN_SUM_SIZE)
+    m, least = run.secure_aggregation.cluster_size, run.secure_aggregation.min_sum_size
+    survivors = run.privacy.min_survivors or min_released_members(m, least)
     if survivors > m:
         raise SimulationConfigError(
             f"privacy.min_survivors = {survivors} exceeds the cluster size {m}"
@@ -215,6 +220,13 @@ class ShareAggregation:
                 noise_split, run.privacy.accountant, run.privacy.conversion
             )
         if distributed is not None:
+            if run.secure_aggregation.bits != distributed.ring_bits:
+                # the ring words go to the protocol as they are: their width is the ring's
+                raise SimulationConfigError(
+                    f"privacy.bits = {run.privacy.bits} is carried in "
+                    f"{distributed.ring_bits}-bit words: set secure_aggregation.bits = "
+                    f"{distributed.ring_bits}"
+                )
             if run.privacy.accountant != "rdp":
                 raise SimulationConfigError(
                     f'privacy.distributed = "{run.privacy.distributed}" is accounted by its '
@@ -229,7 +241,9 @@ class ShareAggregation:
             zeno=zeno,
             weights=delta_weights(client_sizes) if run.training.weighted else None,
             ledger=ledger,
-            schedule=ClusterSchedule(run.secure_aggregation),
+            schedule=ClusterSchedule(
+                run.secure_aggregation, min_sum_size=run.secure_aggregation.min_sum_size
+            ),
             audits=AuditLog(),
             distributed=distributed,
         )
@@ -315,13 +329,17 @@ class ShareAggregation:
                 cid: encoder.encode(rows[i], public_seed, noise_rng, noise=cid not in byzantine)
                 for i, cid in enumerate(ids)
             }
-        result = secure_cluster_sums(
+        sa = self.run.secure_aggregation
+        if not isinstance(inputs, dict):
+            inputs = {cid: inputs[i].detach().cpu().numpy() for i, cid in enumerate(ids)}
+        # Every key of the run's settings reaches the protocol as parsed (its clip bounds
+        # float uploads; ring words of a discrete mechanism are summed as they are).
+        result = secure_sum(
             inputs,
-            ids,
-            self.run.secure_aggregation,
-            rng,
-            round,
-            planner=self.schedule.planner,
+            sa.as_settings(),
+            seed=int(rng.integers(2**63)),
+            round=round,
+            protocol=sa.enabled,
             clusterings=clusterings,
         )
         self.audits.record(result.planned_audit)
