@@ -12,6 +12,15 @@ one warm-up round and ``--rounds`` measured rounds over the same clients:
   the setting of Flower's own secure-aggregation example;
 - ``fedavg``: Flower's ``DefaultWorkflow`` fit round, no secure aggregation.
 
+A second simulation per N runs the Message API (``@app.train()`` clients):
+
+- ``sharefl_message``: ``ShareflStrategy(FedAvg(...))`` with the same options, behind
+  ``sharefl_mod``;
+- ``fedavg_message``: Flower's Message-API ``FedAvg``, no secure aggregation.
+
+(Flower 1.42 has no Message-API SecAgg+: the Message-API path is compared with the legacy
+SecAgg+ of the first simulation, same process and machine, and with its own FedAvg.)
+
 Every client trains by adding a fixed update (d float32 coordinates, uniform in ±0.5, weight
 10 + its partition id) to the parameters it received, so every method averages the same
 updates. Per method it prints one JSON line: the round wall time (median over the measured
@@ -28,8 +37,8 @@ multi-stage protocol therefore waits up to two ticks. ``--tick`` sets both (the 
 replacing ``flwr.server.superlink.fleet.vce.vce_api.add_messages_to_queue`` with a copy
 whose wait is ``--tick``); the tick is printed with the results.
 
-Targets (issue #16), N = 20, d = 10^5: sharefl's round ≥ 4× faster than SecAgg+ complete
-graph and ≤ 3× plain FedAvg's. Run:
+Targets, N = 20, d = 10^5, Flower's tick: sharefl's round (either API) ≥ 5× faster than
+SecAgg+ complete graph and ≤ 1.5× plain FedAvg's of the same API. Run:
 ``python benchmarks/bench_flower.py [--clients 10 20] [--d 100000] [--tick 0.01]``.
 """
 
@@ -46,7 +55,7 @@ from typing import Any
 
 import numpy as np
 from common import add_smoke_flag, emit, emit_machine, finish, use_smoke
-from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.client import ClientApp, NumPyClient
 from flwr.client.mod import secaggplus_mod
 from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
@@ -57,9 +66,12 @@ from flwr.server.strategy import FedAvg
 from flwr.server.superlink.fleet.vce import vce_api
 from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
 from flwr.server.workflow.default_workflows import default_fit_workflow
+from flwr.serverapp.strategy import FedAvg as MessageFedAvg
 from flwr.simulation import run_simulation
 
-from sharefl.integrations.flower import ShareflWorkflow, sharefl_mod
+from sharefl.integrations.flower import ShareflStrategy, ShareflWorkflow, sharefl_mod
+
+SHAREFL_OPTIONS = {"cluster_size": 5, "clip": 1.0}
 
 TIMING = "bench.timing"
 """The ConfigRecord a client adds to each reply: its app's seconds for that message."""
@@ -102,6 +114,25 @@ def client_app(d: int) -> ClientApp:
     return ClientApp(client_fn=client_fn, mods=[route])
 
 
+def message_client_app(d: int) -> ClientApp:
+    """The same clients written with the Message API: ``@app.train()`` adds the update."""
+    app = ClientApp(mods=[route])
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        update, weight = client_update(int(context.node_config["partition-id"]), d)
+        received = msg.content["arrays"].to_numpy_ndarrays()
+        reply = RecordDict(
+            {
+                "arrays": ArrayRecord([received[0] + update]),
+                "metrics": MetricRecord({"num-examples": weight}),
+            }
+        )
+        return Message(reply, reply_to=msg)
+
+    return app
+
+
 # ---- the server ---------------------------------------------------------------------------
 
 
@@ -114,8 +145,22 @@ class TimingGrid:
         self.client_s = 0.0
 
     def send_and_receive(self, messages, *, timeout=None):
-        replies = list(self._grid.send_and_receive(messages, timeout=timeout))
-        self.exchanges += 1
+        """Flower's own wait (its workflows and strategies)."""
+        messages = list(messages)
+        self.exchanges += bool(messages)  # ``Strategy.start`` also sends empty lists
+        return self._timed(self._grid.send_and_receive(messages, timeout=timeout))
+
+    def push_messages(self, messages):
+        """sharefl's wait (``send_and_collect``) pushes once per exchange, then pulls."""
+        messages = list(messages)
+        self.exchanges += bool(messages)
+        return self._grid.push_messages(messages)
+
+    def pull_messages(self, message_ids):
+        return self._timed(self._grid.pull_messages(message_ids))
+
+    def _timed(self, replies):
+        replies = list(replies)
         for reply in replies:
             if not reply.has_error() and TIMING in reply.content.config_records:
                 self.client_s += float(reply.content.config_records.pop(TIMING)["s"])
@@ -204,9 +249,79 @@ class Method:
         }
 
 
+class TimedRounds:
+    """Mixin for a Message-API strategy: one :class:`RoundStats` per round, from
+    ``configure_train`` (where ``ShareflStrategy`` runs its whole secure round) to the end
+    of ``aggregate_train`` (where ``FedAvg`` averages the replies it got in between)."""
+
+    def __init__(
+        self,
+        *args: Any,
+        timing: TimingGrid,
+        stats: list,
+        exact: np.ndarray,
+        clients: int,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self._timing, self._stats, self._exact, self._clients = timing, stats, exact, clients
+
+    def configure_train(self, server_round, arrays, config, grid):
+        self._timing.exchanges, self._timing.client_s = 0, 0.0
+        self._sent = arrays.to_numpy_ndarrays()[0]
+        self._clock = (time.perf_counter(), time.thread_time())
+        return super().configure_train(server_round, arrays, config, grid)
+
+    def aggregate_train(self, server_round, replies):
+        arrays, metrics = super().aggregate_train(server_round, replies)
+        wall, cpu = time.perf_counter() - self._clock[0], time.thread_time() - self._clock[1]
+        if arrays is None:
+            raise RuntimeError(f"round {server_round} aggregated nothing")
+        error = float(np.abs(arrays.to_numpy_ndarrays()[0] - self._sent - self._exact).max())
+        client_s = self._timing.client_s / self._clients
+        self._stats.append(RoundStats(wall, cpu, client_s, self._timing.exchanges, error))
+        return arrays, metrics
+
+
+class TimedFedAvg(TimedRounds, MessageFedAvg):
+    pass
+
+
+class TimedSharefl(TimedRounds, ShareflStrategy):
+    pass
+
+
+@dataclass
+class MessageMethod(Method):
+    """A Message-API strategy run by its own ``start`` for a warm-up and ``rounds`` rounds."""
+
+    def run(self, grid, context: Context, n: int, d: int, rounds: int, exact: np.ndarray):
+        timing = TimingGrid(grid)
+        fedavg = {
+            "fraction_train": 1.0,
+            "fraction_evaluate": 0.0,
+            "min_train_nodes": n,
+            "min_available_nodes": n,
+        }
+        timed = {"timing": timing, "stats": self.stats, "exact": exact, "clients": n}
+        if self.name == "sharefl_message":
+            strategy = TimedSharefl(MessageFedAvg(**fedavg), **timed, **SHAREFL_OPTIONS)
+        else:
+            strategy = TimedFedAvg(**timed, **fedavg)
+        initial = ArrayRecord([np.zeros(d, np.float32)])
+        strategy.start(grid=timing, initial_arrays=initial, num_rounds=rounds + 1)
+
+
+def message_methods() -> list[Method]:
+    return [
+        MessageMethod("sharefl_message", lambda: None),
+        MessageMethod("fedavg_message", lambda: None),
+    ]
+
+
 def methods(n: int) -> list[Method]:
     return [
-        Method("sharefl", lambda: ShareflWorkflow(cluster_size=5, clip=1.0)),
+        Method("sharefl", lambda: ShareflWorkflow(**SHAREFL_OPTIONS)),
         Method(
             "secaggplus_complete",
             lambda: SecAggPlusWorkflow(
@@ -245,8 +360,9 @@ def set_tick(tick: float) -> None:
     vce_api.add_messages_to_queue = add_messages_to_queue
 
 
-def simulate(n: int, d: int, rounds: int, tick: float) -> list[Method]:
-    todo = methods(n)
+def simulate(n: int, d: int, rounds: int, tick: float, api: str = "legacy") -> list[Method]:
+    """One ``run_simulation`` of ``n`` clients running every method of ``api`` in turn."""
+    todo = methods(n) if api == "legacy" else message_methods()
     exact = exact_mean(n, d)
     server = ServerApp()
 
@@ -260,7 +376,8 @@ def simulate(n: int, d: int, rounds: int, tick: float) -> list[Method]:
         "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
         "init_args": {"num_cpus": 2, "num_gpus": 0, "include_dashboard": False},
     }
-    run_simulation(server, client_app(d), num_supernodes=n, backend_config=backend)
+    clients = client_app(d) if api == "legacy" else message_client_app(d)
+    run_simulation(server, clients, num_supernodes=n, backend_config=backend)
     return todo
 
 
@@ -282,27 +399,32 @@ def main() -> None:
     for n in args.clients:
         done = {
             m.name: m.summary(n, args.d, args.tick)
-            for m in simulate(n, args.d, args.rounds, args.tick)
+            for api in ("legacy", "message")
+            for m in simulate(n, args.d, args.rounds, args.tick, api)
         }
         for record in done.values():
             emit(record)
-        ours = done["sharefl"]["round_s"]
-        vs_secagg = done["secaggplus_complete"]["round_s"] / ours
-        vs_fedavg = ours / done["fedavg"]["round_s"]
-        record = {
-            "kind": "ratio",
-            "name": f"sharefl_vs_baselines_n{n}",
-            "clients": n,
-            "tick_s": args.tick,
-            "secaggplus_complete_over_sharefl": vs_secagg,
-            "secaggplus_sparse_over_sharefl": done["secaggplus_sparse"]["round_s"] / ours,
-            "sharefl_over_fedavg": vs_fedavg,
-        }
-        if n == 20:
-            record["targets"] = "secaggplus_complete_over_sharefl >= 4, sharefl_over_fedavg <= 3"
-            record["pass"] = vs_secagg >= 4 and vs_fedavg <= 3
-        emit(record)
-        records.append(record)
+        secagg = done["secaggplus_complete"]["round_s"]
+        for ours, fedavg in (("sharefl", "fedavg"), ("sharefl_message", "fedavg_message")):
+            vs_secagg = secagg / done[ours]["round_s"]
+            vs_fedavg = done[ours]["round_s"] / done[fedavg]["round_s"]
+            record = {
+                "kind": "ratio",
+                "name": f"{ours}_vs_baselines_n{n}",
+                "clients": n,
+                "tick_s": args.tick,
+                f"secaggplus_complete_over_{ours}": vs_secagg,
+                f"secaggplus_sparse_over_{ours}": done["secaggplus_sparse"]["round_s"]
+                / done[ours]["round_s"],
+                f"{ours}_over_{fedavg}": vs_fedavg,
+            }
+            if n == 20:
+                record["targets"] = (
+                    f"secaggplus_complete_over_{ours} >= 5, {ours}_over_{fedavg} <= 1.5"
+                )
+                record["pass"] = vs_secagg >= 5 and vs_fedavg <= 1.5
+            emit(record)
+            records.append(record)
     finish(records)
 
 

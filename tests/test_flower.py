@@ -4,7 +4,9 @@ Byzantine clients under a robust rule."""
 
 from __future__ import annotations
 
+import itertools
 import json
+import time
 
 import numpy as np
 import pytest
@@ -90,25 +92,46 @@ class FakeGrid:
         self.error_at = error_at or {}
         self.silent_at = silent_at or {}
         self.run_id = 1
+        self.replies_by_id: dict[str, Message | None] = {}  # None: a silent node
+        self.ids = itertools.count()
+
+    pull_interval = 0.001
+
+    def push_messages(self, messages):
+        """Deliver each message at once (its reply waits to be pulled) and return ids."""
+        ids = []
+        for msg in messages:
+            mid = f"m{next(self.ids)}"
+            msg.metadata.__dict__["_message_id"] = mid  # as Flower's in-memory grid does
+            self.replies_by_id[mid] = self._answer(msg)
+            ids.append(mid)
+        return ids
+
+    def pull_messages(self, message_ids):
+        replies = [self.replies_by_id.get(mid) for mid in message_ids]
+        for mid in message_ids:
+            if self.replies_by_id.get(mid) is not None:
+                del self.replies_by_id[mid]
+        return [r for r in replies if r is not None]
 
     def send_and_receive(self, messages, *, timeout=None):
-        replies = []
-        for msg in messages:
-            nid = msg.metadata.dst_node_id
-            kind = _kind(msg)
-            self.sent.append(kind)
-            if self.silent_at.get(nid) == kind:
-                continue
-            if self.error_at.get(nid) == kind:
-                replies.append(Message(Error(code=0, reason="lost"), reply_to=msg))
-                continue
-            try:
-                mod = self.mods.get(nid, sharefl_mod)
-                replies.append(mod(msg, self.contexts[nid], self.apps[nid]))
-            except Exception as exc:  # what Flower does with an exception in a ClientApp
-                self.errors.setdefault(nid, []).append(repr(exc))
-                replies.append(Message(Error(code=0, reason=repr(exc)), reply_to=msg))
-        return replies
+        return self.pull_messages(self.push_messages(messages))
+
+    def _answer(self, msg):
+        """The node's reply to ``msg``, or ``None`` for a node that stays silent."""
+        nid = msg.metadata.dst_node_id
+        kind = _kind(msg)
+        self.sent.append(kind)
+        if self.silent_at.get(nid) == kind:
+            return None
+        if self.error_at.get(nid) == kind:
+            return Message(Error(code=0, reason="lost"), reply_to=msg)
+        try:
+            mod = self.mods.get(nid, sharefl_mod)
+            return mod(msg, self.contexts[nid], self.apps[nid])
+        except Exception as exc:  # what Flower does with an exception in a ClientApp
+            self.errors.setdefault(nid, []).append(repr(exc))
+            return Message(Error(code=0, reason=repr(exc)), reply_to=msg)
 
 
 def _kind(msg) -> str:
@@ -184,7 +207,7 @@ NODES[0] = 2**64 - 5  # an id above 2^63 goes through the records too
 def test_secure_aggregate_equals_fedavg_with_dropouts_at_masking_and_unmasking():
     updates = updates_for(NODES)
     global_arrays = [np.full(s, 0.25, np.float32) for s in SHAPES]
-    workflow = ShareflWorkflow(cluster_size=5, clip=1.0, seed=3)
+    workflow = ShareflWorkflow(cluster_size=5, clip=1.0, seed=3, timeout=0.05)
     lost_masking, lost_unmask = NODES[1], NODES[2]
     new, _ = run_round(
         workflow,
@@ -256,10 +279,10 @@ def test_the_input_leaves_the_context_after_the_rounds_last_masking():
     seen: list[bool] = []
 
     class Watching(FakeGrid):
-        def send_and_receive(self, messages, *, timeout=None):
-            replies = super().send_and_receive(messages, timeout=timeout)
+        def push_messages(self, messages):
+            ids = super().push_messages(messages)
             seen.append(any(f"{PREFIX}.state.input" in c.state for c in self.contexts.values()))
-            return replies
+            return ids
 
     grid = Watching({nid: counting(nid) for nid in NODES})
     global_arrays = [np.zeros(s, np.float32) for s in SHAPES]
@@ -551,3 +574,42 @@ def test_a_round_that_releases_nothing_says_why_in_the_servers_log(caplog):
     ]
     assert f"{N} client error replies" in line and "requires signed mode" in line
     assert f"(×{N})" in line
+
+
+def test_the_first_round_warns_when_the_rule_cannot_withstand_the_named_byzantine_count(caplog):
+    """10 clients in clusters of 3 (3 clusters): Median(f=1) cannot hold against 2 Byzantine
+    clients (2 or more clusters spoiled with probability 0.73: the exact distribution),
+    and the workflow says so once, at its first round; against 1 it holds and says
+    nothing. A negative count is refused by name."""
+    updates = updates_for(NODES)
+    global_arrays = [np.zeros(s, np.float32) for s in SHAPES]
+    for byzantine, warned in ((2, True), (1, False)):
+        caplog.clear()
+        workflow = ShareflWorkflow(
+            cluster_size=3, clip=1.0, seed=5, rule=Median(f=1), byzantine=byzantine
+        )
+        with caplog.at_level("WARNING"):
+            run_round(workflow, updates, global_arrays)
+            run_round(workflow, updates, global_arrays)
+        lines = [r.getMessage() for r in caplog.records if "byzantine=" in r.getMessage()]
+        assert len(lines) == (1 if warned else 0), lines
+        if warned:
+            assert "2 Byzantine clients among 10" in lines[0] and "0.73" in lines[0]
+    with pytest.raises(ConfigurationError, match="byzantine"):
+        ShareflWorkflow(cluster_size=3, clip=1.0, byzantine=-1)
+
+
+def test_a_silent_client_costs_the_idle_timeout_not_the_round():
+    """A client that never answers its masking request is a drop-out after ``timeout``
+    seconds without a new reply (not a hung round); the others' FedAvg is exact."""
+    updates = updates_for(NODES)
+    global_arrays = [np.zeros(s, np.float32) for s in SHAPES]
+    workflow = ShareflWorkflow(cluster_size=5, clip=1.0, seed=3, timeout=0.2)
+    hung = NODES[4]
+    started = time.monotonic()
+    new, _ = run_round(workflow, updates, global_arrays, silent_at={hung: "MaskingRequest"})
+    assert time.monotonic() - started < 30
+    summed = set().union(*(set(c.members) for c in workflow.last_result.clusters))
+    assert summed == set(NODES) - {hung}
+    for got, want in zip(new, fedavg(updates, sorted(summed)), strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-5)

@@ -77,6 +77,7 @@ from sharefl.privacy.secure_random import SecureRandom
 from sharefl.protocol import records
 from sharefl.protocol.client import ClientPolicy, ClientSession
 from sharefl.protocol.client_round import ClientRound
+from sharefl.protocol.clustering import tolerance_warning
 from sharefl.protocol.coordinator import RoundCoordinator, RoundResult
 from sharefl.protocol.errors import (
     ConfigurationError,
@@ -98,6 +99,8 @@ from sharefl.robust.base import Aggregator
 from sharefl.robust.coordinate import Mean
 from sharefl.robust.hierarchical import ClusterScale, HierarchicalAggregator
 from sharefl.wording import counted
+
+from .collect import ReplyDeadlines, send_and_collect
 
 if TYPE_CHECKING:
     from flwr.common import FitRes
@@ -134,6 +137,11 @@ _FITINS_PARAMS = "fitins.parameters"
 _STATE = f"{PREFIX}.state"
 _ARRAYS = ".arrays"
 
+
+DEFAULT_IDLE_TIMEOUT = 120.0
+"""Seconds a stage waits for the next reply (:class:`ShareflWorkflow`'s ``timeout``)."""
+DEFAULT_FIRST_REPLY_TIMEOUT = 600.0
+"""Seconds a stage waits for its first reply (``first_reply_timeout``)."""
 
 Failures = list["tuple[ClientProxy, FitRes] | BaseException"]
 """What Flower's ``Strategy.aggregate_fit`` takes as ``failures``."""
@@ -321,7 +329,17 @@ class ShareflWorkflow:
     Attributes:
         settings: the rules of every round.
         max_weight: the largest number of examples a client may report.
-        timeout: seconds to wait for each stage's replies (``None``: wait for all).
+        timeout: a stage stops waiting when no new reply has come for this many seconds;
+            the clock restarts with every reply, so steady progress (a simulation's actor
+            pool serving clients in turn) is never cut short, and a hung client costs at
+            most this much per stage (:mod:`sharefl.integrations.collect`). ``None``: wait
+            for every client.
+        first_reply_timeout: the longest wait for the first reply of a stage (a
+            simulation engine starting, the first training); ``None``: no limit.
+        byzantine: the number of Byzantine clients the deployment should withstand; when
+            the first round knows its clients, a warning is logged if ``rule`` cannot
+            tolerate the clusters they would spoil
+            (:func:`~sharefl.protocol.clustering.tolerance_warning`). ``None``: no check.
         rule: a robust rule over the released cluster sums (``f`` counts clusters);
             default :class:`~sharefl.robust.coordinate.Mean` (FedAvg).
         seed: seeds the cluster plan (simulations only; ``None``: the OS).
@@ -357,7 +375,9 @@ class ShareflWorkflow:
 
     settings: SecureAggregationSettings
     max_weight: float = 1000.0
-    timeout: float | None = None
+    timeout: float | None = DEFAULT_IDLE_TIMEOUT
+    first_reply_timeout: float | None = DEFAULT_FIRST_REPLY_TIMEOUT
+    byzantine: int | None = None
     rule: Aggregator | None = None
     seed: int | None = None
     directory: Mapping[int, bytes] | str | Path | None = None
@@ -376,7 +396,9 @@ class ShareflWorkflow:
         settings: SecureAggregationSettings | None = None,
         *,
         max_weight: float = 1000.0,
-        timeout: float | None = None,
+        timeout: float | None = DEFAULT_IDLE_TIMEOUT,
+        first_reply_timeout: float | None = DEFAULT_FIRST_REPLY_TIMEOUT,
+        byzantine: int | None = None,
         rule: Aggregator | None = None,
         seed: int | None = None,
         directory: Mapping[int, bytes] | str | Path | None = None,
@@ -387,6 +409,8 @@ class ShareflWorkflow:
     ) -> None:
         self.settings = settings_from(settings, keywords)
         self.max_weight, self.timeout, self.rule, self.seed = max_weight, timeout, rule, seed
+        self.first_reply_timeout, self.byzantine = first_reply_timeout, byzantine
+        self._deadlines = ReplyDeadlines(idle=timeout, first=first_reply_timeout)
         self.directory, self.privacy, self.delta = directory, privacy, delta
         self.max_empty_rounds = max_empty_rounds
         self.last_result, self.last_update, self.last_route = None, None, None
@@ -450,6 +474,13 @@ class ShareflWorkflow:
         self._aggregator = HierarchicalAggregator(rule=self.rule or Mean(), scale=ClusterScale.MEAN)
         self._rng = np.random.default_rng(self.seed)
         self._ledger: ReleaseLedger | None = None
+        self._warned = False
+        if self.byzantine is not None and (
+            not isinstance(self.byzantine, int) or self.byzantine < 0
+        ):
+            raise ConfigurationError(
+                f"byzantine must be a number of clients >= 0 (or None), got {self.byzantine!r}"
+            )
 
     def _load_directory(self) -> dict[int, bytes]:
         if self.signed != (self.directory is not None):
@@ -525,6 +556,7 @@ class ShareflWorkflow:
         self.last_route = route
         clients = route.clients
         fitins = {clients[nid]: content for nid, content in contents.items() if nid in clients}
+        self._warn_if_intolerable(len(fitins))
         clip = self.settings.clip if self.settings.clip is not None else 1.0  # unused with DP
         codec = WeightedUpdateCodec.like(global_arrays, clip, self.max_weight)
         encoder = None
@@ -585,18 +617,27 @@ class ShareflWorkflow:
 
     def _send(self, grid, contents: Mapping[int, RecordDict], group: str) -> list[Message]:
         """Send each node its content (a TRAIN message) and return the replies that came
-        back within ``timeout``."""
-        return list(
-            grid.send_and_receive(
-                [
-                    Message(
-                        content=c, dst_node_id=nid, message_type=MessageType.TRAIN, group_id=group
-                    )
-                    for nid, c in contents.items()
-                ],
-                timeout=self.timeout,
-            )
+        before the stage's deadlines (``timeout``, ``first_reply_timeout``)."""
+        messages = [
+            Message(content=c, dst_node_id=nid, message_type=MessageType.TRAIN, group_id=group)
+            for nid, c in contents.items()
+        ]
+        return send_and_collect(grid, messages, self._deadlines)
+
+    def _warn_if_intolerable(self, clients: int) -> None:
+        """Log, once, when ``byzantine`` clients among ``clients`` spoil more clusters than
+        the rule tolerates (Zeno++-like rules without an ``f`` are not checked)."""
+        if self.byzantine is None or self._warned:
+            return
+        self._warned = True
+        tolerated = self._aggregator.tolerance
+        if tolerated is None or clients < 1:
+            return
+        text = tolerance_warning(
+            clients, min(self.byzantine, clients), self.cluster_size, tolerated
         )
+        if text is not None:
+            log.warning("sharefl: ShareflWorkflow(byzantine=%d): %s", self.byzantine, text)
 
     def _hello(self, grid, current_round: int, node_ids: list[int], failures: Failures) -> Route:
         """The hello stage of a signed round: a fresh nonce to every selected node, and the
