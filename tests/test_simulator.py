@@ -547,3 +547,21 @@ def test_quickstart_reaches_95_percent(tmp_path):
     last = sim.run_rounds()
     assert last.accuracy >= 0.95
     assert last.epsilon == pytest.approx(2.0, rel=0.01)
+
+
+def test_evaluation_in_pieces_equals_one_forward_pass_per_batch():
+    """FlatModel.evaluate runs a CPU batch's forward pass in pieces (CPU_FORWARD_BATCH): the
+    accuracy is the one of a single pass over each batch and the loss agrees to float
+    rounding (every example's forward pass is its own; GroupNorm normalises per example)."""
+    torch.manual_seed(0)
+    model = training_module.FlatModel(build_model("dp_filter_cnn"))
+    flat = torch.randn(model.dim) * 0.05
+    inputs, targets = torch.randn(1300, 1, 28, 28), torch.randint(0, 10, (1300,))
+    with torch.no_grad():
+        out = model(flat, inputs)
+    expected_acc = float((out.argmax(1) == targets).float().mean())
+    expected_loss = float(torch.nn.functional.cross_entropy(out, targets))
+    acc, loss = model.evaluate(flat, inputs, targets, batch_size=1000)
+    assert training_module.CPU_FORWARD_BATCH < 1000  # the batch really is cut into pieces
+    assert acc == pytest.approx(expected_acc, abs=0.5 / len(targets))
+    assert loss == pytest.approx(expected_loss, rel=1e-5)
