@@ -332,3 +332,18 @@ def test_no_experiment_file_keeps_a_codename():
         assert model not in MODEL_ALIASES, f"{f.name}: model {model}"
         assert scheme not in PARTITION_ALIASES, f"{f.name}: partition {scheme}"
         assert "seed00" not in str(data.get("name", "")), f.name
+
+
+def test_every_algorithm_name_has_a_loop_in_the_table():
+    """[algorithm] name is checked against config.ALGORITHMS and looked up in loops.LOOPS:
+    the two agree, and each entry imports to a loop class with the runner's interface."""
+    import importlib
+
+    from sharefl.simulator.config import ALGORITHMS
+    from sharefl.simulator.loops import LOOPS
+
+    assert set(LOOPS) == set(ALGORITHMS)
+    for target in LOOPS.values():
+        module, _, name = target.partition(":")
+        cls = getattr(importlib.import_module(module), name)
+        assert all(callable(getattr(cls, m, None)) for m in ("run_rounds", "final_model"))

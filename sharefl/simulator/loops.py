@@ -9,13 +9,13 @@ evaluations report, as a :class:`~sharefl.simulator.final_model.FinalModel`: a
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
 
 from sharefl.simulator.config import RunConfig
-from sharefl.simulator.engine import Simulation
 from sharefl.simulator.final_model import FinalModel
 from sharefl.simulator.results import RoundRecord
 
@@ -39,17 +39,18 @@ class Loop(Protocol):
     def final_model(self) -> FinalModel: ...
 
 
+LOOPS: dict[str, str] = {
+    "federated": "sharefl.simulator.engine:Simulation",
+    "dp_rsa": "sharefl.simulator.rsa_loop:RSALoop",
+    "decentralized": "sharefl.simulator.decentralized.loop:DecentralizedLoop",
+}
+"""``[algorithm] name`` → the loop class, as ``module:class`` (imported when a run selects
+it; the names are :data:`~sharefl.simulator.config.ALGORITHMS`). A new paper's loop is one
+line here."""
+
+
 def build_loop(run: RunConfig, *, device: str | None = None) -> Loop:
-    """The loop of ``run``: :class:`~sharefl.simulator.engine.Simulation` for
-    ``"federated"``, :class:`~sharefl.simulator.rsa_loop.RSALoop` for ``"dp_rsa"``,
-    :class:`~sharefl.simulator.decentralized.loop.DecentralizedLoop` for
-    ``"decentralized"``."""
-    if run.algorithm.name == "dp_rsa":
-        from sharefl.simulator.rsa_loop import RSALoop
-
-        return RSALoop(run, device=device)
-    if run.algorithm.name == "decentralized":
-        from sharefl.simulator.decentralized.loop import DecentralizedLoop
-
-        return DecentralizedLoop(run, device=device)
-    return Simulation(run, device=device)
+    """The loop :data:`LOOPS` names for ``run.algorithm.name``, built for ``run``."""
+    module, _, name = LOOPS[run.algorithm.name].partition(":")
+    loop: Loop = getattr(importlib.import_module(module), name)(run, device=device)
+    return loop
