@@ -28,7 +28,8 @@ from sharefl.crypto.signatures import IdentityKey
 from sharefl.deploy.config import load_config
 from sharefl.exit_status import ExitStatus
 from sharefl.protocol import secure_sum
-from sharefl.protocol.coordinator import RoundCoordinator
+from sharefl.protocol.audit import audit
+from sharefl.protocol.coordinator import RoundCoordinator, plan_round, round_colluders
 from sharefl.protocol.errors import ConfigurationError
 from sharefl.protocol.settings import (
     DEFAULTS,
@@ -42,6 +43,7 @@ from sharefl.robust import HierarchicalAggregator
 from sharefl.robust.coordinate import Mean
 from sharefl.robust.hierarchical import ClusterScale
 from sharefl.simulation_bridge import deployment_for, deployment_section
+from sharefl.simulator import clustering_schedule
 from sharefl.simulator.config import RunConfig, SimulationConfigError, expand
 from sharefl.simulator.rsa_loop import secure_sign_sum
 from sharefl.simulator.share import ShareAggregation
@@ -137,6 +139,74 @@ def test_share_loop(key, captured):
     assert captured[-1] == expected(key)
     # the mean of the cluster means of equal clusters is the plain mean (within rounding)
     assert torch.allclose(aggregate.double(), uploads.double().mean(0), atol=1e-6)
+
+
+def _share_rounds(run: RunConfig, rounds: int = 2) -> ShareAggregation:
+    """SHARE's aggregation of ``run`` (a mean over cluster means), run for ``rounds``
+    rounds of the same clients."""
+    share = ShareAggregation.build(
+        run,
+        rule=HierarchicalAggregator(rule=Mean(), scale=ClusterScale.MEAN),
+        zeno=None,
+        client_sizes=[1] * CLIENTS,
+        noise_split=None,
+    )
+    uploads = torch.linspace(-0.5, 0.5, CLIENTS * DIM).reshape(CLIENTS, DIM)
+    rng = np.random.default_rng(0)
+    for r in range(rounds):
+        share.aggregate(
+            uploads, list(range(CLIENTS)), byzantine=set(), w=torch.zeros(DIM), rng=rng, round=r
+        )
+    return share
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_share_loop_with_a_fixed_plan(key, captured, monkeypatch):
+    """``clustering = "fixed_plan"`` draws round 1's plan itself: the planner gets every
+    key (the protocol's ``plan_round``, with the settings as parsed), and every round's
+    coordinator the same settings and clusterings."""
+    planned: list[SecureAggregationSettings] = []
+
+    def recording(round_index, participants, settings, rng, *args, **kwargs):
+        planned.append(settings)
+        return plan_round(round_index, participants, settings, rng, *args, **kwargs)
+
+    monkeypatch.setattr(clustering_schedule, "plan_round", recording)
+    run = run_config(None, secure_aggregation={key: VALUES[key], "clustering": "fixed_plan"})
+    share = _share_rounds(run)
+    assert planned == [expected(key)]  # drawn once, from every key
+    assert captured[-2:] == [expected(key), expected(key)]
+    assert share.schedule.fixed is not None
+    assert list(share.last_clusterings) == share.schedule.fixed
+
+
+@pytest.mark.parametrize(
+    "table",
+    [
+        {"colluders": 1},
+        # signed mode's default: ⌈4/3⌉ − 1 = 1 colluder per cluster of 4
+        {"signed": True, "cluster_size": 4},
+    ],
+)
+def test_a_fixed_plan_resists_the_colluders_of_its_audits(table):
+    """The oracle is the protocol's audit against the round's colluders: a safe plan drawn
+    for 0 colluders (what the schedule drew before it passed ``colluders`` on) leaks
+    against 1 at these sizes, so every round of the run would be refused."""
+    run = run_config(
+        None, secure_aggregation={**table, "reclusterings": 2, "clustering": "fixed_plan"}
+    )
+    share = _share_rounds(run)
+    plan = share.schedule.fixed
+    assert plan is not None and len(plan) == 2
+    report = audit(
+        plan,
+        client_ids=list(range(CLIENTS)),
+        min_sum_size=run.secure_aggregation.min_sum_size,
+        colluders=round_colluders(plan, run.secure_aggregation),
+    )
+    assert round_colluders(plan, run.secure_aggregation) == 1
+    assert not report.leaks and report.complete
+    assert share.audits.rounds == 2 and share.audits.leaking_rounds == 0
 
 
 @pytest.mark.parametrize("key", KEYS)

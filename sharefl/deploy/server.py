@@ -62,6 +62,7 @@ from sharefl.proto import sharefl_pb2_grpc as pb_grpc
 from sharefl.protocol import messages as m
 from sharefl.protocol.coordinator import Exclusions, Release, RoundCoordinator, RoundResult
 from sharefl.protocol.errors import ConfigurationError, LeakageError, RejectedMessage
+from sharefl.protocol.model_step import descend  # the one model step; re-exported here
 from sharefl.protocol.plan import RoundPlan
 from sharefl.protocol.server import ClusterSum
 from sharefl.protocol.settings import SecureAggregationSettings
@@ -307,16 +308,6 @@ class RunJournal(Protocol):
     def release(self, model: str, release: Release) -> None:
         """An approved release (``sum`` None: before its unmask request is sent), or its
         computed sum (before the next reclustering opens)."""
-
-
-def descend(model: np.ndarray, learning_rate: float, aggregate: np.ndarray) -> np.ndarray:
-    """``model − learning_rate · aggregate`` as float32: the one sign convention of sharefl.
-
-    Every loop steps against what the clients upload, w ← w − η·v: in simulation the
-    uploads are (pseudo-)gradients, and a deployment's trainer returns the same kind of
-    vector (``old model − trained model`` for local training; a gradient for one step).
-    """
-    return (model - learning_rate * aggregate).astype(np.float32)
 
 
 class AveragingStrategy:

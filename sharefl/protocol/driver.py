@@ -336,46 +336,17 @@ def secure_sum(
     if not inputs:
         raise ConfigurationError("no inputs")
     inputs = _client_ids(inputs)
-    if settings is None:
-        bits = keywords.pop("bits", None)  # None: the inputs' width
-        clip = keywords.pop("clip", None)  # None: no bound given
-        signed = bool(keywords.get("signed", False))
-    else:
-        settings_from(settings, keywords)  # refuses keywords beside the object
-        bits, clip, signed = settings.bits, settings.clip, settings.signed
+    bits, clip, signed, keywords = _requested(settings, keywords)
     if not protocol and (dropouts or signed):
         raise ConfigurationError("dropouts and signed mode need protocol=True")
     arrays, width, floats = _ring_inputs(inputs, bits, encoding)
-    if floats and encoding is None and clip is None:
-        raise ConfigurationError(
-            "float inputs need clip= (per-coordinate bound) or encoding= to fix the "
-            "fixed-point scale"
-        )
-    clip = clip if floats and encoding is None else None  # clip bounds float inputs only
-    if settings is None:
-        settings = settings_from(None, {**keywords, "bits": width, "clip": clip})
-    else:
-        settings = replace(settings_from(settings), clip=clip)
-    reclusterings, min_sum_size = settings.reclusterings, settings.min_sum_size
+    settings = _round_settings(
+        settings, keywords, clip, width=width, floats=floats, encoding=encoding
+    )
     rng = as_generator(seed)
     ids = sorted(arrays)
-    accepting = ClientPolicy(
-        min_cluster_size=min_sum_size,
-        min_neighbours=min(ClientPolicy.min_neighbours, min_sum_size - 1),
-        min_sum_size=min_sum_size,
-        max_reclusterings=max(reclusterings, ClientPolicy.max_reclusterings),
-        max_participants=max(len(ids), ClientPolicy.max_participants),
-        max_audit_work=None,  # the coordinator of this process audited the plan unbounded
-    )
-    if settings.signed and not policies:
-        identities = {cid: IdentityKey.generate() for cid in ids}
-        directory = {cid: key.public for cid, key in identities.items()}
-        policies = {
-            cid: replace(accepting, identity=key, directory=directory)
-            for cid, key in identities.items()
-        }
-    else:
-        directory = {cid: p.identity.public for cid, p in (policies or {}).items() if p.identity}
+    accepting = _accepting_policy(settings, len(ids))
+    policies, directory = _identities(settings, ids, policies, accepting)
     if suspicion is not None and clusterings is None and settings.planner is Planner.ISOLATE:
         plan, _ = plan_round(round, ids, settings, rng, suspicion=suspicion)
         clusterings = plan.clusterings
@@ -392,73 +363,223 @@ def secure_sum(
     guards: dict[int, ClientRound] = {}
     plan_refusals: dict[int, str] = {}
     if protocol and settings.secure and not settings.allow_leakage:
-        for cid in ids:
-            policy = (policies or {}).get(cid) or accepting
-            try:
-                guards[cid] = ClientRound(cid, coordinator.plan, policy)
-            except ClientRefusal as exc:
-                plan_refusals[cid] = str(exc)
-    vectors = arrays
-    if floats:
-        used = coordinator.encoding
-        if used is None:  # the coordinator chooses one whenever settings.clip is set
-            raise ConfigurationError("float inputs need settings.clip (it fixes the encoding)")
-        vectors = {cid: encode(x, used, rng) for cid, x in sorted(arrays.items())}
-    for cid, ring in (byzantine_inputs or {}).items():
+        guards, plan_refusals = _round_guards(coordinator, ids, policies, accepting)
+    vectors = _encoded(arrays, coordinator, rng) if floats else arrays
+    _replace_byzantine(vectors, byzantine_inputs or {})
+    clients = _Clients(policies, guards, plan_refusals)
+    for drops in _per_reclustering_dropouts(dropouts, settings.reclusterings):
+        _check_dropouts(drops)
+        _reclustering(
+            coordinator, vectors, drops, protocol=protocol, clients=clients, observer=observer
+        )
+    result = coordinator.result()
+    if suspicion is not None:
+        suspicion.record(result)
+    return result
+
+
+# -- the parts of secure_sum, in the order it runs them ---------------------------------
+
+
+def _requested(
+    settings: SecureAggregationSettings | None, keywords: Mapping[str, Any]
+) -> tuple[int | None, float | None, bool, dict[str, Any]]:
+    """What the caller asked for before the inputs are seen: the ring width b (``None``:
+    the inputs' own), the bound of float inputs (``None``: none given), signed mode, and
+    the other keywords. The object form refuses keywords beside it
+    (:func:`~sharefl.protocol.settings.settings_from`); the keyword form is validated
+    only once the inputs fixed ``bits`` and ``clip`` (:func:`_round_settings`)."""
+    if settings is None:
+        rest = dict(keywords)
+        bits = rest.pop("bits", None)
+        clip = rest.pop("clip", None)
+        return bits, clip, bool(rest.get("signed", False)), rest
+    settings_from(settings, keywords)  # refuses keywords beside the object
+    return settings.bits, settings.clip, settings.signed, {}
+
+
+def _round_settings(
+    settings: SecureAggregationSettings | None,
+    keywords: Mapping[str, Any],
+    clip: float | None,
+    *,
+    width: int,
+    floats: bool,
+    encoding: RingEncoding | None,
+) -> SecureAggregationSettings:
+    """The settings the coordinator gets: ``settings`` (plain type) or the keywords with
+    the inputs' ring ``width``; ``clip`` only for float inputs encoded from it (the
+    contract of ``settings.clip``), ``None`` otherwise. Raises
+    :class:`ConfigurationError` for float inputs with neither a bound nor an encoding."""
+    if floats and encoding is None and clip is None:
+        raise ConfigurationError(
+            "float inputs need clip= (per-coordinate bound) or encoding= to fix the "
+            "fixed-point scale"
+        )
+    clip = clip if floats and encoding is None else None  # clip bounds float inputs only
+    if settings is None:
+        return settings_from(None, {**keywords, "bits": width, "clip": clip})
+    return replace(settings_from(settings), clip=clip)
+
+
+def _accepting_policy(settings: SecureAggregationSettings, participants: int) -> ClientPolicy:
+    """The default client: one that accepts what ``settings`` ask of a round of
+    ``participants`` clients (clusters and sums of at least ``min_sum_size``, up to R
+    reclusterings)."""
+    min_sum_size = settings.min_sum_size
+    return ClientPolicy(
+        min_cluster_size=min_sum_size,
+        min_neighbours=min(ClientPolicy.min_neighbours, min_sum_size - 1),
+        min_sum_size=min_sum_size,
+        max_reclusterings=max(settings.reclusterings, ClientPolicy.max_reclusterings),
+        max_participants=max(participants, ClientPolicy.max_participants),
+        max_audit_work=None,  # the coordinator of this process audited the plan unbounded
+    )
+
+
+def _identities(
+    settings: SecureAggregationSettings,
+    ids: Sequence[int],
+    policies: Mapping[int, ClientPolicy] | None,
+    accepting: ClientPolicy,
+) -> tuple[Mapping[int, ClientPolicy] | None, dict[int, bytes]]:
+    """The clients' policies and the identity directory the coordinator signs against:
+    in signed mode without ``policies``, fresh identities for ``accepting`` clients;
+    otherwise ``policies`` as given and the identities they hold."""
+    if settings.signed and not policies:
+        identities = {cid: IdentityKey.generate() for cid in ids}
+        directory = {cid: key.public for cid, key in identities.items()}
+        signed = {
+            cid: replace(accepting, identity=key, directory=directory)
+            for cid, key in identities.items()
+        }
+        return signed, directory
+    directory = {cid: p.identity.public for cid, p in (policies or {}).items() if p.identity}
+    return policies, directory
+
+
+def _round_guards(
+    coordinator: RoundCoordinator,
+    ids: Sequence[int],
+    policies: Mapping[int, ClientPolicy] | None,
+    accepting: ClientPolicy,
+) -> tuple[dict[int, ClientRound], dict[int, str]]:
+    """Each client's check of the committed plan (:class:`ClientRound`, under its policy
+    or ``accepting``): the guards of the clients that accept it, and the reasons of those
+    that refuse it (they take no part)."""
+    guards: dict[int, ClientRound] = {}
+    refusals: dict[int, str] = {}
+    for cid in ids:
+        policy = (policies or {}).get(cid) or accepting
+        try:
+            guards[cid] = ClientRound(cid, coordinator.plan, policy)
+        except ClientRefusal as exc:
+            refusals[cid] = str(exc)
+    return guards, refusals
+
+
+def _encoded(
+    arrays: Mapping[int, np.ndarray], coordinator: RoundCoordinator, rng: np.random.Generator
+) -> dict[int, np.ndarray]:
+    """Float inputs as ring vectors, in the coordinator's encoding (stochastic rounding
+    from ``rng``, clients in id order)."""
+    used = coordinator.encoding
+    if used is None:  # the coordinator chooses one whenever settings.clip is set
+        raise ConfigurationError("float inputs need settings.clip (it fixes the encoding)")
+    return {cid: encode(x, used, rng) for cid, x in sorted(arrays.items())}
+
+
+def _replace_byzantine(
+    vectors: dict[int, np.ndarray], byzantine_inputs: Mapping[int, np.ndarray]
+) -> None:
+    """Put each Byzantine client's ring vector in place of its encoded input (in place).
+    Raises :class:`ConfigurationError` for a client without an input, another dtype or
+    another shape."""
+    for cid, ring in byzantine_inputs.items():
         like = vectors.get(cid)
         if like is None or not isinstance(ring, np.ndarray) or ring.dtype != like.dtype:
+            dtype = next(iter(vectors.values())).dtype
             raise ConfigurationError(
-                f"the byzantine input of client {cid} must be a {vectors[ids[0]].dtype} vector "
+                f"the byzantine input of client {cid} must be a {dtype} vector "
                 "of a client that has an input"
             )
         if ring.shape != like.shape:
             raise ConfigurationError(f"the byzantine input of client {cid} has the wrong shape")
         vectors[cid] = ring
-    for drops in _per_reclustering_dropouts(dropouts, reclusterings):
-        _check_dropouts(drops)
-        assignments = coordinator.open_reclustering()
-        clustering = coordinator.plan.clusterings[coordinator.reclustering]
-        clear = {
-            index: _clear_sum(members, vectors)
-            for index, members in enumerate(clustering.clusters)
-            if len(members) == 1 or not protocol
+
+
+@dataclass(frozen=True)
+class _Clients:
+    """The clients of a :func:`secure_sum` round: their policies, the round guards of
+    those that accepted the plan, and the plan refusals of the others."""
+
+    policies: Mapping[int, ClientPolicy] | None
+    guards: dict[int, ClientRound]
+    plan_refusals: dict[int, str]
+
+
+def _reclustering(
+    coordinator: RoundCoordinator,
+    vectors: Mapping[int, np.ndarray],
+    drops: Dropouts,
+    *,
+    protocol: bool,
+    clients: _Clients,
+    observer: Observer | None,
+) -> None:
+    """One reclustering: open it, run the protocol in every cluster of two or more
+    clients (``protocol``; else add every cluster in the clear), release the clear sums of
+    the clusters without a drop-out, and close it with its clusters' events."""
+    assignments = coordinator.open_reclustering()
+    clustering = coordinator.plan.clusterings[coordinator.reclustering]
+    clear = {
+        index: _clear_sum(members, vectors)
+        for index, members in enumerate(clustering.clusters)
+        if len(members) == 1 or not protocol
+    }
+    events: dict[int, ClusterEvents] = {}
+    if protocol:
+        events = _run_protocol(coordinator, assignments, vectors, drops, clients, observer)
+    dropped_anywhere = set().union(*map(set, drops.values())) if drops else set()
+    coordinator.release_in_clear(
+        {
+            index: None if dropped_anywhere & set(clustering.clusters[index]) else ring
+            for index, ring in clear.items()
         }
-        events: dict[int, ClusterEvents] = {}
-        if protocol:
-            cluster_of = {cid: a.context.cluster for cid, a in assignments.items()}
+    )
+    coordinator.close_reclustering().events.update(events)
 
-            def events_of(
-                cid: int,
-                cluster_of: dict[int, int] = cluster_of,
-                events: dict[int, ClusterEvents] = events,
-            ) -> ClusterEvents:
-                return events.setdefault(cluster_of[cid], ClusterEvents())
 
-            for cid in assignments.keys() & plan_refusals.keys():
-                events_of(cid).refusals[cid] = plan_refusals[cid]
-            clients = _clients(assignments, vectors, policies, events_of, guards)
-            _drive(
-                clients,
-                guards,
-                coordinator.receive,
-                coordinator.advance,
-                lambda: coordinator.stage,
-                drops,
-                observer,
-                events_of,
-            )
-        dropped_anywhere = set().union(*map(set, drops.values())) if drops else set()
-        coordinator.release_in_clear(
-            {
-                index: None if dropped_anywhere & set(clustering.clusters[index]) else ring
-                for index, ring in clear.items()
-            }
-        )
-        coordinator.close_reclustering().events.update(events)
-    result = coordinator.result()
-    if suspicion is not None:
-        suspicion.record(result)
-    return result
+def _run_protocol(
+    coordinator: RoundCoordinator,
+    assignments: Mapping[int, ClusterAssignment],
+    vectors: Mapping[int, np.ndarray],
+    drops: Dropouts,
+    clients: _Clients,
+    observer: Observer | None,
+) -> dict[int, ClusterEvents]:
+    """Play the assigned clients of the open reclustering through the coordinator's
+    stages (:func:`_drive`); returns each cluster's events (plan refusals included)."""
+    events: dict[int, ClusterEvents] = {}
+    cluster_of = {cid: a.context.cluster for cid, a in assignments.items()}
+
+    def events_of(cid: int) -> ClusterEvents:
+        return events.setdefault(cluster_of[cid], ClusterEvents())
+
+    for cid in assignments.keys() & clients.plan_refusals.keys():
+        events_of(cid).refusals[cid] = clients.plan_refusals[cid]
+    sessions = _clients(assignments, vectors, clients.policies, events_of, clients.guards)
+    _drive(
+        sessions,
+        clients.guards,
+        coordinator.receive,
+        coordinator.advance,
+        lambda: coordinator.stage,
+        drops,
+        observer,
+        events_of,
+    )
+    return events
 
 
 def _clear_sum(members: Sequence[int], vectors: Mapping[int, np.ndarray]) -> np.ndarray:

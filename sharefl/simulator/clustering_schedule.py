@@ -8,9 +8,11 @@
   used in every round. Needs ``reclusterings = 1`` (the config refuses more): reusing one
   partition R times adds no equation and no mixture, so R > 1 could only mean the variant
   below;
-- ``"fixed_plan"``: the round-1 *plan* of R clusterings (from the planner) reused in every
-  round. With R > 1 this still reclusters R times per round (with the safe planner: R
-  partitions inside fixed blocks of 2m), so it is not the paper's fixed baseline; it is
+- ``"fixed_plan"``: the round-1 *plan* of R clusterings reused in every round, drawn as
+  the protocol plans a round (:func:`~sharefl.protocol.coordinator.plan_round`: every key
+  of the run's settings, ``colluders`` included, reaches the planner). With R > 1 this
+  still reclusters R times per round (with the safe planner: R partitions inside fixed
+  blocks of 2m), so it is not the paper's fixed baseline; it is
   what ``"fixed"`` meant before ``"fixed"`` became one clustering, and
   :attr:`~sharefl.simulator.config.RunConfig.run_id` hashes it as ``"fixed"`` so that the
   runs recorded under that name keep their ids.
@@ -37,8 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from sharefl.protocol import Clustering, LeakageReport, Planner, random_clustering
-from sharefl.protocol import sample_safe_reclusterings as _safe
+from sharefl.protocol import Clustering, LeakageReport
+from sharefl.protocol.coordinator import plan_round
 from sharefl.simulator.config import SecureAggregationConfig, SimulationConfigError
 
 
@@ -47,19 +49,25 @@ class ClusterSchedule:
     """The clusterings of every round (module docstring).
 
     Attributes:
-        settings: the run's ``[secure_aggregation]``.
-        min_sum_size: no sum of fewer clients may become recoverable (the protocol's).
+        settings: the run's ``[secure_aggregation]``; its keys alone decide the plan.
+        min_sum_size: ``None``, or ``settings.min_sum_size`` again (kept for callers that
+            pass it; another value raises :class:`SimulationConfigError`, since the plan
+            and every audit use the settings' one).
         fixed: the clusterings drawn in round 1 when ``clustering`` is ``"fixed"`` (one)
             or ``"fixed_plan"`` (R).
     """
 
     settings: SecureAggregationConfig
-    min_sum_size: int = 3
+    min_sum_size: int | None = None
     fixed: list[Clustering] | None = None
 
-    @property
-    def planner(self) -> Planner:
-        return Planner.SAFE if self.settings.planner == "safe" else Planner.RANDOM
+    def __post_init__(self) -> None:
+        if self.min_sum_size not in (None, self.settings.min_sum_size):
+            raise SimulationConfigError(
+                f"ClusterSchedule(min_sum_size={self.min_sum_size}) differs from "
+                f"secure_aggregation.min_sum_size = {self.settings.min_sum_size}: set the "
+                "key in the settings and leave min_sum_size out"
+            )
 
     def clusterings(
         self, participants: Sequence[int], rng: np.random.Generator
@@ -81,14 +89,17 @@ class ClusterSchedule:
         return self.fixed
 
     def _draw(self, ids: list[int], rng: np.random.Generator) -> list[Clustering]:
-        m, r = self.settings.cluster_size, self.settings.reclusterings
-        if self.settings.clustering == "fixed":
-            # One partition (the config holds reclusterings = 1): the same draw as the
-            # protocol's R = 1 plan under either planner.
-            return [random_clustering(ids, m, rng)]
-        if self.planner is Planner.SAFE and r > 1:
-            return _safe(ids, m, r, rng, min_sum_size=self.min_sum_size)
-        return [random_clustering(ids, m, rng) for _ in range(r)]
+        """Round 1's clusterings, drawn as the protocol plans a round
+        (:func:`~sharefl.protocol.coordinator.plan_round` with the run's settings: the
+        planner, ``min_sum_size`` and ``colluders``, the signed mode's default colluders
+        included, so the safe planner's plan resists the colluders every round's audit
+        counts) and audited once here. ``"fixed"`` is its R = 1 case: one uniform random
+        partition. Raises the protocol's :class:`~sharefl.protocol.errors.LeakageError`
+        (a leaking plan without ``allow_leakage``) or
+        :class:`~sharefl.protocol.errors.ConfigurationError` (no plan can be drawn), as
+        the round's own audit would."""
+        plan, _ = plan_round(0, ids, self.settings.as_settings(), rng)
+        return list(plan.clusterings)
 
 
 @dataclass

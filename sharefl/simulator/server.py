@@ -18,9 +18,9 @@ import torch
 from torch import Tensor, nn
 
 from sharefl.privacy.accountant import PrivacyAccountant
+from sharefl.protocol.model_step import server_step
 from sharefl.robust import ClusterScale, HierarchicalAggregator, NoiseAwareFilter
 from sharefl.simulator import components, share
-from sharefl.simulator.cluster_sums import secure_cluster_sums
 from sharefl.simulator.cluster_zeno import ClusterZeno, ValidationGradient
 from sharefl.simulator.config import SimulationConfigError
 from sharefl.simulator.setup import RunSetup, describe_privacy, server_learning_rate
@@ -85,7 +85,10 @@ class Server:
         self.build_aggregation(generator)
 
     def build_aggregation(self, generator: torch.Generator) -> None:
-        """(Re)build the rule of ``[aggregator]`` (or the noise filter)."""
+        """(Re)build the rule of ``[aggregator]`` (or the noise filter). With clusters this
+        always builds SHARE's aggregation (``self.share``), the one path of every clustered
+        round (:meth:`aggregate`); the noise filter, which needs individual uploads, is
+        refused there."""
         run, agg = self.setup.run, self.setup.run.aggregator
         self.noise_filter, self.rule, self.share = None, None, None
         if agg.name == "noise_filter":
@@ -148,10 +151,14 @@ class Server:
     def aggregate(
         self, uploads: Tensor, ids: list[int], round_index: int, rng: np.random.Generator
     ) -> Tensor:
-        """The aggregate of this round's ``uploads`` (rows in the order of client ``ids``);
-        with clusters, through
-        :func:`~sharefl.simulator.cluster_sums.secure_cluster_sums` planned from ``rng``.
-        Zero when every cluster failed."""
+        """The aggregate of this round's ``uploads`` (rows in the order of client ``ids``).
+
+        With clusters, always SHARE's aggregation (:meth:`~sharefl.simulator.share.
+        ShareAggregation.aggregate`: the run's settings, the clusterings planned from
+        ``rng``, zero when every cluster failed): :meth:`build_aggregation` builds it for
+        every clustered run (or refuses the noise filter) and nothing replaces it. Without
+        clusters, the noise filter, Zeno++ (through SHARE's aggregation too) or the rule
+        over the (weighted) uploads."""
         if self.noise_filter is not None:
             return self.noise_filter(uploads, self.auxiliary_gradient)
         if self.share is not None and (self.clustered or self.share.zeno is not None):
@@ -165,19 +172,7 @@ class Server:
             )
         if self.share is not None:
             uploads = self.share.weigh(uploads, ids)
-        if not self.clustered:
-            return self.rule(uploads)
-        result = secure_cluster_sums(
-            uploads, ids, self.setup.run.secure_aggregation, rng, round_index
-        )
-        released = [
-            [(s.float_sum, len(s.members)) for s in r.clusters]
-            for r in result.reclusterings
-            if r.clusters
-        ]
-        if not released:  # every cluster failed: no update this round
-            return torch.zeros_like(self.w)
-        return self.cluster_aggregate(released)
+        return self.rule(uploads)
 
     def cluster_aggregate(self, released: list[list[tuple[np.ndarray, int]]]) -> Tensor:
         """The robust aggregate of released cluster sums: per reclustering, a list of
@@ -207,13 +202,25 @@ class Server:
     # -- step and evaluation -----------------------------------------------------------
 
     def step(self, aggregate: Tensor) -> None:
-        """``w ← w − η_s · v`` with v the aggregate (or its momentum, ``server.momentum``)."""
+        """``w ← w − η_s · v`` with v the aggregate (or its momentum, ``server.momentum``):
+        sharefl's one model step, :func:`~sharefl.protocol.model_step.server_step` (as the
+        deployment's :func:`~sharefl.protocol.model_step.descend`), on host copies of the
+        tensors: the elementwise operations torch ran here before, in the same order and
+        dtype, each rounded once, so the same bits (compared with the torch formula in
+        tests/test_model_step.py). The velocity is written back in place (a checkpoint
+        sees it change)."""
         momentum = self.setup.run.server.momentum
-        if momentum:
-            self.velocity.mul_(momentum).add_(aggregate)
-            aggregate = self.velocity
-        # sharefl's one sign convention, as sharefl.deploy.server.descend: w ← w − η·v
-        self.w = self.w - self.learning_rate * aggregate.to(self.w)
+        velocity = self.velocity.detach().cpu().numpy().copy() if momentum else None
+        w = server_step(
+            self.w.detach().cpu().numpy(),
+            self.learning_rate,
+            aggregate.detach().cpu().numpy(),
+            momentum=momentum,
+            velocity=velocity,
+        )
+        if velocity is not None:
+            self.velocity.copy_(torch.from_numpy(velocity))
+        self.w = torch.from_numpy(w).to(self.w.device)
 
     def evaluate(self) -> tuple[float, float]:
         """(accuracy, mean loss) of ``w`` on the test set."""
