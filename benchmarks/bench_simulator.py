@@ -113,14 +113,14 @@ def main() -> None:
     momentum = torch.zeros(HONEST, sim.model.dim, device=sim.device)
 
     def vectorised():
-        sim.honest.train(sim.w, honest_ids, gen, momentum=momentum)
-        assert sim.byzantine is not None
-        sim.byzantine.train(sim.w, byz_ids, gen)
+        sim.honest_clients.clients.train(sim.model_vector, honest_ids, gen, momentum=momentum)
+        assert sim.byzantine_clients.clients is not None
+        sim.byzantine_clients.clients.train(sim.model_vector, byz_ids, gen)
         if sim.device.type == "cuda":
             torch.cuda.synchronize()
 
     # the same batches for the loops: honest Poisson batches of ~16, Byzantine one example
-    rows, mask = sim.honest.sample(honest_ids.to(sim.device), gen)
+    rows, mask = sim.honest_clients.clients.sample(honest_ids.to(sim.device), gen)
     honest_rows = [r[m].cpu() for r, m in zip(rows, mask, strict=True)]
     byz_rows = [
         torch.randint(0, len(train), (1,), generator=torch.Generator().manual_seed(i))

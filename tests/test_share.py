@@ -255,8 +255,12 @@ def test_local_momentum_and_weighted_deltas():
         clients={"honest": 12, "byzantine": 0},
         training={"momentum": 0.9},
     )
-    a = plain.honest.train(plain.w, [0, 1], torch.Generator().manual_seed(0))
-    b = heavy.honest.train(heavy.w, [0, 1], torch.Generator().manual_seed(0))
+    a = plain.honest_clients.clients.train(
+        plain.model_vector, [0, 1], torch.Generator().manual_seed(0)
+    )
+    b = heavy.honest_clients.clients.train(
+        heavy.model_vector, [0, 1], torch.Generator().manual_seed(0)
+    )
     # two steps: plain moves η(g1 + g2), momentum η(g1 + (0.9 g1 + g2)); same batches, and
     # g1 is taken at the same point, so the difference is about 0.9 η g1
     assert not torch.allclose(a, b) and b.norm() > a.norm()
@@ -308,7 +312,7 @@ def test_the_cifar10_configuration_runs_on_cifar_shaped_synthetic_data():
         training=dataclasses.replace(run.training, batch_size=4, local_steps=1),
     )
     sim = Simulation(small)
-    assert tuple(sim.train_set.inputs.shape[1:]) == (3, 32, 32)
+    assert tuple(sim.setup.train.inputs.shape[1:]) == (3, 32, 32)
     record = sim.run_rounds()
     assert record.accuracy is not None and math.isfinite(record.loss)
     assert sim.extra_summary()["share"]["audit"]["rounds"] == 1

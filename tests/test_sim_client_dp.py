@@ -60,9 +60,9 @@ def raw_and_private(sim: Simulation, ids: list[int]) -> tuple[torch.Tensor, torc
     """(the clients' unclipped, noiseless updates; what the engine uploads for them) from
     the same generator state, so both come from identical local training."""
     state = sim.generator.get_state()
-    raw = sim.honest.train(sim.w, ids, sim.generator, sigma=sim.sigma())
+    raw = sim.honest_clients.clients.train(sim.model_vector, ids, sim.generator, sigma=sim.sigma())
     sim.generator.set_state(state)
-    private = sim._train_honest(ids, sim.w)
+    private = sim._train_honest(ids, sim.model_vector)
     return raw, private
 
 
@@ -71,10 +71,10 @@ def raw_and_private(sim: Simulation, ids: list[int]) -> tuple[torch.Tensor, torc
 
 def test_client_level_trains_in_the_clear_and_clips_every_honest_update_to_c():
     sim = simulation()
-    assert sim.clipping is None and sim.honest.training.clipping is None
-    assert sim.honest.training.noise == 0.0
+    training = sim.honest_clients.clients.training
+    assert training.clipping is None and training.noise == 0.0
     # σ = 0: clipping alone (the configuration refuses σ = 0)
-    sim.replace_privacy_plan(dataclasses.replace(sim.privacy, noise_multiplier=0.0))
+    sim.replace_privacy_plan(dataclasses.replace(sim.ledger.plan, noise_multiplier=0.0))
     ids = sim.honest_ids
     raw, private = raw_and_private(sim, ids)
     raw_norms = torch.linalg.vector_norm(raw, dim=1)
@@ -125,7 +125,7 @@ def test_client_level_accounts_one_mechanism_per_round_at_rate_per_round_over_to
     )
     records = []
     sim.run_rounds(records.append)
-    assert sim.privacy.sample_rate == 2 / 8 and sim.privacy.steps_per_round == 1
+    assert sim.ledger.plan.sample_rate == 2 / 8 and sim.ledger.plan.steps_per_round == 1
     direct = PrivacyAccountant("rdp", conversion="classic")
     direct.step(sigma, 2 / 8, rounds)
     assert records[-1].epsilon == pytest.approx(direct.get_epsilon(1e-5), rel=1e-9)
@@ -134,15 +134,15 @@ def test_client_level_accounts_one_mechanism_per_round_at_rate_per_round_over_to
 
 def test_client_level_with_everybody_taking_part_accounts_q_one_and_default_delta():
     sim = simulation(privacy={**config()["privacy"], "delta": 0.0})
-    assert sim.privacy.sample_rate == 1.0
-    assert sim.privacy.delta == pytest.approx(1 / 8**1.1)  # 1/N^1.1 over the clients
+    assert sim.ledger.plan.sample_rate == 1.0
+    assert sim.ledger.plan.delta == pytest.approx(1 / 8**1.1)  # 1/N^1.1 over the clients
 
 
 def test_client_level_calibrates_sigma_over_the_rounds():
     privacy = {**config()["privacy"], "epsilon": 8.0, "noise_multiplier": 0.0}
     sim = simulation(rounds=20, clients={"honest": 8, "per_round": 4}, privacy=privacy)
     expected = calibrate_noise(8.0, 1e-5, 0.5, 20, "rdp", conversion="improved")
-    assert sim.privacy.noise_multiplier == pytest.approx(expected, rel=1e-9)
+    assert sim.ledger.plan.noise_multiplier == pytest.approx(expected, rel=1e-9)
 
 
 def seed003_instance_level(**privacy) -> Simulation:
@@ -176,9 +176,9 @@ def account_all_rounds(sim: Simulation) -> float:
 
 def test_the_sample_rate_override_gives_seed003s_epsilon():
     computed = seed003_instance_level()
-    assert computed.privacy.sample_rate == pytest.approx(5 / 100 * 4 / 8)  # B/n_i · K/N
+    assert computed.ledger.plan.sample_rate == pytest.approx(5 / 100 * 4 / 8)  # B/n_i · K/N
     paper = seed003_instance_level(sample_rate=0.01)
-    assert paper.privacy.sample_rate == 0.01
+    assert paper.ledger.plan.sample_rate == 0.01
     eps = account_all_rounds(paper)
     assert eps == pytest.approx(compute_epsilon(6.0, 1e-5, 0.01, 10_000, conversion="classic"))
     assert eps == pytest.approx(0.823, abs=0.005)  # seed003 Table VI, Fed-CDP/Fed-αCDP
@@ -188,8 +188,8 @@ def test_the_sample_rate_override_gives_seed003s_epsilon():
 def test_the_sample_rate_override_drives_the_calibration():
     sim = seed003_instance_level(sample_rate=0.01, epsilon=0.823, noise_multiplier=0.0)
     expected = calibrate_noise(0.823, 1e-5, 0.01, 10_000, conversion="classic")
-    assert sim.privacy.noise_multiplier == pytest.approx(expected, rel=1e-9)
-    assert sim.privacy.noise_multiplier == pytest.approx(6.0, rel=0.01)
+    assert sim.ledger.plan.noise_multiplier == pytest.approx(expected, rel=1e-9)
+    assert sim.ledger.plan.noise_multiplier == pytest.approx(6.0, rel=0.01)
 
 
 # -- configuration -----------------------------------------------------------------------------
@@ -279,4 +279,4 @@ def test_unsupported_combinations_raise_config_errors(privacy, other, message):
 def test_client_level_options_are_ignored_without_privacy():
     off = {**config()["privacy"], "enabled": False}
     (run,) = expand(config(privacy=off, aggregator={"name": "median"}))
-    assert Simulation(run).clipping is None
+    assert Simulation(run).honest_clients.clients.training.clipping is None

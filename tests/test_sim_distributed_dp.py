@@ -79,7 +79,7 @@ def test_a_run_with_discrete_noise_through_the_protocol_reports_the_mechanism_at
     dp = sim.extra_summary()["share"]["client_dp"]
     assert dp["mechanism"] == mechanism and dp["rounds"] == 4 and dp["bits"] == 16
     assert dp["epsilon_max"] == pytest.approx(2.0, rel=2e-3)
-    assert sim.privacy.noise_multiplier == dp["noise_multiplier"]  # one σ, the discrete one
+    assert sim.ledger.plan.noise_multiplier == dp["noise_multiplier"]  # one σ, the discrete one
     assert last.epsilon == pytest.approx(dp["epsilon_max"])
     assert last.accuracy is not None
 
@@ -164,7 +164,7 @@ def test_with_reclusterings_sigma_is_calibrated_for_the_finest_cell_and_the_targ
         privacy=DP | {"distributed": "skellam", "bits": 20},
         rounds=2,
     )
-    assert sim.privacy.noise_multiplier > 1.5 * one_cell.privacy.noise_multiplier
+    assert sim.ledger.plan.noise_multiplier > 1.5 * one_cell.ledger.plan.noise_multiplier
 
 
 # -- over gRPC: client processes encode their own ring inputs --------------------------------

@@ -108,9 +108,9 @@ def test_the_plan_is_the_one_sigma_source_for_training_and_accounting(monkeypatc
 
     monkeypatch.setattr(VectorizedClients, "train", spy_train)
     monkeypatch.setattr(VectorizedClients, "_private_gradient", spy_gradient)
-    step = sim.accountant.step
+    step = sim.ledger.accountant.step
     monkeypatch.setattr(
-        sim.accountant, "step", lambda s, q, n=1: (composed.append(s), step(s, q, n))[1]
+        sim.ledger.accountant, "step", lambda s, q, n=1: (composed.append(s), step(s, q, n))[1]
     )
     sim.run_rounds()
     expected = [1.0 - 0.1 * t for t in range(run.rounds)]  # the linear schedule by round
@@ -119,7 +119,7 @@ def test_the_plan_is_the_one_sigma_source_for_training_and_accounting(monkeypatc
     assert sim.ledger.sigmas == pytest.approx(expected)
     per_step = [s for s in expected for _ in range(run.training.local_steps)]
     assert added == pytest.approx(per_step)  # every local step adds the round's σ
-    assert sim.privacy.sigma(2) == pytest.approx(0.8)
+    assert sim.ledger.plan.sigma(2) == pytest.approx(0.8)
 
 
 def test_client_level_noise_follows_the_same_schedule(monkeypatch):
@@ -142,7 +142,7 @@ def test_client_level_noise_follows_the_same_schedule(monkeypatch):
 
 
 def test_a_non_private_plan_adds_no_noise():
-    plan = Simulation(one_run()).privacy
+    plan = Simulation(one_run()).ledger.plan
     assert isinstance(plan, PrivacyPlan)
     assert not plan.enabled and plan.sigma(0) == 0.0 and not plan.client_level
 

@@ -162,7 +162,7 @@ def test_dp_training_reports_the_calibrated_epsilon_and_still_learns():
         privacy={"enabled": True, "epsilon": 4.0, "clipping": "flat", "clip": 1.0},
     )
     sim, evals = run_once(config)
-    assert sim.privacy.noise_multiplier > 0
+    assert sim.ledger.plan.noise_multiplier > 0
     assert evals[-1].epsilon == pytest.approx(4.0, rel=0.02)
     assert all(a.epsilon < b.epsilon for a, b in itertools.pairwise(evals))
     assert evals[-1].accuracy > 0.5
@@ -209,8 +209,8 @@ def test_seed000_protocol_with_the_noise_filter_resists_label_flipping():
         server={"learning_rate": 2.0},
     )
     sim, evals = run_once(config)
-    assert sim.noise_filter is not None and sim.noise_filter.state.rounds == 30
-    selected = sim.noise_filter.state.cumulative.topk(6).indices
+    assert sim.server.noise_filter is not None and sim.server.noise_filter.state.rounds == 30
+    selected = sim.server.noise_filter.state.cumulative.topk(6).indices
     assert int((selected < 6).sum()) >= 5  # the filter keeps (almost only) honest workers
     assert evals[-1].accuracy > 0.7
 
@@ -235,7 +235,7 @@ def test_a_run_with_the_protocol_equals_the_same_run_in_the_clear():
     secure, _ = run_once(config)
     config["secure_aggregation"] = {"cluster_size": 3, "enabled": False}
     clear, _ = run_once(config)
-    torch.testing.assert_close(secure.w, clear.w, rtol=0, atol=0)
+    torch.testing.assert_close(secure.model_vector, clear.model_vector, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize(("sampling", "shared"), [("shuffle", False), ("poisson", True)])

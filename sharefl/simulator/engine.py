@@ -123,7 +123,7 @@ class Simulation(SteppedLoop):
         self.server = Server(self.setup, self.generator)
         self.start_clock()
 
-    # -- parts, by their old names (kept for callers of the single-class engine) -----------
+    # -- what every loop exposes (sharefl.simulator.loops.Loop and the outputs) -------------
 
     @property
     def device(self) -> torch.device:
@@ -134,77 +134,8 @@ class Simulation(SteppedLoop):
         return self.setup.model
 
     @property
-    def train_set(self) -> Dataset:
-        return self.setup.train
-
-    @property
     def test_set(self) -> Dataset:
         return self.setup.test
-
-    @property
-    def auxiliary(self) -> Dataset | None:
-        return self.setup.auxiliary
-
-    @property
-    def privacy(self) -> PrivacyPlan:
-        return self.ledger.plan
-
-    @property
-    def client_level(self) -> bool:
-        return self.privacy.client_level
-
-    @property
-    def learning_rate(self) -> float:
-        return self.server.learning_rate
-
-    @property
-    def honest(self):  # VectorizedClients
-        return self.honest_clients.clients
-
-    @property
-    def byzantine(self):  # VectorizedClients | None
-        return self.byzantine_clients.clients
-
-    @property
-    def attack(self):  # components.AttackPlan
-        return self.byzantine_clients.attack
-
-    @property
-    def momentum(self) -> Tensor | None:
-        return self.honest_clients.momentum
-
-    @property
-    def clipping(self):
-        return self.honest_clients.clients.training.clipping
-
-    @property
-    def accountant(self):
-        return self.ledger.accountant
-
-    @property
-    def rule(self):
-        return self.server.rule
-
-    @property
-    def noise_filter(self):
-        return self.server.noise_filter
-
-    @property
-    def clustered(self) -> bool:
-        return self.server.clustered
-
-    @property
-    def velocity(self) -> Tensor:
-        return self.server.velocity
-
-    @property
-    def w(self) -> Tensor:
-        """The global model (same as :attr:`model_vector`)."""
-        return self.server.w
-
-    @w.setter
-    def w(self, value: Tensor) -> None:
-        self.set_model(value)
 
     # -- public API of a run (what transports use) -------------------------------------
 
@@ -244,8 +175,6 @@ class Simulation(SteppedLoop):
         self.byzantine_clients.plan = plan
         self.ledger.plan = plan
 
-    # -- setup, by the old names -----------------------------------------------------
-
     # -- one round ---------------------------------------------------------------------
 
     def participants(self) -> tuple[list[int], list[int]]:
@@ -259,12 +188,12 @@ class Simulation(SteppedLoop):
 
     def sigma(self) -> float:
         """σ of this round, from the privacy plan (0 without privacy)."""
-        return self.privacy.sigma(self.round)
+        return self.ledger.plan.sigma(self.round)
 
     def step(self) -> RoundRecord:
         """Run one round; evaluate when due. Returns the round's record."""
         honest, byzantine = self.participants()
-        uploads = self._train_honest(honest, self.w)
+        uploads = self._train_honest(honest, self.server.w)
         if byzantine:
             uploads = torch.cat([uploads, self._byzantine_uploads(byzantine, uploads)])
         return self.apply(self._aggregate(uploads, honest + byzantine))
@@ -324,7 +253,9 @@ class Simulation(SteppedLoop):
         return self.server.cluster_aggregate(released)
 
     def _byzantine_uploads(self, ids: list[int], honest: Tensor) -> Tensor:
-        return self.byzantine_clients.uploads(ids, honest, self.w, self.round, self.generator)
+        return self.byzantine_clients.uploads(
+            ids, honest, self.server.w, self.round, self.generator
+        )
 
     def _aggregate(self, uploads: Tensor, ids: list[int]) -> Tensor:
         return self.server.aggregate(uploads, ids, self.round, self.rng)
@@ -340,7 +271,7 @@ class Simulation(SteppedLoop):
         cluster noise split, the worst client's ε from the sums really released."""
         share = self.server.share
         if share is not None and share.ledger is not None and self.ledger.sigmas:
-            return share.epsilon(self.privacy.delta)
+            return share.epsilon(self.ledger.plan.delta)
         return self.ledger.epsilon()
 
     def final_model(self) -> FinalModel:
@@ -367,5 +298,5 @@ class Simulation(SteppedLoop):
         Zeno++ acceptance, per-client ε of the cluster noise split)."""
         if self.server.share is None:
             return {}
-        delta = self.privacy.delta if self.run.privacy.enabled else None
+        delta = self.ledger.plan.delta if self.run.privacy.enabled else None
         return {"share": self.server.share.summary(delta)}
