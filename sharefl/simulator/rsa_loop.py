@@ -58,7 +58,6 @@ shared x for baselines) on the test set; RSA runs also log ``disagreement`` = me
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import numpy as np
@@ -196,8 +195,7 @@ class RSALoop(SteppedLoop):
         )
         self.mechanism = self._mechanism()
         self.median = GeometricMedian(tol=algo.gm_tol, max_iter=algo.gm_max_iter)
-        self.started = time.perf_counter()
-        self.round = 0
+        self.start_clock()
 
     # -- setup -------------------------------------------------------------------------
 
@@ -288,8 +286,7 @@ class RSALoop(SteppedLoop):
             else:
                 self._gradient_step()
         self.round += 1
-        due = self.round % self.run.eval_every == 0 or self.round == self.run.rounds
-        if not due:
+        if not self.evaluation_due():
             return RoundRecord(self.round, None, None, None, self.elapsed())
         accuracy, loss = self.model.evaluate(self.x0, self.test_set.inputs, self.test_set.targets)
         extra: dict[str, Any] = {}
