@@ -21,8 +21,15 @@ def test_every_benchmark_is_listed():
     assert len(BENCHMARKS) >= 8
 
 
+SLOW_SMOKES = {"bench_flower_deployment.py"}
+"""Smoke runs that take minutes (processes of a real deployment starting): ``pytest -m slow``."""
+
+
 @pytest.mark.benchmark
-@pytest.mark.parametrize("script", BENCHMARKS)
+@pytest.mark.parametrize(
+    "script",
+    [pytest.param(s, marks=pytest.mark.slow) if s in SLOW_SMOKES else s for s in BENCHMARKS],
+)
 def test_the_benchmark_runs_at_a_tiny_size(script):
     env = {
         **os.environ,
