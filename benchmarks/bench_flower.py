@@ -202,7 +202,7 @@ class Method:
     """One fit workflow measured over ``rounds`` rounds after a warm-up round."""
 
     name: str
-    make: Callable[[], Callable | None]
+    make: Callable[[], Callable | None] = lambda: None  # the fit workflow; None: FedAvg's
     stats: list[RoundStats] = field(default_factory=list)
 
     def run(self, grid, context: Context, n: int, d: int, rounds: int, exact: np.ndarray):
@@ -314,8 +314,8 @@ class MessageMethod(Method):
 
 def message_methods() -> list[Method]:
     return [
-        MessageMethod("sharefl_message", lambda: None),
-        MessageMethod("fedavg_message", lambda: None),
+        MessageMethod("sharefl_message"),
+        MessageMethod("fedavg_message"),
     ]
 
 
