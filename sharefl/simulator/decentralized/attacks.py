@@ -84,10 +84,19 @@ class NeighbourAttack:
             raise SimulationConfigError("attack.options.std must be >= 0")
         return attack
 
-    def messages(self, sent: Tensor, view: ReceiverView, generator: torch.Generator) -> Tensor:
-        """``[R, b, d]``: what Byzantine agent j sends to honest receiver n (row n, slot j;
-        meaningful where ``view.byzantine_neighbours[n, j]``), from the honest agents'
-        broadcasts ``sent`` ``[R, d]``."""
+    def messages_per_receiver(self, byzantine: int) -> int:
+        """u: how many different messages one receiver gets from its ``byzantine``
+        Byzantine neighbours (:meth:`distinct_messages`): one per Byzantine agent for
+        ``gaussian`` (a fresh draw each), 1 otherwise (every Byzantine neighbour of n sends
+        the same message)."""
+        return byzantine if self.name == "gaussian" else 1
+
+    def distinct_messages(
+        self, sent: Tensor, view: ReceiverView, generator: torch.Generator
+    ) -> Tensor:
+        """``[R, u, d]`` (u = :meth:`messages_per_receiver`): the different messages each
+        honest receiver n gets; Byzantine agent j sends row n's message ``j`` when u > 1,
+        message 0 when u = 1. Draws from ``generator`` exactly as :meth:`messages` does."""
         R, d = sent.shape
         b = view.byzantine_neighbours.shape[1]
         if self.name == "gaussian":
@@ -100,9 +109,17 @@ class NeighbourAttack:
         if self.name == "sign_flipping":
             H = view.honest_neighbours.to(sent.dtype) + torch.eye(R, dtype=sent.dtype)
             mean = (H @ sent) / H.sum(dim=1, keepdim=True)
-            return (-self.scale * mean)[:, None, :].expand(R, b, d)
+            return (-self.scale * mean)[:, None, :]
         if self.name == "isolating":
             mixed = view.honest_weights.to(sent.dtype) @ sent
             wb = view.byzantine_weight.to(sent.dtype).clamp_min(1e-300)[:, None]
-            return ((sent - mixed) / wb)[:, None, :].expand(R, b, d)
+            return ((sent - mixed) / wb)[:, None, :]
         raise SimulationConfigError(f"attack {self.name!r} sends no messages")
+
+    def messages(self, sent: Tensor, view: ReceiverView, generator: torch.Generator) -> Tensor:
+        """``[R, b, d]``: what Byzantine agent j sends to honest receiver n (row n, slot j;
+        meaningful where ``view.byzantine_neighbours[n, j]``), from the honest agents'
+        broadcasts ``sent`` ``[R, d]``."""
+        R, d = sent.shape
+        b = view.byzantine_neighbours.shape[1]
+        return self.distinct_messages(sent, view, generator).expand(R, b, d)

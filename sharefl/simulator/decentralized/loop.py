@@ -13,10 +13,14 @@ iteration k, with α_k = lr/√(k + 1):
    the authors' code drew one per receiver);
 3. each Byzantine neighbour b of n sends a message computed from what n sees
    (:mod:`.attacks`);
-4. every honest agent aggregates its own x̃_n and its neighbours' messages with the rule
-   (batched over receivers, :mod:`sharefl.robust.decentralized`): ``mean`` (DSGD with the
-   Metropolis-Hastings weights w' of the full graph), ``trimmed_mean``, ``scc`` (τ),
-   ``ios``; q_n = |B_n|.
+4. every honest agent aggregates its own x̃_n and its neighbours' messages with the rule:
+   ``mean`` (DSGD with the Metropolis-Hastings weights w' of the full graph),
+   ``trimmed_mean``, ``scc`` (τ), ``ios``; q_n = |B_n|. :meth:`DecentralizedLoop.step`
+   computes the rules on the distinct messages (:mod:`.distinct`: a Gram matrix instead of
+   an ``[R, N, d]`` copy; equal to the straight path up to float64 rounding, trimmed mean
+   bit for bit); the straight path — :meth:`~DecentralizedLoop.received` and the batched
+   rules of :mod:`sharefl.robust.decentralized` — stays as
+   :meth:`~DecentralizedLoop.aggregate` (:class:`~.reference.StraightLoop` runs it).
 
 Evaluation (every ``eval_every`` iterations and at the end): accuracy and cross-entropy of
 the average honest model x̄ = mean_n x_n on the test set (the record's accuracy and loss),
@@ -50,6 +54,7 @@ from sharefl.simulator.config import RunConfig, SimulationConfigError
 from sharefl.simulator.datasets import Dataset
 from sharefl.simulator.decentralized.accounting import AgentPrivacy
 from sharefl.simulator.decentralized.attacks import NeighbourAttack, ReceiverView
+from sharefl.simulator.decentralized.distinct import SlotLayout, aggregator
 from sharefl.simulator.decentralized.gradients import clipped_mean_gradients
 from sharefl.simulator.decentralized.graph import AgentGraph, erdos_renyi_graph, graph_from_edges
 from sharefl.simulator.engine import RoundRecord, SteppedLoop, load_data, resolve_device
@@ -129,6 +134,9 @@ class DecentralizedLoop(SteppedLoop):
             train, test = load_data(run, self.device)
         self.train_set, self.test_set = train, test
         self.test_inputs = test.inputs.to(self.dtype)
+        # every batch is gathered from this copy in the loop's dtype (the conversion is
+        # exact, so gathering then converting gives the same numbers, slower)
+        self.train_inputs = train.inputs.to(self.dtype)
         self.generator = torch.Generator(device=self.device).manual_seed(run.seed)
 
         self.full_graph = build_graph(run)
@@ -153,6 +161,13 @@ class DecentralizedLoop(SteppedLoop):
         self.sampler = EpochSampler(self.parts, run.training.batch_size, self.device)
         self._clipped_mean = clipped_mean_gradients(self.model, module)
         self.x = self._initial_models()
+        per_receiver = 0
+        if self.attack is not None:
+            per_receiver = self.attack.messages_per_receiver(len(self.graph.byzantine))
+        self.layout = SlotLayout.build(
+            self.mask, self.weights, self.q, self.honest_slots, self.byzantine_slots, per_receiver
+        )
+        self._mix = aggregator(cfg.rule, self.layout, cfg.scc_tau)
         self.started = time.perf_counter()
         self.round = 0
 
@@ -200,7 +215,7 @@ class DecentralizedLoop(SteppedLoop):
         """``[R, d]``: each agent's mean of B per-example gradients clipped to M, on its
         next batch (:mod:`.gradients`)."""
         rows = self.sampler.next(self.generator)
-        inputs = self.train_set.inputs[rows].to(self.dtype)
+        inputs = self.train_inputs[rows]
         return self._clipped_mean(x, inputs, self.train_set.targets[rows], self.cfg.clip)
 
     def broadcast(self, x: Tensor, alpha: float) -> Tensor:
@@ -212,9 +227,23 @@ class DecentralizedLoop(SteppedLoop):
             sent = sent + (self.cfg.noise * alpha) * noise.to(self.dtype)
         return sent
 
+    def distinct(self, sent: Tensor) -> Tensor:
+        """V ``[J, d]``: x̃ (R rows), then every receiver's distinct Byzantine messages
+        (:class:`~.distinct.SlotLayout`); draws the attack's randomness as
+        :meth:`received` does."""
+        if self.attack is None:
+            return sent
+        messages = self.attack.distinct_messages(sent, self.view, self.generator)
+        return torch.cat([sent, messages.reshape(-1, sent.shape[1])])
+
+    def mix(self, sent: Tensor) -> Tensor:
+        """Every honest agent's new model ``[R, d]`` from the broadcasts: the attack's
+        messages and the rule on the distinct messages (:mod:`.distinct`)."""
+        return self._mix(self.distinct(sent))
+
     def received(self, sent: Tensor) -> Tensor:
         """``[R, N, d]``: slot m of row n is what agent m sent to n (honest: x̃_m;
-        Byzantine: the attack's message to n)."""
+        Byzantine: the attack's message to n). The straight path (see :meth:`mix`)."""
         R, d = sent.shape
         out = torch.empty(R, self.graph.size, d, dtype=sent.dtype, device=sent.device)
         out[:, self.honest_slots] = sent[None].expand(R, R, d)
@@ -223,7 +252,8 @@ class DecentralizedLoop(SteppedLoop):
         return out
 
     def aggregate(self, sent: Tensor, received: Tensor) -> Tensor:
-        """Every honest agent's new model ``[R, d]`` from its own x̃ and its messages."""
+        """Every honest agent's new model ``[R, d]`` from its own x̃ and its messages
+        ``[R, N, d]`` (:meth:`received`), by the batched rules: the straight path."""
         rule = self.cfg.rule
         if rule == "mean":
             return batched_weighted_mean(sent, received, self.weights)
@@ -237,7 +267,7 @@ class DecentralizedLoop(SteppedLoop):
         """One iteration; evaluates x̄ when due. Returns the iteration's record."""
         with torch.no_grad():
             sent = self.broadcast(self.x, self.step_size(self.round))
-            self.x = self.aggregate(sent, self.received(sent))
+            self.x = self.mix(sent)
         self.round += 1
         due = self.round % self.run.eval_every == 0 or self.round == self.run.rounds
         if not due:

@@ -1,6 +1,11 @@
-"""The decentralized iteration with a Python loop over agents: the yardstick for the
-vectorised :class:`~.loop.DecentralizedLoop` (equal results, tests) and for its speed
-(``benchmarks/bench_decentralized.py``).
+"""Yardsticks for :class:`~.loop.DecentralizedLoop` (equal results up to float64 rounding,
+tests; speed, ``benchmarks/bench_decentralized.py``).
+
+:class:`StraightLoop` is the loop before the rules moved to the distinct messages
+(:mod:`.distinct`): every iteration copies what each receiver gets into ``[R, N, d]``
+(:meth:`~.loop.DecentralizedLoop.received`) and aggregates it with the batched rules of
+:mod:`sharefl.robust.decentralized`; batches are gathered and converted per iteration; every
+evaluation builds a fresh privacy accountant per agent.
 
 :class:`PerAgentLoop` draws the same batches and noise from the same generator, then
 computes each agent's clipped gradient on its own (the ``vmap(grad)`` path of
@@ -23,7 +28,25 @@ from sharefl.simulator.decentralized.gradients import VmapClippedMean
 from sharefl.simulator.decentralized.loop import DecentralizedLoop
 
 
-class PerAgentLoop(DecentralizedLoop):
+class StraightLoop(DecentralizedLoop):
+    """:class:`DecentralizedLoop` on the straight path (same arguments)."""
+
+    def clipped_gradients(self, x: Tensor) -> Tensor:
+        rows = self.sampler.next(self.generator)
+        inputs = self.train_set.inputs[rows].to(self.dtype)
+        return self._clipped_mean(x, inputs, self.train_set.targets[rows], self.cfg.clip)
+
+    def mix(self, sent: Tensor) -> Tensor:
+        return self.aggregate(sent, self.received(sent))
+
+    def epsilon(self) -> float | None:
+        """As before the accountant's cache: a fresh accountant per agent and evaluation."""
+        if self.cfg.noise == 0 or self.round == 0:
+            return None
+        return max(a.rdp_epsilon_uncached() for a in self.agent_privacy())
+
+
+class PerAgentLoop(StraightLoop):
     """:class:`DecentralizedLoop` with one Python iteration per agent in the gradient and
     aggregation steps (same arguments)."""
 
