@@ -121,7 +121,7 @@ def rounds_override_note(sim: Loop, file_rounds: int) -> str | None:
     cluster split), and so does the line's "before". Costs one calibration (~2 s).
     """
     run = sim.run
-    plan = getattr(sim, "privacy", None)
+    plan = sim.ledger.plan if isinstance(sim, Simulation) else None
     if file_rounds == run.rounds or not isinstance(plan, PrivacyPlan):
         return None
     if not plan.enabled or plan.target_epsilon is None:
