@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shutil
 import sys
@@ -234,15 +233,7 @@ def bring_up(work: Path, n: int, executor: str, startup_timeout: float):
     from sharefl.deploy.keygen import keygen
 
     bin_dir = Path(sys.executable).parent
-    env = {
-        **os.environ,
-        "FLWR_HOME": str(work / "flwr-home"),
-        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-        "FLWR_TELEMETRY_ENABLED": "0",
-        "FLWR_DISABLE_UPDATE_CHECK": "1",
-        "OMP_NUM_THREADS": "1",
-        "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
-    }
+    env = dl.flower_env(work)
     keys = keygen(work / "keys", range(n), hosts=("127.0.0.1", "localhost"))
     ports = dl.free_ports(n + 1)
     link_port, node_ports = ports[0], ports[1:]

@@ -445,6 +445,22 @@ class Options:
     ``"shared"``: ``--isolation process`` and one ``warm_superexec.py`` for all."""
 
 
+def flower_env(work: Path) -> dict[str, str]:
+    """The environment of every Flower process of a deployment under ``work``: its own
+    FLWR_HOME, the app run in this Python environment (no dependency installation), no
+    telemetry or update check, one torch thread per process."""
+    bin_dir = Path(sys.executable).parent
+    return {
+        **os.environ,
+        "FLWR_HOME": str(work / "flwr-home"),
+        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+        "FLWR_TELEMETRY_ENABLED": "0",
+        "FLWR_DISABLE_UPDATE_CHECK": "1",
+        "OMP_NUM_THREADS": "1",
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
+
+
 def deploy(options: Options) -> dict:
     """Run the deployment; returns the summary. Raises :class:`DeploymentError`,
     :class:`RunFailed`, ``KeyboardInterrupt`` and :class:`Interrupted`; stops every
@@ -457,15 +473,7 @@ def deploy(options: Options) -> dict:
     work = work.resolve()
     bin_dir = Path(sys.executable).parent
     flwr = str(bin_dir / "flwr")
-    env = {
-        **os.environ,
-        "FLWR_HOME": str(work / "flwr-home"),
-        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-        "FLWR_TELEMETRY_ENABLED": "0",
-        "FLWR_DISABLE_UPDATE_CHECK": "1",
-        "OMP_NUM_THREADS": "1",
-        "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
-    }
+    env = flower_env(work)
     keys = keygen(work / "keys", range(n), hosts=("127.0.0.1", "localhost"))
     ports = free_ports(n + 1)
     link_port, node_ports = ports[0], ports[1:]
