@@ -13,6 +13,7 @@ import itertools
 
 import pytest
 import torch
+from test_decentralized import config as base_config
 
 from sharefl.robust.base import AggregationError
 from sharefl.simulator.config import expand
@@ -27,21 +28,10 @@ ATTACKS = ("none", "gaussian", "sign_flipping", "isolating")
 
 
 def config(attack: str, rule: str, noise: float = 1.0, rounds: int = 40) -> dict:
-    return {
+    """tests/test_decentralized.py's small run with this rule and noise, ``rounds`` long."""
+    return base_config(attack, rule=rule, noise=noise) | {
         "name": "dec_distinct",
-        "seed": 1,
         "rounds": rounds,
-        "eval_every": 20,
-        "data": {
-            "dataset": "synthetic",
-            "options": {"shape": [1, 4, 4], "num_examples": 1200, "num_classes": 4},
-        },
-        "model": {"name": "decentralized_softmax", "init_seed": 100},
-        "clients": {"honest": 10, "byzantine": 2},
-        "training": {"batch_size": 8},
-        "algorithm": {"name": "decentralized"},
-        "attack": {"name": attack},
-        "decentralized": {"init_scale": 3.0, "rule": rule, "noise": noise},
     }
 
 
