@@ -61,6 +61,7 @@ from sharefl.proto import sharefl_pb2 as pb
 from sharefl.proto import sharefl_pb2_grpc as pb_grpc
 from sharefl.protocol import messages as m
 from sharefl.protocol.coordinator import Exclusions, Release, RoundCoordinator, RoundResult
+from sharefl.protocol.drive import server_exchanges
 from sharefl.protocol.errors import ConfigurationError, LeakageError, RejectedMessage
 from sharefl.protocol.model_step import descend  # the one model step; re-exported here
 from sharefl.protocol.plan import RoundPlan
@@ -691,17 +692,16 @@ class ServerRun:
         )
         for cid in sorted(set(participants) & set(eligible)):
             self.links[cid].send_vector(start_message, chunk_list)
-        while not rc.done:
-            for cid, assignment in rc.open_reclustering().items():
-                self._send(
-                    cid,
-                    pb.ServerMessage(assignment=wire.assignment_to_proto(assignment, rc.encoding)),
-                )
-            while not rc.reclustering_done:
-                await self._wait_stage(rc)
-                for cid, message in rc.advance().items():
-                    self._send(cid, wire.server_message_to_proto(message))
-            rc.close_reclustering()
+        for outgoing in server_exchanges(rc):
+            for cid, message in outgoing.messages.items():
+                if isinstance(message, m.ClusterAssignment):
+                    proto = pb.ServerMessage(
+                        assignment=wire.assignment_to_proto(message, rc.encoding)
+                    )
+                else:
+                    proto = wire.server_message_to_proto(message)
+                self._send(cid, proto)
+            await self._wait_stage(rc)
         result = rc.result()
         self.round = None
         value = self._cluster_value(round_index)  # before the strategy replaces the model

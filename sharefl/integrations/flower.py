@@ -79,6 +79,7 @@ from sharefl.protocol.client import ClientPolicy, ClientSession
 from sharefl.protocol.client_round import ClientRound
 from sharefl.protocol.clustering import tolerance_warning
 from sharefl.protocol.coordinator import RoundCoordinator, RoundResult
+from sharefl.protocol.drive import Outgoing, server_exchanges
 from sharefl.protocol.errors import (
     ConfigurationError,
     InconsistentRequest,
@@ -86,7 +87,7 @@ from sharefl.protocol.errors import (
     ProtocolError,
     RejectedMessage,
 )
-from sharefl.protocol.messages import ClusterAssignment, MaskingRequest
+from sharefl.protocol.messages import ClusterAssignment, MaskingRequest, ServerMessage
 from sharefl.protocol.plan import RoundPlan
 from sharefl.protocol.settings import (
     Planner,
@@ -578,8 +579,12 @@ class ShareflWorkflow:
             reason = f" — no round with {counted(len(fitins), 'client')}: {exc}"
             return self._nothing_released(current_round, reason, failures)
         train_replies: dict[int, Message] = {}
-        while not rc.done:
-            self._reclustering(grid, rc, route, current_round, fitins, train_replies, failures)
+        for outgoing in server_exchanges(rc):
+            contents = {
+                route.nodes[cid]: self._content(rc, outgoing, cid, message, fitins)
+                for cid, message in outgoing.messages.items()
+            }
+            self._collect(grid, rc, route, contents, str(current_round), train_replies, failures)
         result = rc.result()
         self.last_result = result
         if encoder is None:
@@ -689,49 +694,56 @@ class ShareflWorkflow:
             ) from exc
         return cid
 
-    def _reclustering(
+    def _content(
         self,
-        grid,
         rc: RoundCoordinator,
-        route: Route,
-        current_round: int,
+        outgoing: Outgoing,
+        cid: int,
+        message: ClusterAssignment | ServerMessage,
         fitins: Mapping[int, RecordDict],
-        train_replies: dict[int, Message],
-        failures: Failures,
-    ) -> None:
-        first = rc.reclustering == 0
-        group = str(current_round)
-        clients = route.clients
-        outgoing: dict[int, RecordDict] = {}
-        for cid, assignment in rc.open_reclustering().items():
-            content = RecordDict()
+    ) -> RecordDict:
+        """The RecordDict that carries ``message`` to client ``cid``: an assignment with
+        its encoding (float updates) and, in the first reclustering, the round plan; a
+        stage message, the first reclustering's masking request with the training
+        instructions (``fitins``)."""
+        first = outgoing.reclustering == 0
+        content = RecordDict()
+        if isinstance(message, ClusterAssignment):
             put_record(content, STAGE_RECORD, {"stage": "assign", "max_weight": self.max_weight})
-            put_record(content, f"{PREFIX}.assignment", records.to_record(assignment))
+            put_record(content, f"{PREFIX}.assignment", records.to_record(message))
             if rc.encoding is not None:  # float updates; none for ring inputs (privacy)
                 put_record(content, f"{PREFIX}.encoding", records.to_record(rc.encoding))
             if first:
                 put_record(content, f"{PREFIX}.plan", records.to_record(rc.plan))
-            outgoing[route.nodes[cid]] = content
-        while outgoing:
-            for reply in self._send(grid, outgoing, group):
-                sender = clients.get(reply.metadata.src_node_id)
-                if sender is None:
-                    continue
-                if reply.has_error():
-                    failures.append(Exception(reply.error))
-                    continue
-                self._deliver(rc, sender, reply, train_replies)
-            outgoing = {}
-            if rc.reclustering_done:
-                break
-            for cid, message in rc.advance().items():
-                content = RecordDict()
-                if isinstance(message, MaskingRequest) and first:
-                    content = RecordDict(dict(fitins[cid].items()))
-                put_record(content, STAGE_RECORD, {"stage": "step"})
-                put_record(content, f"{PREFIX}.message", records.to_record(message))
-                outgoing[route.nodes[cid]] = content
-        rc.close_reclustering()
+            return content
+        if isinstance(message, MaskingRequest) and first:
+            content = RecordDict(dict(fitins[cid].items()))
+        put_record(content, STAGE_RECORD, {"stage": "step"})
+        put_record(content, f"{PREFIX}.message", records.to_record(message))
+        return content
+
+    def _collect(
+        self,
+        grid,
+        rc: RoundCoordinator,
+        route: Route,
+        contents: Mapping[int, RecordDict],
+        group: str,
+        train_replies: dict[int, Message],
+        failures: Failures,
+    ) -> None:
+        """Send each node its content and deliver the replies that come before the
+        stage's deadlines to the coordinator (errors are kept in ``failures``)."""
+        if not contents:
+            return
+        for reply in self._send(grid, contents, group):
+            sender = route.clients.get(reply.metadata.src_node_id)
+            if sender is None:
+                continue
+            if reply.has_error():
+                failures.append(Exception(reply.error))
+                continue
+            self._deliver(rc, sender, reply, train_replies)
 
     def _deliver(
         self,

@@ -3,8 +3,9 @@
 :func:`secure_sum` runs a whole SHARE round in this process — the
 :class:`~sharefl.protocol.coordinator.RoundCoordinator` plans, audits, encodes, routes and
 releases; this module only plays the clients (with simulated drop-outs) and carries their
-messages. :func:`run_cluster` runs one :class:`ServerSession` alone, for tests of a single
-cluster. Both share one message loop (:func:`_drive`).
+messages (:class:`_Players`), driven by the one drive loop of every transport
+(:mod:`sharefl.protocol.drive`). :func:`run_cluster` runs one :class:`ServerSession`
+alone, for tests of a single cluster.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -22,6 +23,7 @@ from sharefl.protocol.client import ClientPolicy, ClientSession
 from sharefl.protocol.client_round import ClientRound
 from sharefl.protocol.clustering import Clustering, as_generator
 from sharefl.protocol.coordinator import RoundCoordinator, RoundResult, plan_round
+from sharefl.protocol.drive import StageObserver, server_exchanges, stage_messages
 from sharefl.protocol.errors import ClientRefusal, ConfigurationError, RejectedMessage
 from sharefl.protocol.isolation import Suspicion
 from sharefl.protocol.messages import (
@@ -94,25 +96,38 @@ def run_cluster(
         The outcome (:class:`ClusterSum` or :class:`FailedCluster`) and the refusals and
         rejections that happened on the way (the affected clients count as dropped).
     """
+    _check_dropouts(dropouts or {})
     server = ServerSession(assignment, directory)
     events = ClusterEvents()
-    assignments = dict.fromkeys(assignment.members, assignment)
-    clients = _clients(assignments, vectors, policies, lambda cid: events)
-    _drive(
-        clients,
-        {},
+    players = _Players(
         lambda sender, message: server.receive(message),
-        server.advance,
-        lambda: server.state.value,
         dropouts or {},
         observer,
         lambda cid: events,
     )
+    players.open(
+        dict.fromkeys(assignment.members, assignment),
+        lambda assignments: _sessions(assignments, vectors, policies, players.events_of),
+    )
+    for messages in stage_messages(
+        server.advance,
+        lambda: server.outcome is not None,
+        lambda: server.state.value,
+        _server_observer(observer),
+    ):
+        players.answer(messages)
     assert server.state in (ServerState.DONE, ServerState.FAILED) and server.outcome is not None
     return server.outcome, events
 
 
-def _clients(
+def _server_observer(observer: Observer | None) -> StageObserver | None:
+    """``observer`` as the drive loop's stage observer (the server as actor ``None``)."""
+    if observer is None:
+        return None
+    return lambda stage, seconds: observer(stage, None, seconds)
+
+
+def _sessions(
     assignments: Mapping[int, ClusterAssignment],
     vectors: Mapping[int, np.ndarray],
     policies: Mapping[int, ClientPolicy] | None,
@@ -134,58 +149,68 @@ def _clients(
     return clients
 
 
-def _drive(
-    clients: Mapping[int, ClientSession],
-    guards: Mapping[int, ClientRound],
-    deliver: Callable[[int, ClientMessage], None],
-    advance: Callable[[], dict[int, ServerMessage]],
-    stage: Callable[[], str],
-    dropouts: Dropouts,
-    observer: Observer | None,
-    events_of: Callable[[int], ClusterEvents],
-) -> None:
-    """The message loop: adverts in, then server stage closes and client replies (through
-    each client's round guard when it has one) until the server side sends nothing more.
-    Drop-outs, refusals and rejections are recorded in each client's cluster events; the
-    clients concerned count as dropped."""
-    _check_dropouts(dropouts)
-    observe = observer or (lambda stage, actor, seconds: None)
+class _Players:
+    """This process's transport: it plays the clients of one reclustering (or one
+    cluster) and hands their messages to the server side at once.
 
-    def send(cid: int, message: ClientMessage) -> None:
-        try:
-            deliver(cid, message)
-        except RejectedMessage as exc:
-            events_of(cid).rejected[cid] = str(exc)
+    Drop-outs (stage → clients that vanish before sending that stage's message),
+    refusals and rejections are recorded in each client's cluster events; the clients
+    concerned count as dropped."""
 
-    gone = set(dropouts.get("advertise", ()))
-    for cid, client in clients.items():
-        if cid not in gone:
-            start = time.perf_counter()
-            advert = client.advertise()
-            observe("advertise", cid, time.perf_counter() - start)
-            send(cid, advert)
-    while True:
-        closing = stage()
-        start = time.perf_counter()
-        outgoing = advance()
-        observe(closing, None, time.perf_counter() - start)
-        if not outgoing:
-            return
-        for cid, message in outgoing.items():
+    def __init__(
+        self,
+        deliver: Callable[[int, ClientMessage], None],
+        dropouts: Dropouts,
+        observer: Observer | None,
+        events_of: Callable[[int], ClusterEvents],
+        guards: Mapping[int, ClientRound] | None = None,
+    ) -> None:
+        self._deliver = deliver
+        self._dropouts = dropouts
+        self._observe = observer or (lambda stage, actor, seconds: None)
+        self.events_of = events_of
+        self._guards = guards or {}
+        self._sessions: dict[int, ClientSession] = {}
+        self._gone: set[int] = set()
+
+    def open(
+        self,
+        assignments: Mapping[int, ClusterAssignment],
+        sessions: Callable[[Mapping[int, ClusterAssignment]], dict[int, ClientSession]],
+    ) -> None:
+        """Start a session per assignment and send the adverts of those that stay."""
+        self._sessions = sessions(assignments)
+        self._gone = set(self._dropouts.get("advertise", ()))
+        for cid, client in self._sessions.items():
+            if cid not in self._gone:
+                start = time.perf_counter()
+                advert = client.advertise()
+                self._observe("advertise", cid, time.perf_counter() - start)
+                self._send(cid, advert)
+
+    def answer(self, messages: Mapping[int, ServerMessage]) -> None:
+        """Each addressed client's reply (through its round guard when it has one)."""
+        for cid, message in messages.items():
             reply_stage = _REPLY_STAGE[type(message)]
-            gone |= set(dropouts.get(reply_stage, ()))
-            if cid in gone or cid not in clients:
+            self._gone |= set(self._dropouts.get(reply_stage, ()))
+            if cid in self._gone or cid not in self._sessions:
                 continue
             try:
                 start = time.perf_counter()
-                guard = guards.get(cid)
-                session = clients[cid]
+                guard = self._guards.get(cid)
+                session = self._sessions[cid]
                 reply = guard.handle(session, message) if guard else session.handle(message)
-                observe(reply_stage, cid, time.perf_counter() - start)
+                self._observe(reply_stage, cid, time.perf_counter() - start)
             except ClientRefusal as exc:
-                events_of(cid).refusals[cid] = str(exc)
+                self.events_of(cid).refusals[cid] = str(exc)
                 continue
-            send(cid, reply)
+            self._send(cid, reply)
+
+    def _send(self, cid: int, message: ClientMessage) -> None:
+        try:
+            self._deliver(cid, message)
+        except RejectedMessage as exc:
+            self.events_of(cid).rejected[cid] = str(exc)
 
 
 MAX_CLIENT_ID = 2**64 - 1
@@ -367,12 +392,10 @@ def secure_sum(
     vectors = _encoded(arrays, coordinator, rng) if floats else arrays
     _replace_byzantine(vectors, byzantine_inputs or {})
     clients = _Clients(policies, guards, plan_refusals)
-    for drops in _per_reclustering_dropouts(dropouts, settings.reclusterings):
-        _check_dropouts(drops)
-        _reclustering(
-            coordinator, vectors, drops, protocol=protocol, clients=clients, observer=observer
-        )
-    result = coordinator.result()
+    drops = _per_reclustering_dropouts(dropouts, settings.reclusterings)
+    for stage_drops in drops:
+        _check_dropouts(stage_drops)
+    result = _play_round(coordinator, vectors, drops, protocol, clients, observer)
     if suspicion is not None:
         suspicion.record(result)
     return result
@@ -518,49 +541,74 @@ class _Clients:
     plan_refusals: dict[int, str]
 
 
-def _reclustering(
+def _play_round(
     coordinator: RoundCoordinator,
     vectors: Mapping[int, np.ndarray],
-    drops: Dropouts,
-    *,
+    drops: Sequence[Dropouts],
     protocol: bool,
     clients: _Clients,
     observer: Observer | None,
+) -> RoundResult:
+    """Drive the round (:func:`~sharefl.protocol.drive.server_exchanges`) with this
+    process's clients: per reclustering, the clear sums (clusters of one client, or every
+    cluster when not ``protocol``; none for a cluster with a drop-out anywhere), then the
+    protocol in every other cluster; each reclustering's result carries its clusters'
+    events (plan refusals included)."""
+    events: list[dict[int, ClusterEvents]] = []
+    players: _Players | None = None
+    for outgoing in server_exchanges(coordinator, _server_observer(observer)):
+        if not outgoing.opening:
+            assert players is not None
+            players.answer(cast(Mapping[int, ServerMessage], outgoing.messages))
+            continue
+        stage_drops = drops[outgoing.reclustering]
+        _release_clear(coordinator, vectors, stage_drops, protocol)
+        events.append({})
+        players = _open_players(
+            coordinator,
+            cast(Mapping[int, ClusterAssignment], outgoing.messages) if protocol else {},
+            vectors,
+            stage_drops,
+            clients,
+            observer,
+            events[-1],
+        )
+    result = coordinator.result()
+    for reclustering, cluster_events in zip(result.reclusterings, events, strict=True):
+        reclustering.events.update(cluster_events)
+    return result
+
+
+def _release_clear(
+    coordinator: RoundCoordinator,
+    vectors: Mapping[int, np.ndarray],
+    drops: Dropouts,
+    protocol: bool,
 ) -> None:
-    """One reclustering: open it, run the protocol in every cluster of two or more
-    clients (``protocol``; else add every cluster in the clear), release the clear sums of
-    the clusters without a drop-out, and close it with its clusters' events."""
-    assignments = coordinator.open_reclustering()
+    """Release the open reclustering's protocol-free sums: the clusters of one client,
+    or every cluster when not ``protocol``; ``None`` for one with a drop-out anywhere."""
     clustering = coordinator.plan.clusterings[coordinator.reclustering]
-    clear = {
-        index: _clear_sum(members, vectors)
-        for index, members in enumerate(clustering.clusters)
-        if len(members) == 1 or not protocol
-    }
-    events: dict[int, ClusterEvents] = {}
-    if protocol:
-        events = _run_protocol(coordinator, assignments, vectors, drops, clients, observer)
     dropped_anywhere = set().union(*map(set, drops.values())) if drops else set()
     coordinator.release_in_clear(
         {
-            index: None if dropped_anywhere & set(clustering.clusters[index]) else ring
-            for index, ring in clear.items()
+            index: None if dropped_anywhere & set(members) else _clear_sum(members, vectors)
+            for index, members in enumerate(clustering.clusters)
+            if len(members) == 1 or not protocol
         }
     )
-    coordinator.close_reclustering().events.update(events)
 
 
-def _run_protocol(
+def _open_players(
     coordinator: RoundCoordinator,
     assignments: Mapping[int, ClusterAssignment],
     vectors: Mapping[int, np.ndarray],
     drops: Dropouts,
     clients: _Clients,
     observer: Observer | None,
-) -> dict[int, ClusterEvents]:
-    """Play the assigned clients of the open reclustering through the coordinator's
-    stages (:func:`_drive`); returns each cluster's events (plan refusals included)."""
-    events: dict[int, ClusterEvents] = {}
+    events: dict[int, ClusterEvents],
+) -> _Players:
+    """The reclustering's players, their sessions started and adverts sent; ``events``
+    (cluster index → events) collects what happens to them."""
     cluster_of = {cid: a.context.cluster for cid, a in assignments.items()}
 
     def events_of(cid: int) -> ClusterEvents:
@@ -568,18 +616,12 @@ def _run_protocol(
 
     for cid in assignments.keys() & clients.plan_refusals.keys():
         events_of(cid).refusals[cid] = clients.plan_refusals[cid]
-    sessions = _clients(assignments, vectors, clients.policies, events_of, clients.guards)
-    _drive(
-        sessions,
-        clients.guards,
-        coordinator.receive,
-        coordinator.advance,
-        lambda: coordinator.stage,
-        drops,
-        observer,
-        events_of,
+    players = _Players(coordinator.receive, drops, observer, events_of, clients.guards)
+    players.open(
+        assignments,
+        lambda given: _sessions(given, vectors, clients.policies, events_of, clients.guards),
     )
-    return events
+    return players
 
 
 def _clear_sum(members: Sequence[int], vectors: Mapping[int, np.ndarray]) -> np.ndarray:
