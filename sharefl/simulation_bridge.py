@@ -2,7 +2,7 @@
 
 ``sharefl launch experiments/quickstart.toml`` starts one server and
 ``clients.total`` client processes on loopback. Every process builds the run's
-:class:`~sharefl.simulator.engine.Simulation` from the same file and seed, so each holds the
+:class:`~sharefl.simulator.federated.loop.Simulation` from the same file and seed, so each holds the
 same data partition and model; then
 
 * a client process (:class:`SimulationTrainer`, the gRPC client's trainer) trains only its
@@ -43,7 +43,7 @@ from sharefl.protocol.settings import SETTINGS_KEYS
 from sharefl.robust.hierarchical import ClusterScale, HierarchicalAggregator
 from sharefl.robust.registry import build_rule
 from sharefl.simulator.config import RunConfig, SimulationConfigError, load_runs
-from sharefl.simulator.engine import Simulation
+from sharefl.simulator.federated.loop import Simulation
 from sharefl.simulator.preflight import check_run
 from sharefl.simulator.results import RoundRecord, RunWriter, device_description, run_summary
 

@@ -1,4 +1,4 @@
-"""Each attack of sharefl.simulator.attacks produces its documented vector."""
+"""Each attack of sharefl.simulator.federated.attacks produces its documented vector."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from sharefl.robust import Mean, metropolis_hastings_weights
-from sharefl.simulator.attacks import (
+from sharefl.simulator.dp_rsa.attacks import rsa_messages
+from sharefl.simulator.federated.attacks import (
     OLMP,
     ALittleIsEnough,
     AttackError,
@@ -25,7 +26,6 @@ from sharefl.simulator.attacks import (
     TimeToBeByzantine,
     alie_z_max,
     inner_product_manipulation,
-    rsa_messages,
 )
 
 

@@ -20,8 +20,8 @@ import sharefl.deploy.server as deploy_server
 from sharefl.protocol.model_step import ModelStepError, descend, heavy_ball, server_step
 from sharefl.simulator.checkpoint import LoopState
 from sharefl.simulator.config import expand
+from sharefl.simulator.federated.server import Server
 from sharefl.simulator.loops import build_loop
-from sharefl.simulator.server import Server
 
 DIM = 257
 RATES = (1.0, 0.3, 0.1, 2.0 / 3.0)

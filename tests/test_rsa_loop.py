@@ -18,9 +18,9 @@ from sharefl.privacy.sign_accounting import composed_epsilon, exact_composed_eps
 from sharefl.robust import rsa_sign
 from sharefl.simulator import report
 from sharefl.simulator.config import SimulationConfigError, expand
+from sharefl.simulator.dp_rsa.attacks import SignAttack
+from sharefl.simulator.dp_rsa.loop import RSALoop, ring_signs, signed_ring_sum
 from sharefl.simulator.loops import build_loop
-from sharefl.simulator.rsa_attacks import SignAttack
-from sharefl.simulator.rsa_loop import RSALoop, ring_signs, signed_ring_sum
 from sharefl.simulator.runner import run_one
 
 

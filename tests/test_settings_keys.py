@@ -43,10 +43,10 @@ from sharefl.robust import HierarchicalAggregator
 from sharefl.robust.coordinate import Mean
 from sharefl.robust.hierarchical import ClusterScale
 from sharefl.simulation_bridge import deployment_for, deployment_section
-from sharefl.simulator import clustering_schedule
 from sharefl.simulator.config import RunConfig, SimulationConfigError, expand
-from sharefl.simulator.rsa_loop import secure_sign_sum
-from sharefl.simulator.share import ShareAggregation
+from sharefl.simulator.dp_rsa.loop import secure_sign_sum
+from sharefl.simulator.federated import clustering_schedule
+from sharefl.simulator.federated.share import ShareAggregation
 
 CLIENTS = 12
 DIM = 4

@@ -21,8 +21,8 @@ from sharefl.privacy.cluster_noise import (
 from sharefl.protocol import LeakageError, secure_sum
 from sharefl.protocol.client import min_released_members
 from sharefl.simulator.config import SimulationConfigError, expand, load_runs
-from sharefl.simulator.engine import Simulation
-from sharefl.simulator.share import MIN_SUM_SIZE, delta_weights
+from sharefl.simulator.federated.loop import Simulation
+from sharefl.simulator.federated.share import MIN_SUM_SIZE, delta_weights
 from sharefl.simulator.training import LocalTraining, TrainingError
 
 

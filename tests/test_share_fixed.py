@@ -14,7 +14,7 @@ from sim_configs import with_overrides
 
 from sharefl.protocol import Clustering
 from sharefl.simulator.config import SimulationConfigError, expand
-from sharefl.simulator.engine import Simulation
+from sharefl.simulator.federated.loop import Simulation
 
 
 def config(**overrides: Any) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from sim_configs import with_overrides
 from sharefl.privacy.accountant import PrivacyAccountant
 from sharefl.privacy.calibration import calibrate_noise, compute_epsilon
 from sharefl.simulator.config import SimulationConfigError, expand, load_runs
-from sharefl.simulator.engine import Simulation
+from sharefl.simulator.federated.loop import Simulation
 from sharefl.simulator.partition import partition
 
 CLIP = 0.05  # small enough that the synthetic runs' raw updates exceed it

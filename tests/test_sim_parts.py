@@ -16,20 +16,22 @@ from sim_configs import with_overrides
 from sharefl import papers
 from sharefl.deploy.server import ReleasedSum
 from sharefl.simulation_bridge import SimulationStrategy, SimulationTrainer
-from sharefl.simulator import populations
 from sharefl.simulator.config import expand
-from sharefl.simulator.engine import PrivacyPlan, RoundRecord, Simulation, SteppedLoop
+from sharefl.simulator.federated import populations
+from sharefl.simulator.federated.loop import Simulation
 from sharefl.simulator.models import MODELS, build_model
 from sharefl.simulator.names import MODEL_ALIASES, PARTITION_ALIASES, model_name
 from sharefl.simulator.partition import SCHEMES, partition
 from sharefl.simulator.results import (
     ROUNDS_FILE,
     ResultsError,
+    RoundRecord,
     RunWriter,
     load_runs,
     run_summary,
 )
-from sharefl.simulator.setup import build_setup
+from sharefl.simulator.setup import PrivacyPlan, build_setup
+from sharefl.simulator.stepped import SteppedLoop
 from sharefl.simulator.training import VectorizedClients
 
 ROOT = Path(__file__).resolve().parents[1]

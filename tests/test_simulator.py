@@ -24,9 +24,10 @@ from sharefl.protocol.driver import secure_sum
 from sharefl.simulation_bridge import SimulationStrategy, SimulationTrainer, deployment_for
 from sharefl.simulator import training as training_module
 from sharefl.simulator.config import SimulationConfigError, expand, load_runs
-from sharefl.simulator.engine import Simulation, load_data
+from sharefl.simulator.federated.loop import Simulation
 from sharefl.simulator.models import ModelError, build_model
 from sharefl.simulator.runner import run_grid
+from sharefl.simulator.setup import load_data
 from sharefl.simulator.training import FlatModel, LocalTraining, TrainingError, VectorizedClients
 
 

@@ -8,7 +8,7 @@ writes the step for all of them:
 - :func:`descend`, ``w − η·v``: every deployment strategy (the gRPC server's
   :class:`~sharefl.deploy.server.AveragingStrategy`, which re-exports it as
   ``sharefl.deploy.server.descend``, and the robust strategy of a simulation file);
-- :func:`server_step`, the simulator's :meth:`~sharefl.simulator.server.Server.step`:
+- :func:`server_step`, the simulator's :meth:`~sharefl.simulator.federated.server.Server.step`:
   :func:`descend` of the aggregate, or of its heavy-ball momentum (:func:`heavy_ball`,
   ``server.momentum``), in the model's dtype.
 

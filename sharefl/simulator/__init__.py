@@ -1,29 +1,35 @@
 """Simulation of federated runs on real data, in one process or across processes.
 
-Modules, from the data up:
+Laid out by loop (``[algorithm] name``); each loop's folder holds its loop, attacks and
+what only it uses:
+
+* :mod:`~sharefl.simulator.federated` — the federated loop
+  (:class:`~sharefl.simulator.federated.loop.Simulation`), its populations, attacks and
+  server, and SHARE (seed001);
+* :mod:`~sharefl.simulator.dp_rsa` — the DP-RSA loop (seed002) and its attacks;
+* :mod:`~sharefl.simulator.decentralized` — decentralized learning (seed004);
+* :mod:`~sharefl.simulator.leakage` — gradient-leakage attacks (DLG, iDLG, CPL; seed003).
+
+The parts every loop shares, from the data up:
 
 * :mod:`~sharefl.simulator.datasets` — MNIST, Fashion-MNIST, CIFAR-10, USPS, LFW loaders
   (standard files, no torchvision) and synthetic data;
 * :mod:`~sharefl.simulator.partition` — iid, Dirichlet, k-labels shards and the papers'
   own splits;
 * :mod:`~sharefl.simulator.models` — the papers' models and a registry;
-* :mod:`~sharefl.simulator.training` — many clients trained at once (``torch.func``),
-  plain, DP-SGD or seed000's normalised DP-SGD;
-* :mod:`~sharefl.simulator.attacks` — the Byzantine attacks of the five papers;
-* :mod:`~sharefl.simulator.leakage` — gradient-leakage attacks (DLG, iDLG, CPL);
-* :mod:`~sharefl.simulator.config`, :mod:`~sharefl.simulator.components` — the TOML
-  schema and what it builds;
-* :mod:`~sharefl.simulator.names` — the model and partition names and their codename
-  aliases (papers: :mod:`sharefl.papers`);
-* the parts loops share: :mod:`~sharefl.simulator.setup` (data, partitions, model,
-  privacy plan — pure), :mod:`~sharefl.simulator.populations` (honest and Byzantine
-  clients), :mod:`~sharefl.simulator.server` (rule, step, evaluation, accountant),
-  :mod:`~sharefl.simulator.stepped` (the round loop), :mod:`~sharefl.simulator.results`
-  (the results format: writer and reader);
-* :mod:`~sharefl.simulator.engine` — one run's federated loop
-  (:class:`~sharefl.simulator.engine.Simulation`, a composition of the parts);
-  :mod:`~sharefl.simulator.rsa_loop` — the DP-RSA loop; :mod:`~sharefl.simulator.loops`
-  picks one;
+  :mod:`~sharefl.simulator.names` — their names and codename aliases (papers:
+  :mod:`sharefl.papers`);
+* :mod:`~sharefl.simulator.training`, :mod:`~sharefl.simulator.worker_models` — many
+  clients or workers trained at once (``torch.func``), plain, DP-SGD or seed000's
+  normalised DP-SGD;
+* :mod:`~sharefl.simulator.config`, :mod:`~sharefl.simulator.components`,
+  :mod:`~sharefl.simulator.preflight` — the TOML schema, what it builds, what is checked
+  before any data loads;
+* :mod:`~sharefl.simulator.setup` (data, partitions, model, privacy plan — pure),
+  :mod:`~sharefl.simulator.stepped` (the round clock and evaluation),
+  :mod:`~sharefl.simulator.loops` (the loops by name), :mod:`~sharefl.simulator.results`
+  and :mod:`~sharefl.simulator.final_model` (the results format),
+  :mod:`~sharefl.simulator.checkpoint` (resume);
 * :mod:`~sharefl.simulator.runner`, :mod:`~sharefl.simulator.report` — grids of runs,
   tables and plots;
 * :mod:`~sharefl.simulation_bridge` — the same run over gRPC (``sharefl launch``).

@@ -1,12 +1,11 @@
-"""Builds the pieces of a run from its configuration: clipping, noise schedule, attack and
-robust rule. Names are the configuration's vocabulary; each factory raises
-:class:`~sharefl.simulator.config.SimulationConfigError` naming the key when a value does not
-fit."""
+"""Builds the pieces of a run from its configuration: clipping, noise schedule and robust
+rule (the attacks: each loop's ``attacks`` module). Names are the configuration's
+vocabulary; each factory raises :class:`~sharefl.simulator.config.SimulationConfigError`
+naming the key when a value does not fit."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -29,27 +28,15 @@ from sharefl.privacy.schedules import (
 )
 from sharefl.robust import registry
 from sharefl.robust.registry import RULES
-from sharefl.simulator import attacks
 from sharefl.simulator.config import PrivacyConfig, SimulationConfigError
 
 SERVER_RULES = ("noise_filter",)
 """Rules that need the server's auxiliary data and the individual uploads."""
 
-ATTACKS = (
-    "none",
-    "label_flipping",
-    "sign_flipping",
-    "gaussian",
-    "fall_of_empires",
-    "ipm",
-    "alie",
-    "olmp",
-    "minmax",
-    "mimic",
-)
 
-
-def _construct(kind: str, name: str, cls: Callable[..., Any], options: dict[str, Any]) -> Any:
+def construct(kind: str, name: str, cls: Callable[..., Any], options: dict[str, Any]) -> Any:
+    """``cls(**options)``, or :class:`SimulationConfigError` naming ``kind``, ``name`` and
+    the options when they do not fit."""
     try:
         return cls(**options)
     except (TypeError, ValueError) as exc:
@@ -59,7 +46,7 @@ def _construct(kind: str, name: str, cls: Callable[..., Any], options: dict[str,
 def build_clipping(privacy: PrivacyConfig) -> ClippingMode | None:
     """The per-example clipping mode of a private run: ``None`` when privacy is off or at
     client level (Fed-SDP trains without per-example clipping and clips the whole update,
-    see :meth:`~sharefl.simulator.engine.Simulation.privatize_uploads`)."""
+    see :meth:`~sharefl.simulator.federated.loop.Simulation.privatize_uploads`)."""
     if not privacy.enabled or privacy.level == "client":
         return None
     if privacy.clipping == "flat":
@@ -90,53 +77,7 @@ def build_schedule(privacy: PrivacyConfig, sigma: float) -> float | NoiseSchedul
         options.setdefault("sigma", sigma)
     else:
         options.setdefault("sigma0", sigma)
-    return _construct("privacy.schedule", privacy.schedule, kinds[privacy.schedule], options)
-
-
-@dataclass(frozen=True)
-class AttackPlan:
-    """How the Byzantine clients behave.
-
-    Attributes:
-        name: the configured attack name.
-        label_flipping: they train on flipped labels (data poisoning).
-        update_attack: otherwise, the update attack producing their uploads.
-        batch_size: examples per step of their (poisoned) training; ``None``: the honest B.
-    """
-
-    name: str
-    label_flipping: bool
-    update_attack: attacks.Attack | None
-    batch_size: int | None
-
-
-def build_attack(name: str, options: dict[str, Any], *, noise_std: float) -> AttackPlan:
-    """The attack ``name`` with ``options``; ``std = "dp"`` in a Gaussian attack means the
-    honest uploads' noise level σ / B (seed000's choice, so the attack passes FirstAGG)."""
-    options = dict(options)
-    batch_size = options.pop("batch_size", None)
-    if name not in ATTACKS:
-        raise SimulationConfigError(f"attack.name must be one of {ATTACKS}, got {name!r}")
-    if name in ("none", "label_flipping"):
-        return AttackPlan(name, name == "label_flipping", None, batch_size)
-    if name == "gaussian" and options.get("std") == "dp":
-        if noise_std <= 0:
-            raise SimulationConfigError('attack std = "dp" needs a private run (privacy.enabled)')
-        options["std"] = noise_std
-    if name == "ipm":
-        attack = _construct("attack", name, attacks.inner_product_manipulation, options)
-    else:
-        classes = {
-            "sign_flipping": attacks.SignFlipping,
-            "gaussian": attacks.GaussianAttack,
-            "fall_of_empires": attacks.FallOfEmpires,
-            "alie": attacks.ALittleIsEnough,
-            "olmp": attacks.OLMP,
-            "minmax": attacks.MinMax,
-            "mimic": attacks.Mimic,
-        }
-        attack = _construct("attack", name, classes[name], options)
-    return AttackPlan(name, False, attack, batch_size)
+    return construct("privacy.schedule", privacy.schedule, kinds[privacy.schedule], options)
 
 
 def build_rule(name: str, options: dict[str, Any], pre: list[str], generator: torch.Generator):
@@ -164,4 +105,4 @@ def build_noise_filter(
         **options,
         "noise_multiplier": noise_multiplier,
     }
-    return _construct("aggregator", "noise_filter", robust.NoiseAwareFilter, options)
+    return construct("aggregator", "noise_filter", robust.NoiseAwareFilter, options)

@@ -145,7 +145,7 @@ class TrainingConfig:
     learning_rate: float = 0.1  # the clients' step size (local steps)
     upload: Upload = "gradient"  # one step, or the change after local_steps
     sampling: Sampling = "poisson"  # "replay": seed000's code
-    # -- SHARE (seed001) options; see sharefl.simulator.share --
+    # -- SHARE (seed001) options; see sharefl.simulator.federated.share --
     momentum: float = 0.0  # local SGD momentum μ (SHARE: 0.9); needs upload = "delta"
     weighted: bool = False  # upload N·(n_i/n)·Δ_i (SHARE's (n_i/n)-weighted deltas)
 
@@ -299,7 +299,7 @@ class SecureAggregationConfig(SecureAggregationSettings):
             clear (``false``: an ablation with identical ring sums, see
             :func:`~sharefl.protocol.driver.secure_sum`'s ``protocol``); needs the
             protocol for ``signed``.
-        clustering: SHARE's schedule (:mod:`sharefl.simulator.clustering_schedule`):
+        clustering: SHARE's schedule (:mod:`sharefl.simulator.federated.clustering_schedule`):
             ``"random"`` (new clusters every round), ``"fixed"`` (one clustering, drawn
             once, R = 1) or ``"fixed_plan"`` (round 1's R clusterings reused every round).
 
@@ -386,8 +386,8 @@ RSA_INITS = ("independent", "perturbed", "same")
 class AlgorithmConfig:
     """Which training loop runs, and the parameters of the DP-RSA loop (seed002).
 
-    ``name = "federated"`` (default) is :class:`~sharefl.simulator.engine.Simulation`;
-    ``name = "dp_rsa"`` is :class:`~sharefl.simulator.rsa_loop.RSALoop`, whose ``method``
+    ``name = "federated"`` (default) is :class:`~sharefl.simulator.federated.loop.Simulation`;
+    ``name = "dp_rsa"`` is :class:`~sharefl.simulator.dp_rsa.loop.RSALoop`, whose ``method``
     picks one of the paper's curves: ``rsa`` (no noise), ``dp_rsa_f`` (Sign-Flipping),
     ``dp_rsa_g`` (Sign-Gaussian), or the gradient baselines ``sgd`` (mean), ``signsgd``
     (mean of the gradients' signs) and ``sgd_gm`` (geometric median, Weiszfeld). The other
@@ -565,6 +565,12 @@ class RunConfig:
         return dataclasses.asdict(self)
 
     @property
+    def partition_seed(self) -> int:
+        """The seed of the data partition: ``data.partition_seed``, or the run's seed when
+        that is -1."""
+        return self.seed if self.data.partition_seed < 0 else self.data.partition_seed
+
+    @property
     def run_id(self) -> str:
         """A stable identifier: readable prefix + hash of the resolved configuration.
 
@@ -591,10 +597,11 @@ class RunConfig:
 
 
 CLUSTERINGS = ("random", "fixed", "fixed_plan")
-"""``secure_aggregation.clustering`` (:mod:`sharefl.simulator.clustering_schedule`). Before
-``"fixed_plan"`` existed, ``"fixed"`` reused round 1's R clusterings; runs of that kind are
-now ``"fixed_plan"`` and keep their ids (:attr:`RunConfig.run_id`), while ``"fixed"`` with
-R = 1 was and is one clustering."""
+"""``secure_aggregation.clustering``
+(:mod:`sharefl.simulator.federated.clustering_schedule`). Before ``"fixed_plan"`` existed,
+``"fixed"`` reused round 1's R clusterings; runs of that kind are now ``"fixed_plan"`` and
+keep their ids (:attr:`RunConfig.run_id`), while ``"fixed"`` with R = 1 was and is one
+clustering."""
 NOISE_SPLITS = ("participants", "cluster")
 DISTRIBUTED_MECHANISMS = ("gaussian", "discrete_gaussian", "skellam")
 ROTATIONS = ("hadamard", "none")
@@ -638,7 +645,7 @@ def _check_secure_aggregation(run: RunConfig) -> None:
       new clusters every iteration, so ``clustering`` (SHARE's schedule) is refused.
 
     (SHARE with a discrete ``privacy.distributed`` refuses a ``bits`` other than its ring
-    words' width: :meth:`~sharefl.simulator.share.ShareAggregation.build`.)
+    words' width: :meth:`~sharefl.simulator.federated.share.ShareAggregation.build`.)
 
     Every other key reaches the protocol (``tests/test_settings_keys.py`` checks each)."""
     sa, name = run.secure_aggregation, run.algorithm.name

@@ -40,8 +40,8 @@ class Loop(Protocol):
 
 
 LOOPS: dict[str, str] = {
-    "federated": "sharefl.simulator.engine:Simulation",
-    "dp_rsa": "sharefl.simulator.rsa_loop:RSALoop",
+    "federated": "sharefl.simulator.federated.loop:Simulation",
+    "dp_rsa": "sharefl.simulator.dp_rsa.loop:RSALoop",
     "decentralized": "sharefl.simulator.decentralized.loop:DecentralizedLoop",
 }
 """``[algorithm] name`` → the loop class, as ``module:class`` (imported when a run selects

@@ -15,9 +15,10 @@ import torch
 
 from sharefl.robust.base import AggregationError
 from sharefl.simulator import components
-from sharefl.simulator.cluster_zeno import check_zeno_options
 from sharefl.simulator.config import RunConfig, SimulationConfigError
 from sharefl.simulator.datasets import DATASETS
+from sharefl.simulator.federated import attacks
+from sharefl.simulator.federated.cluster_zeno import check_zeno_options
 from sharefl.simulator.models import MODELS
 from sharefl.simulator.names import model_name, partition_name
 from sharefl.simulator.partition import SCHEMES
@@ -76,11 +77,11 @@ def check_run(run: RunConfig, device: str | None = None) -> None:
     if run.algorithm.name != "federated":
         return
     privacy = run.privacy.enabled
-    components.build_attack(run.attack.name, run.attack.options, noise_std=1.0 if privacy else 0)
+    attacks.build_attack(run.attack.name, run.attack.options, noise_std=1.0 if privacy else 0)
     agg = run.aggregator
     if agg.name == "noise_filter":
         return
-    if agg.name == "zeno":  # SHARE's Zeno++ (simulator/cluster_zeno.py): options, data
+    if agg.name == "zeno":  # SHARE's Zeno++ (simulator/federated/cluster_zeno.py): options, data
         check_zeno_options(agg.options)
         _require_validation_set(run)
         return

@@ -35,7 +35,8 @@ from sharefl.privacy.calibration import calibrate_noise
 from sharefl.privacy.errors import CalibrationError
 from sharefl.simulator.checkpoint import CHECKPOINT_FILE, LoopCheckpoint, LoopState
 from sharefl.simulator.config import RunConfig
-from sharefl.simulator.engine import Simulation
+from sharefl.simulator.federated.loop import Simulation
+from sharefl.simulator.federated.share import distributed_encoder
 from sharefl.simulator.loops import Loop, build_loop
 from sharefl.simulator.results import (
     RoundRecord,
@@ -45,7 +46,6 @@ from sharefl.simulator.results import (
     run_summary,
 )
 from sharefl.simulator.setup import PrivacyPlan
-from sharefl.simulator.share import distributed_encoder
 from sharefl.wording import counted
 
 __all__ = [

@@ -23,9 +23,9 @@ from sharefl.privacy.schedules import NoiseSchedule
 from sharefl.simulator import components
 from sharefl.simulator.config import RunConfig, SimulationConfigError, default_delta
 from sharefl.simulator.datasets import Dataset, load_dataset
+from sharefl.simulator.federated.share import distributed_encoder
 from sharefl.simulator.models import build_model
 from sharefl.simulator.partition import partition
-from sharefl.simulator.share import distributed_encoder
 from sharefl.simulator.training import FlatModel, sample_rate
 
 
@@ -120,7 +120,7 @@ def privacy_plan(run: RunConfig, smallest: int, dim: int) -> PrivacyPlan:
     fewest examples an honest client holds (example level: the worst-off client), ``dim``
     the model's size. A target ε is calibrated by the run's mechanism: the Gaussian's
     accountant, or a discrete ``privacy.distributed``'s own bound
-    (:func:`~sharefl.simulator.share.distributed_encoder`)."""
+    (:func:`~sharefl.simulator.federated.share.distributed_encoder`)."""
     p = run.privacy
     if not p.enabled:
         return PrivacyPlan(0.0, 0.0, 0.0, run.training.local_steps, None, enabled=False)
@@ -203,6 +203,18 @@ class RunSetup:
     privacy: PrivacyPlan
 
 
+def run_data(
+    run: RunConfig, device: str | None, train: Dataset | None, test: Dataset | None
+) -> tuple[torch.device, Dataset, Dataset]:
+    """The prologue of every loop: the run's device (``device``, else ``run.device``) and
+    its (train, test) sets — the given ones, or loaded on that device when either is
+    missing. Raises :class:`SimulationConfigError` for a device that is not there."""
+    where = resolve_device(device or run.device)
+    if train is None or test is None:
+        train, test = load_data(run, where)
+    return where, train, test
+
+
 def build_setup(
     run: RunConfig,
     *,
@@ -217,9 +229,7 @@ def build_setup(
         SimulationConfigError: an unknown model, partition or device, a privacy setting
             that does not fit (from :func:`privacy_plan`).
     """
-    where = resolve_device(device or run.device)
-    if train is None or test is None:
-        train, test = load_data(run, where)
+    where, train, test = run_data(run, device, train, test)
     clients = run.clients
     pool = np.arange(len(train))
     auxiliary = None
@@ -230,12 +240,11 @@ def build_setup(
         auxiliary = train.subset(aux_idx)
         pool = np.setdiff1d(pool, aux_idx)
     split_among = clients.honest if run.data.honest_only else clients.total
-    seed = run.seed if run.data.partition_seed < 0 else run.data.partition_seed
     parts = partition(
         train.targets[pool].cpu().numpy(),
         split_among,
         run.data.partition,
-        seed=seed,
+        seed=run.partition_seed,
         **run.data.partition_options,
     )
     parts = [pool[p] for p in parts]

@@ -1,28 +1,50 @@
 """:class:`SteppedLoop`: what every training loop shares (the federated
-:class:`~sharefl.simulator.engine.Simulation`, the DP-RSA
-:class:`~sharefl.simulator.rsa_loop.RSALoop`, and loops built on them).
+:class:`~sharefl.simulator.federated.loop.Simulation`, the DP-RSA
+:class:`~sharefl.simulator.dp_rsa.loop.RSALoop`, the
+:class:`~sharefl.simulator.decentralized.loop.DecentralizedLoop`).
 
 A loop has a run (``self.run``), a count of finished rounds (``self.round``) and a wall
 clock started when it was built (``self.started``); it implements :meth:`SteppedLoop.step`
 (one round, returning its :class:`~sharefl.simulator.results.RoundRecord`) and inherits
-running the remaining rounds, the clock, and the rule of which rounds are evaluated.
+the constructor's prologue (:meth:`SteppedLoop.begin`, and
+:func:`~sharefl.simulator.setup.run_data` for the device and data), running the
+remaining rounds, the clock, and the rule of which rounds are evaluated.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import ClassVar
 
-from sharefl.simulator.config import RunConfig
+from sharefl.simulator.config import RunConfig, SimulationConfigError
 from sharefl.simulator.results import RoundRecord
 
 
 class SteppedLoop:
-    """A loop run one ``step()`` (one round or iteration) at a time."""
+    """A loop run one ``step()`` (one round or iteration) at a time.
+
+    A subclass names the ``[algorithm] name`` it runs (:attr:`algorithm`), opens its
+    constructor with :meth:`begin` and closes it with :meth:`start_clock`."""
+
+    algorithm: ClassVar[str]
+    """The ``[algorithm] name`` this loop runs (a key of
+    :data:`~sharefl.simulator.loops.LOOPS`)."""
 
     run: RunConfig
     round: int
     started: float
+
+    def begin(self, run: RunConfig) -> None:
+        """Keep ``run`` (call first in ``__init__``). Raises
+        :class:`SimulationConfigError` for a run of another loop."""
+        if run.algorithm.name != self.algorithm:
+            raise SimulationConfigError(
+                f"{type(self).__name__} runs [algorithm] name = {self.algorithm!r}, not "
+                f"{run.algorithm.name!r}: sharefl.simulator.loops.build_loop builds the "
+                "loop a run names"
+            )
+        self.run = run
 
     def start_clock(self) -> None:
         """Start the wall clock and the round count (call at the end of ``__init__``)."""

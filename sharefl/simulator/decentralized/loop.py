@@ -36,7 +36,6 @@ no-attack setting).
 from __future__ import annotations
 
 import math
-import time
 from typing import Any
 
 import numpy as np
@@ -57,10 +56,12 @@ from sharefl.simulator.decentralized.attacks import NeighbourAttack, ReceiverVie
 from sharefl.simulator.decentralized.distinct import SlotLayout, aggregator
 from sharefl.simulator.decentralized.gradients import clipped_mean_gradients
 from sharefl.simulator.decentralized.graph import AgentGraph, erdos_renyi_graph, graph_from_edges
-from sharefl.simulator.engine import RoundRecord, SteppedLoop, load_data, resolve_device
 from sharefl.simulator.final_model import FinalModel
 from sharefl.simulator.models import build_model
 from sharefl.simulator.partition import partition
+from sharefl.simulator.results import RoundRecord
+from sharefl.simulator.setup import run_data
+from sharefl.simulator.stepped import SteppedLoop
 from sharefl.simulator.training import FlatModel
 from sharefl.simulator.worker_models import EpochSampler
 
@@ -114,6 +115,8 @@ class DecentralizedLoop(SteppedLoop):
             too large for a rule (trimmed mean needs |N_n| ≥ 2|B_n|).
     """
 
+    algorithm = "decentralized"
+
     plot_metrics: tuple[str, ...] = ("loss", "consensus_error")
 
     def __init__(
@@ -124,14 +127,10 @@ class DecentralizedLoop(SteppedLoop):
         train: Dataset | None = None,
         test: Dataset | None = None,
     ) -> None:
-        if run.algorithm.name != "decentralized":
-            raise SimulationConfigError('DecentralizedLoop runs [algorithm] name = "decentralized"')
-        self.run = run
+        self.begin(run)
         self.cfg = cfg = run.decentralized
-        self.device = resolve_device(device or run.device)
+        self.device, train, test = run_data(run, device, train, test)
         self.dtype = getattr(torch, cfg.dtype)
-        if train is None or test is None:
-            train, test = load_data(run, self.device)
         self.train_set, self.test_set = train, test
         self.test_inputs = test.inputs.to(self.dtype)
         # every batch is gathered from this copy in the loop's dtype (the conversion is
@@ -147,8 +146,7 @@ class DecentralizedLoop(SteppedLoop):
         self.graph = self.full_graph if attacked else self.full_graph.without_byzantine()
         self._neighbourhoods()
 
-        seed = run.seed if run.data.partition_seed < 0 else run.data.partition_seed
-        self.parts = split_examples(train.targets, len(self.honest), cfg.split, seed)
+        self.parts = split_examples(train.targets, len(self.honest), cfg.split, run.partition_seed)
         shape = tuple(train.inputs.shape[1:])
         module = build_model(
             run.model.name,
@@ -168,8 +166,7 @@ class DecentralizedLoop(SteppedLoop):
             self.mask, self.weights, self.q, self.honest_slots, self.byzantine_slots, per_receiver
         )
         self._mix = aggregator(cfg.rule, self.layout, cfg.scc_tau)
-        self.started = time.perf_counter()
-        self.round = 0
+        self.start_clock()
 
     # -- setup -------------------------------------------------------------------------
 
@@ -269,7 +266,7 @@ class DecentralizedLoop(SteppedLoop):
             sent = self.broadcast(self.x, self.step_size(self.round))
             self.x = self.mix(sent)
         self.round += 1
-        due = self.round % self.run.eval_every == 0 or self.round == self.run.rounds
+        due = self.evaluation_due()
         if not due:
             return RoundRecord(self.round, None, None, None, self.elapsed())
         return self.evaluate()

@@ -35,13 +35,15 @@ from __future__ import annotations
 import enum
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
-from sharefl.robust import rsa_sign
+from sharefl.simulator.components import construct
+from sharefl.simulator.config import SimulationConfigError
 from sharefl.simulator.errors import SimulatorError
 
 
@@ -495,18 +497,65 @@ class TimeToBeByzantine(Attack):
         return honest[picks.to(honest.device)].clone()
 
 
-def rsa_messages(x0: Tensor, models: Tensor) -> Tensor:
-    """DP-RSA's Byzantine messages ``sign(x_0 - z_j)`` for attack vectors ``z_j`` (rows of
-    ``models``) posing as worker models: Zhu and Ling's Gaussian attack draws ``z_j`` from
-    ``N(0, 10⁴²)``, their sign-flipping attack uses ``z_j = -5 x_0``."""
-    return rsa_sign(x0.unsqueeze(0) - models)
+UPDATE_ATTACKS: dict[str, Callable[..., Attack]] = {
+    "sign_flipping": SignFlipping,
+    "gaussian": GaussianAttack,
+    "fall_of_empires": FallOfEmpires,
+    "ipm": inner_product_manipulation,
+    "alie": ALittleIsEnough,
+    "olmp": OLMP,
+    "minmax": MinMax,
+    "mimic": Mimic,
+}
+"""``attack.name`` → what builds the attack on uploads from ``attack`` options."""
+
+ATTACKS = ("none", "label_flipping", *UPDATE_ATTACKS)
+"""The federated loop's ``attack.name`` values (``label_flipping`` poisons the data)."""
+
+
+@dataclass(frozen=True)
+class AttackPlan:
+    """How the Byzantine clients behave.
+
+    Attributes:
+        name: the configured attack name.
+        label_flipping: they train on flipped labels (data poisoning).
+        update_attack: otherwise, the update attack producing their uploads.
+        batch_size: examples per step of their (poisoned) training; ``None``: the honest B.
+    """
+
+    name: str
+    label_flipping: bool
+    update_attack: Attack | None
+    batch_size: int | None
+
+
+def build_attack(name: str, options: dict[str, Any], *, noise_std: float) -> AttackPlan:
+    """The attack ``name`` of :data:`ATTACKS` with ``options``; ``std = "dp"`` in a
+    Gaussian attack means the honest uploads' noise level σ / B (seed000's choice, so the
+    attack passes FirstAGG). Raises :class:`SimulationConfigError` naming the key."""
+    options = dict(options)
+    batch_size = options.pop("batch_size", None)
+    if name not in ATTACKS:
+        raise SimulationConfigError(f"attack.name must be one of {ATTACKS}, got {name!r}")
+    if name in ("none", "label_flipping"):
+        return AttackPlan(name, name == "label_flipping", None, batch_size)
+    if name == "gaussian" and options.get("std") == "dp":
+        if noise_std <= 0:
+            raise SimulationConfigError('attack std = "dp" needs a private run (privacy.enabled)')
+        options["std"] = noise_std
+    attack = construct("attack", name, UPDATE_ATTACKS[name], options)
+    return AttackPlan(name, False, attack, batch_size)
 
 
 __all__ = [
+    "ATTACKS",
     "OLMP",
+    "UPDATE_ATTACKS",
     "ALittleIsEnough",
     "Attack",
     "AttackError",
+    "AttackPlan",
     "AttackView",
     "FallOfEmpires",
     "GaussianAttack",
@@ -519,6 +568,6 @@ __all__ = [
     "SignFlipping",
     "TimeToBeByzantine",
     "alie_z_max",
+    "build_attack",
     "inner_product_manipulation",
-    "rsa_messages",
 ]

@@ -1,7 +1,7 @@
 """Byzantine workers of the DP-RSA loop (seed002 §4), on sign messages and on gradients.
 
 A Byzantine worker j of RSA sends ``sign(x_0 − z_j)`` for a vector z_j of its choosing
-(:func:`~sharefl.simulator.attacks.rsa_messages`); the gradient baselines (SGD, SignSGD,
+(:func:`rsa_messages`); the gradient baselines (SGD, SignSGD,
 SGD with GM) receive a gradient from it instead, where it sends b_j in place of its
 stochastic gradient (SignSGD's master takes sign(b_j) of it, like every row; GM takes b_j
 as a point). The configuration names (``[attack] name``) and this module's choices where
@@ -52,8 +52,16 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from sharefl.simulator.attacks import rsa_messages
+from sharefl.robust import rsa_sign
 from sharefl.simulator.config import SimulationConfigError
+
+
+def rsa_messages(x0: Tensor, models: Tensor) -> Tensor:
+    """DP-RSA's Byzantine messages ``sign(x_0 - z_j)`` for attack vectors ``z_j`` (rows of
+    ``models``) posing as worker models: Zhu and Ling's Gaussian attack draws ``z_j`` from
+    ``N(0, 10⁴²)``, their sign-flipping attack uses ``z_j = -5 x_0``."""
+    return rsa_sign(x0.unsqueeze(0) - models)
+
 
 SIGN_ATTACKS = ("none", "gaussian", "sign_flipping", "sample_duplicating")
 BASELINE_FLIPS = ("model", "gradient")

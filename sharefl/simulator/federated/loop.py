@@ -1,7 +1,7 @@
 """The federated loop of one simulated run (:class:`Simulation`), a composition of the
 simulator's parts: the run's setup (:mod:`~sharefl.simulator.setup`: data, partitions,
-model, privacy plan), the client populations (:mod:`~sharefl.simulator.populations`), the
-server (:mod:`~sharefl.simulator.server`: rule, step, evaluation, accountant) and the
+model, privacy plan), the client populations (:mod:`~sharefl.simulator.federated.populations`), the
+server (:mod:`~sharefl.simulator.federated.server`: rule, step, evaluation, accountant) and the
 round loop (:class:`~sharefl.simulator.stepped.SteppedLoop`); records are
 :class:`~sharefl.simulator.results.RoundRecord`.
 
@@ -11,7 +11,7 @@ Each round:
 2. the honest participants train together (:class:`~sharefl.simulator.training.
    VectorizedClients`): plain SGD, DP-SGD or seed000's normalised DP-SGD with momentum;
 3. the Byzantine participants upload what their attack produces: poisoned training
-   (label flipping) or an update attack from :mod:`sharefl.simulator.attacks` given the
+   (label flipping) or an update attack from :mod:`sharefl.simulator.federated.attacks` given the
    honest uploads (omniscient attacker); before ``attack.start_fraction`` of the rounds
    they copy random honest uploads (seed000's "time to be Byzantine");
 4. aggregation: with secure aggregation (``cluster_size >= 2``) every upload is encoded
@@ -52,31 +52,14 @@ import torch
 from torch import Tensor
 
 from sharefl.privacy.distributed import DistributedEncoder
-from sharefl.simulator.config import RunConfig, SimulationConfigError
+from sharefl.simulator.config import RunConfig
 from sharefl.simulator.datasets import Dataset
+from sharefl.simulator.federated.populations import ByzantineClients, HonestClients
+from sharefl.simulator.federated.server import Ledger, Server
 from sharefl.simulator.final_model import FinalModel
-from sharefl.simulator.populations import ByzantineClients, HonestClients
 from sharefl.simulator.results import RoundRecord
-from sharefl.simulator.server import Ledger, Server
-from sharefl.simulator.setup import (
-    PrivacyPlan,
-    RunSetup,
-    build_setup,
-    describe_privacy,
-    load_data,
-    resolve_device,
-)
+from sharefl.simulator.setup import PrivacyPlan, RunSetup, build_setup
 from sharefl.simulator.stepped import SteppedLoop
-
-__all__ = [
-    "PrivacyPlan",
-    "RoundRecord",
-    "Simulation",
-    "SteppedLoop",
-    "describe_privacy",
-    "load_data",
-    "resolve_device",
-]
 
 
 class Simulation(SteppedLoop):
@@ -98,6 +81,8 @@ class Simulation(SteppedLoop):
             clusters, a schedule without privacy).
     """
 
+    algorithm = "federated"
+
     def __init__(
         self,
         run: RunConfig,
@@ -106,12 +91,7 @@ class Simulation(SteppedLoop):
         train: Dataset | None = None,
         test: Dataset | None = None,
     ) -> None:
-        if run.algorithm.name != "federated":
-            raise SimulationConfigError(
-                f"Simulation runs the federated loop; [algorithm] name = "
-                f"{run.algorithm.name!r} is built by sharefl.simulator.loops.build_loop"
-            )
-        self.run = run
+        self.begin(run)
         self.setup: RunSetup = build_setup(run, device=device, train=train, test=test)
         self.generator = torch.Generator(device=self.device).manual_seed(run.seed)
         self.rng = np.random.default_rng(run.seed)
@@ -208,7 +188,7 @@ class Simulation(SteppedLoop):
 
     def privatize_uploads(self, uploads: Tensor) -> Tensor:
         """Fed-SDP at the clients, in place, at this round's σ
-        (:meth:`~sharefl.simulator.populations.HonestClients.privatize`)."""
+        (:meth:`~sharefl.simulator.federated.populations.HonestClients.privatize`)."""
         return self.honest_clients.privatize(uploads, self.round, self.generator)
 
     def accountant_step(self) -> None:
@@ -290,7 +270,7 @@ class Simulation(SteppedLoop):
         )
 
     @property
-    def share(self):  # SHARE's aggregation (simulator/share.py) or None
+    def share(self):  # SHARE's aggregation (simulator/federated/share.py) or None
         return self.server.share
 
     def extra_summary(self) -> dict[str, Any]:

@@ -14,10 +14,11 @@ from torch import Tensor
 from sharefl.privacy.client_level import ClientDPConfig, privatize_update_
 from sharefl.privacy.cluster_noise import ClusterNoiseSplit
 from sharefl.simulator import components
-from sharefl.simulator.attacks import AttackView, LabelFlipping
 from sharefl.simulator.config import SimulationConfigError
+from sharefl.simulator.federated import attacks
+from sharefl.simulator.federated.attacks import AttackView, LabelFlipping
+from sharefl.simulator.federated.share import cluster_noise_split
 from sharefl.simulator.setup import RunSetup, upload_noise_std
-from sharefl.simulator.share import cluster_noise_split
 from sharefl.simulator.training import LocalTraining, VectorizedClients
 
 
@@ -92,7 +93,7 @@ class HonestClients:
         that every cluster sum the protocol can release carries the whole noise
         (:mod:`sharefl.privacy.cluster_noise`). With a discrete ``privacy.distributed``
         the uploads are returned as they are: the clip, the rounding and the noise happen
-        in the ring, where :class:`~sharefl.simulator.share.ShareAggregation` encodes them
+        in the ring, where :class:`~sharefl.simulator.federated.share.ShareAggregation` encodes them
         (:class:`~sharefl.privacy.distributed.DistributedEncoder`)."""
         if self.setup.run.privacy.distributed != "gaussian":
             return uploads  # clipped and noised in the ring (ShareAggregation's encoder)
@@ -124,7 +125,7 @@ class ByzantineClients:
         self.setup = setup
         self.plan = setup.privacy
         self.first_id = run.clients.honest
-        self.attack = components.build_attack(
+        self.attack = attacks.build_attack(
             run.attack.name, run.attack.options, noise_std=upload_noise_std(run, setup.privacy)
         )
         self.clients: VectorizedClients | None = None

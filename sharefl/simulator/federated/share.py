@@ -12,9 +12,9 @@ DP whose noise is split over each cluster.
    (:func:`~sharefl.protocol.secure_sum` with the run's settings as parsed: the real
    protocol, or the identical ring sums in the clear with ``secure_aggregation.enabled =
    false``), with the clusterings of
-   :class:`~sharefl.simulator.clustering_schedule.ClusterSchedule` (fixed or per round,
+   :class:`~sharefl.simulator.federated.clustering_schedule.ClusterSchedule` (fixed or per round,
    safe or random planner), and records the protocol's audit of the plan;
-3. aggregates: Zeno++ sums the accepted clusters (:mod:`~sharefl.simulator.cluster_zeno`);
+3. aggregates: Zeno++ sums the accepted clusters (:mod:`~sharefl.simulator.federated.cluster_zeno`);
    the other rules run over cluster means (:class:`~sharefl.robust.HierarchicalAggregator`
    with ``ClusterScale.MEAN``), and the R reclusterings are averaged;
 4. with ``privacy.noise_split = "cluster"``, accounts every honest client's ε from the sums
@@ -51,9 +51,9 @@ from sharefl.protocol.client import min_released_members
 from sharefl.protocol.driver import secure_sum
 from sharefl.protocol.settings import DEFAULTS
 from sharefl.robust import HierarchicalAggregator
-from sharefl.simulator.cluster_zeno import ClusterZeno
-from sharefl.simulator.clustering_schedule import AuditLog, ClusterSchedule
 from sharefl.simulator.config import RunConfig, SimulationConfigError
+from sharefl.simulator.federated.cluster_zeno import ClusterZeno
+from sharefl.simulator.federated.clustering_schedule import AuditLog, ClusterSchedule
 
 
 def delta_weights(sizes: Sequence[int]) -> Tensor:

@@ -11,7 +11,7 @@ State: the master model ``x_0`` ``[d]`` and the r regular workers' models ``x_k`
     x_k ← x_k − α (g_k − λ s_k)                       eq. 5 with the *sent* sign
     x_0 ← x_0 − α (∇f_0(x_0) + λ (Σ_k s_k + Σ_j b_j)),  f_0 = 0.002‖x‖²   eq. 11
 
-with b_j the Byzantine messages (:mod:`sharefl.simulator.rsa_attacks`); the steps are
+with b_j the Byzantine messages (:mod:`sharefl.simulator.dp_rsa.attacks`); the steps are
 :func:`~sharefl.robust.rsa.rsa_worker_step` and :class:`~sharefl.robust.rsa.RSAMaster`.
 ``sign`` is the paper's (sign(0) = +1, :func:`~sharefl.robust.rsa.rsa_sign`). With
 ``secure_aggregation.cluster_size >= 2`` the master receives Σ s + Σ b only, from
@@ -39,7 +39,7 @@ The choices of the note's §6, as this loop makes them (``[algorithm]`` keys in 
    (:mod:`sharefl.privacy.sign_accounting`) is per coordinate too, at ``algorithm.delta``;
 6. K includes the Byzantine workers; the data are split over all K and the regular
    workers use shards 0 … r − 1 (the code; the last b shards go unused);
-7. the attacks as the table of :mod:`sharefl.simulator.rsa_attacks` (Gaussian vector shared
+7. the attacks as the table of :mod:`sharefl.simulator.dp_rsa.attacks` (Gaussian vector shared
    by the Byzantine workers; sign-flipping's "true model" = x_0; sample-duplicating copies
    regular worker 0's raw sign);
 8. baselines on one shared model x, all workers' gradients at x: ``sgd`` steps with the
@@ -70,12 +70,12 @@ from sharefl.protocol.driver import secure_sum
 from sharefl.robust import GeometricMedian, RSAMaster, rsa_sign, rsa_worker_step
 from sharefl.simulator.config import RunConfig, SecureAggregationConfig, SimulationConfigError
 from sharefl.simulator.datasets import Dataset
+from sharefl.simulator.dp_rsa.attacks import SignAttack
 from sharefl.simulator.final_model import FinalModel
 from sharefl.simulator.models import build_model
 from sharefl.simulator.partition import partition
 from sharefl.simulator.results import RoundRecord
-from sharefl.simulator.rsa_attacks import SignAttack
-from sharefl.simulator.setup import load_data, resolve_device
+from sharefl.simulator.setup import run_data
 from sharefl.simulator.stepped import SteppedLoop
 from sharefl.simulator.training import FlatModel
 from sharefl.simulator.worker_models import EpochSampler, WorkerGradients
@@ -147,6 +147,8 @@ class RSALoop(SteppedLoop):
             is on the sign messages), secure aggregation for a gradient baseline.
     """
 
+    algorithm = "dp_rsa"
+
     def __init__(
         self,
         run: RunConfig,
@@ -155,13 +157,9 @@ class RSALoop(SteppedLoop):
         train: Dataset | None = None,
         test: Dataset | None = None,
     ) -> None:
-        if run.algorithm.name != "dp_rsa":
-            raise SimulationConfigError('RSALoop runs [algorithm] name = "dp_rsa"')
-        self.run = run
+        self.begin(run)
         self.algo = algo = run.algorithm
-        self.device = resolve_device(device or run.device)
-        if train is None or test is None:
-            train, test = load_data(run, self.device)
+        self.device, train, test = run_data(run, device, train, test)
         self.train_set, self.test_set = train, test
         self.generator = torch.Generator(device=self.device).manual_seed(run.seed)
         self.rng = np.random.default_rng([run.seed, 2])  # secure_sum's plans only
@@ -176,12 +174,11 @@ class RSALoop(SteppedLoop):
                 "sign sums is for the RSA family; set secure_aggregation.cluster_size = 1"
             )
 
-        seed = run.seed if run.data.partition_seed < 0 else run.data.partition_seed
         parts = partition(
             train.targets.cpu().numpy(),
             run.clients.total,
             run.data.partition,
-            seed=seed,
+            seed=run.partition_seed,
             **run.data.partition_options,
         )
         shape = tuple(train.inputs.shape[1:])

@@ -20,9 +20,10 @@ from torch import Tensor, nn
 from sharefl.privacy.accountant import PrivacyAccountant
 from sharefl.protocol.model_step import server_step
 from sharefl.robust import ClusterScale, HierarchicalAggregator, NoiseAwareFilter
-from sharefl.simulator import components, share
-from sharefl.simulator.cluster_zeno import ClusterZeno, ValidationGradient
+from sharefl.simulator import components
 from sharefl.simulator.config import SimulationConfigError
+from sharefl.simulator.federated import share
+from sharefl.simulator.federated.cluster_zeno import ClusterZeno, ValidationGradient
 from sharefl.simulator.setup import RunSetup, describe_privacy, server_learning_rate
 
 
@@ -81,7 +82,9 @@ class Server:
         self.clustered = run.secure_aggregation.cluster_size >= 2
         self.noise_filter: NoiseAwareFilter | None = None
         self.rule: Any = None
-        self.share: share.ShareAggregation | None = None  # SHARE hook (simulator/share.py)
+        self.share: share.ShareAggregation | None = (
+            None  # SHARE hook (simulator/federated/share.py)
+        )
         self.build_aggregation(generator)
 
     def build_aggregation(self, generator: torch.Generator) -> None:
@@ -109,7 +112,7 @@ class Server:
                 total=run.clients.total,
             )
             return
-        # -- SHARE (seed001) hook: Zeno++, clusterings, audit, cluster DP (simulator/share.py)
+        # -- SHARE (seed001) hook: Zeno++, clusterings, audit, cluster DP (federated/share.py)
         zeno = self._build_zeno(generator) if agg.name == "zeno" else None
         if zeno is None:
             rule = components.build_rule(agg.name, agg.options, agg.pre, generator)
@@ -153,7 +156,7 @@ class Server:
     ) -> Tensor:
         """The aggregate of this round's ``uploads`` (rows in the order of client ``ids``).
 
-        With clusters, always SHARE's aggregation (:meth:`~sharefl.simulator.share.
+        With clusters, always SHARE's aggregation (:meth:`~sharefl.simulator.federated.share.
         ShareAggregation.aggregate`: the run's settings, the clusterings planned from
         ``rng``, zero when every cluster failed): :meth:`build_aggregation` builds it for
         every clustered run (or refuses the noise filter) and nothing replaces it. Without
@@ -162,7 +165,7 @@ class Server:
         if self.noise_filter is not None:
             return self.noise_filter(uploads, self.auxiliary_gradient)
         if self.share is not None and (self.clustered or self.share.zeno is not None):
-            return self.share.aggregate(  # SHARE hook (simulator/share.py)
+            return self.share.aggregate(  # SHARE hook (simulator/federated/share.py)
                 uploads,
                 ids,
                 byzantine=set(range(self.setup.run.clients.honest, self.setup.run.clients.total)),
