@@ -39,7 +39,7 @@ from sharefl.machine import keep_freed_memory, torch_threads
 from sharefl.privacy import DPSGD, DPSGDConfig, Normalization
 from sharefl.simulator.config import load_runs
 from sharefl.simulator.datasets import synthetic_dataset
-from sharefl.simulator.engine import Simulation
+from sharefl.simulator.federated.loop import Simulation
 
 HONEST, BYZANTINE, BATCH, SIGMA, BETA = 20, 30, 16, 0.79, 0.1
 
