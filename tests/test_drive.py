@@ -5,6 +5,7 @@ transport delivers partly."""
 from __future__ import annotations
 
 import numpy as np
+from conftest import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -106,7 +107,7 @@ def test_a_transport_that_delivers_nothing_still_ends_with_every_cluster_failed(
     assert all(not r.clusters and len(r.failed) == 2 for r in result.reclusterings)
 
 
-@settings(max_examples=60)
+@settings(max_examples=examples(60))
 @given(silent=st.sets(st.tuples(st.integers(0, 9), st.integers(0, 5)), max_size=12))
 def test_any_pattern_of_missing_replies_ends_and_releases_only_complete_clusters(silent):
     """Whatever replies a transport fails to deliver, the loop ends; a released sum is

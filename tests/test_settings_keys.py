@@ -348,7 +348,7 @@ def _flower_round(workflow) -> None:
 @pytest.mark.parametrize("key", KEYS)
 def test_flower_workflow(key, monkeypatch):
     pytest.importorskip("flwr")
-    import sharefl.integrations.flower as flower
+    import sharefl.integrations.flower.workflow as flower
 
     seen: list[SecureAggregationSettings] = []
 

@@ -26,119 +26,171 @@ shares from an AES-CTR :class:`SecureRandom`, mod 2^b; the server's decode),
 Accounting (``dp-accounting``): :class:`PrivacyAccountant` (RDP or PLD; improved or classic
 RDP conversion), :func:`compute_epsilon`, :func:`calibrate_noise`.
 
-This package depends on neither :mod:`sharefl.protocol` nor :mod:`sharefl.simulator`.
+This package depends on neither :mod:`sharefl.protocol` nor :mod:`sharefl.simulator`. Its
+names are imported from their modules on first use: a module that needs no torch
+(:mod:`.distributed`, :mod:`.secure_random`, :mod:`.discrete_samplers`, the accounting)
+imports without it, e.g. in a Flower ClientApp process.
 """
 
-from .accountant import AccountantStep, PrivacyAccountant, classic_rdp_epsilon
-from .calibration import calibrate_noise, compute_epsilon
-from .client_level import ClientDPConfig, clip_update_, privatize_update_
-from .clipping import (
-    ClippingMode,
-    FlatClipping,
-    L2MaxClipping,
-    Normalization,
-    PerLayerClipping,
-)
-from .discrete_samplers import DiscreteGaussian, Skellam, discrete_gaussian, skellam
-from .distributed import (
-    DistributedDPConfig,
-    DistributedEncoder,
-    DistributedMechanism,
-    Rotation,
-    calibrate_distributed,
-)
-from .distributed_accounting import DiscreteGaussianSum, DistributedDPLedger, SkellamSum
-from .dpsgd import DPSGD, DPSGDConfig, PrivateGradient
-from .errors import (
-    AccountantStateError,
-    CalibrationError,
-    PrivacyConfigError,
-    PrivacyError,
-    ScheduleError,
-    UnsupportedModuleError,
-)
-from .model_noise import ModelNoiseConfig, NoisyModelTransmitter, theorem3_epsilon
-from .noise import add_gaussian_noise_, gaussian_
-from .per_example import (
-    PerExampleGradients,
-    check_per_example_compatible,
-    per_example_gradients,
-)
-from .sampling import PoissonSampler, poisson_sample
-from .schedules import (
-    ConstantSchedule,
-    CyclicSchedule,
-    ExponentialSchedule,
-    LinearSchedule,
-    NoiseSchedule,
-    StaircaseSchedule,
-)
-from .secure_random import SecureRandom
-from .sign import (
-    SignFlip,
-    SignGaussian,
-    rsa_sensitivity,
-    rsa_sign,
-    sign_flip_epsilon,
-    sign_flip_gamma,
-)
+from __future__ import annotations
 
-__all__ = [
-    "DPSGD",
-    "AccountantStateError",
-    "AccountantStep",
-    "CalibrationError",
-    "ClientDPConfig",
-    "ClippingMode",
-    "ConstantSchedule",
-    "CyclicSchedule",
-    "DPSGDConfig",
-    "DiscreteGaussian",
-    "DiscreteGaussianSum",
-    "DistributedDPConfig",
-    "DistributedDPLedger",
-    "DistributedEncoder",
-    "DistributedMechanism",
-    "ExponentialSchedule",
-    "FlatClipping",
-    "L2MaxClipping",
-    "LinearSchedule",
-    "ModelNoiseConfig",
-    "NoiseSchedule",
-    "NoisyModelTransmitter",
-    "Normalization",
-    "PerExampleGradients",
-    "PerLayerClipping",
-    "PoissonSampler",
-    "PrivacyAccountant",
-    "PrivacyConfigError",
-    "PrivacyError",
-    "PrivateGradient",
-    "Rotation",
-    "ScheduleError",
-    "SecureRandom",
-    "SignFlip",
-    "SignGaussian",
-    "Skellam",
-    "SkellamSum",
-    "StaircaseSchedule",
-    "UnsupportedModuleError",
-    "add_gaussian_noise_",
-    "calibrate_distributed",
-    "calibrate_noise",
-    "check_per_example_compatible",
-    "classic_rdp_epsilon",
-    "clip_update_",
-    "compute_epsilon",
-    "discrete_gaussian",
-    "gaussian_",
-    "per_example_gradients",
-    "poisson_sample",
-    "privatize_update_",
-    "rsa_sensitivity",
-    "rsa_sign",
-    "sign_flip_epsilon",
-    "sign_flip_gamma",
-    "skellam",
-    "theorem3_epsilon",
-]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .accountant import AccountantStep, PrivacyAccountant, classic_rdp_epsilon
+    from .calibration import calibrate_noise, compute_epsilon
+    from .client_level import ClientDPConfig, clip_update_, privatize_update_
+    from .clipping import ClippingMode, FlatClipping, L2MaxClipping, Normalization, PerLayerClipping
+    from .discrete_samplers import DiscreteGaussian, Skellam, discrete_gaussian, skellam
+    from .distributed import (
+        DistributedDPConfig,
+        DistributedEncoder,
+        DistributedMechanism,
+        Rotation,
+        calibrate_distributed,
+    )
+    from .distributed_accounting import DiscreteGaussianSum, DistributedDPLedger, SkellamSum
+    from .dpsgd import DPSGD, DPSGDConfig, PrivateGradient
+    from .errors import (
+        AccountantStateError,
+        CalibrationError,
+        PrivacyConfigError,
+        PrivacyError,
+        ScheduleError,
+        UnsupportedModuleError,
+    )
+    from .model_noise import ModelNoiseConfig, NoisyModelTransmitter, theorem3_epsilon
+    from .noise import add_gaussian_noise_, gaussian_
+    from .per_example import (
+        PerExampleGradients,
+        check_per_example_compatible,
+        per_example_gradients,
+    )
+    from .sampling import PoissonSampler, poisson_sample
+    from .schedules import (
+        ConstantSchedule,
+        CyclicSchedule,
+        ExponentialSchedule,
+        LinearSchedule,
+        NoiseSchedule,
+        StaircaseSchedule,
+    )
+    from .secure_random import SecureRandom
+    from .sign import (
+        SignFlip,
+        SignGaussian,
+        rsa_sensitivity,
+        rsa_sign,
+        sign_flip_epsilon,
+        sign_flip_gamma,
+    )
+
+EXPORTS: dict[str, tuple[str, ...]] = {
+    "accountant": (
+        "AccountantStep",
+        "PrivacyAccountant",
+        "classic_rdp_epsilon",
+    ),
+    "calibration": (
+        "calibrate_noise",
+        "compute_epsilon",
+    ),
+    "client_level": (
+        "ClientDPConfig",
+        "clip_update_",
+        "privatize_update_",
+    ),
+    "clipping": (
+        "ClippingMode",
+        "FlatClipping",
+        "L2MaxClipping",
+        "Normalization",
+        "PerLayerClipping",
+    ),
+    "discrete_samplers": (
+        "DiscreteGaussian",
+        "Skellam",
+        "discrete_gaussian",
+        "skellam",
+    ),
+    "distributed": (
+        "DistributedDPConfig",
+        "DistributedEncoder",
+        "DistributedMechanism",
+        "Rotation",
+        "calibrate_distributed",
+    ),
+    "distributed_accounting": (
+        "DiscreteGaussianSum",
+        "DistributedDPLedger",
+        "SkellamSum",
+    ),
+    "dpsgd": (
+        "DPSGD",
+        "DPSGDConfig",
+        "PrivateGradient",
+    ),
+    "errors": (
+        "AccountantStateError",
+        "CalibrationError",
+        "PrivacyConfigError",
+        "PrivacyError",
+        "ScheduleError",
+        "UnsupportedModuleError",
+    ),
+    "model_noise": (
+        "ModelNoiseConfig",
+        "NoisyModelTransmitter",
+        "theorem3_epsilon",
+    ),
+    "noise": (
+        "add_gaussian_noise_",
+        "gaussian_",
+    ),
+    "per_example": (
+        "PerExampleGradients",
+        "check_per_example_compatible",
+        "per_example_gradients",
+    ),
+    "sampling": (
+        "PoissonSampler",
+        "poisson_sample",
+    ),
+    "schedules": (
+        "ConstantSchedule",
+        "CyclicSchedule",
+        "ExponentialSchedule",
+        "LinearSchedule",
+        "NoiseSchedule",
+        "StaircaseSchedule",
+    ),
+    "secure_random": ("SecureRandom",),
+    "sign": (
+        "SignFlip",
+        "SignGaussian",
+        "rsa_sensitivity",
+        "rsa_sign",
+        "sign_flip_epsilon",
+        "sign_flip_gamma",
+    ),
+}
+"""Submodule → the names this package exports from it (imported on first use)."""
+
+_MODULE_OF = {name: module for module, names in EXPORTS.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_MODULE_OF))
+
+
+__all__ = sorted(_MODULE_OF)

@@ -1,94 +1,35 @@
-"""sharefl's cluster secure aggregation inside Flower (flwr 1.42, Message API).
-
-One line on each side, as with Flower's own ``secaggplus_mod`` / ``SecAggPlusWorkflow``::
-
-    # client (Message API: @app.train() functions; or ClientApp(client_fn=..., mods=[...]))
-    app = ClientApp(mods=[sharefl_mod])
-    # server, Message API: any strategy, wrapped
-    strategy = ShareflStrategy(FedAvg(fraction_train=1.0), cluster_size=5, clip=1.0)
-    # server, legacy API
-    workflow = DefaultWorkflow(fit_workflow=ShareflWorkflow(cluster_size=5, clip=1.0))
-
-Both server forms run the same round (:meth:`ShareflWorkflow.secure_round`);
-:class:`ShareflStrategy` runs it in ``configure_train`` and hands the inner strategy the
-result as its clients' replies.
-
-:class:`ShareflWorkflow` drives one :class:`~sharefl.protocol.coordinator.RoundCoordinator`
-per Flower round (planning, audit, encoding, routing by the sender Flower authenticated,
-release checks, decoding); it only moves the coordinator's messages through
-``Grid.send_and_receive`` as records (:mod:`sharefl.protocol.records`). Per reclustering:
-``assign`` (plan, assignment, encoding) → ``keys`` → ``masking`` (the first reclustering
-carries the strategy's fit instructions: clients train after key setup) → [``consistency``]
-→ ``unmask``. A client that does not answer within ``timeout`` or answers with an error is
-a drop-out, handled by the protocol at every stage.
-
-Signed mode (an untrusted server, ``ShareflWorkflow(signed=True, directory=...)``): every
-client holds a long-term Ed25519 identity, and both sides hold the same directory
-{client id → public key} (e.g. ``sharefl keygen``'s ``directory.json``), from a source the
-server does not control. Flower's node ids are random, so the protocol's client ids are the
-directory's ids, not node ids: each round starts with a ``hello`` stage in which a node
-signs (its node id, its client id, the server's fresh nonce) with its identity; the
-workflow checks the signature against the directory and routes that client id to that node
-for the round. A node whose hello does not verify (an id it cannot prove, an id another
-node proved first) takes no part in the round and is named in ``last_node_culprits``. The
-clients' adverts and consistency signatures are then checked by both sides against their
-own directory, so the binding the server chose cannot let it substitute keys.
-
-What is aggregated: each client's *update* (its trained arrays minus the arrays it
-received), clipped per coordinate to ``clip`` and weighted by its number of examples
-(:class:`~sharefl.protocol.updates.WeightedUpdateCodec`). The server learns only cluster
-sums; a robust ``rule`` (any :mod:`sharefl.robust` aggregator, through
-:class:`~sharefl.robust.hierarchical.HierarchicalAggregator`) combines them, averaged over
-the reclusterings; the default, :class:`~sharefl.robust.coordinate.Mean`, is exactly
-FedAvg over the clients whose inputs were summed. The new parameters are handed to the
-strategy's ``aggregate_fit`` as every client's result (as ``SecAggPlusWorkflow`` does), so
-its metrics aggregation and bookkeeping run unchanged.
-
-:func:`sharefl_mod` keeps the client's protocol state in Flower's ``Context`` as plain
-records (:meth:`ClientSession.export_state`), never pickled.
-"""
+"""The server side of the Flower integration: :class:`ShareflWorkflow` (legacy API) and
+:class:`ShareflStrategy` (Message API), one secure round per Flower round."""
 
 from __future__ import annotations
 
-import functools
-import hashlib
-import json
 import logging
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from sharefl.crypto.encoding import RingEncoding, encode
-from sharefl.crypto.errors import CryptoError, SignatureError
-from sharefl.crypto.kdf import KEY_BYTES
+from sharefl.crypto.errors import SignatureError
 from sharefl.crypto.signatures import (
     HELLO_NONCE_BYTES,
     SIGNATURE_BYTES,
-    IdentityKey,
     node_hello_message,
     verify,
 )
 from sharefl.privacy.distributed import DistributedDPConfig, DistributedEncoder, ReleaseLedger
-from sharefl.privacy.secure_random import SecureRandom
 from sharefl.protocol import records
-from sharefl.protocol.client import ClientPolicy, ClientSession
-from sharefl.protocol.client_round import ClientRound
 from sharefl.protocol.clustering import tolerance_warning
 from sharefl.protocol.coordinator import RoundCoordinator, RoundResult
 from sharefl.protocol.drive import Outgoing, server_exchanges
 from sharefl.protocol.errors import (
     ConfigurationError,
-    InconsistentRequest,
     LeakageError,
-    ProtocolError,
     RejectedMessage,
 )
 from sharefl.protocol.messages import ClusterAssignment, MaskingRequest, ServerMessage
-from sharefl.protocol.plan import RoundPlan
 from sharefl.protocol.settings import (
     Planner,
     SecureAggregationSettings,
@@ -101,7 +42,18 @@ from sharefl.robust.coordinate import Mean
 from sharefl.robust.hierarchical import ClusterScale, HierarchicalAggregator
 from sharefl.wording import counted
 
-from .collect import ReplyDeadlines, send_and_collect
+from ..collect import ReplyDeadlines, send_and_collect
+from .common import (
+    PREFIX,
+    STAGE_RECORD,
+    FlowerIntegrationError,
+    NothingReleased,
+    checked_directory,
+    get_record,
+    put_record,
+    read_directory,
+    round_seed,
+)
 
 if TYPE_CHECKING:
     from flwr.common import FitRes
@@ -131,13 +83,6 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 log = logging.getLogger(__name__)
 
-PREFIX = "sharefl"
-STAGE_RECORD = f"{PREFIX}.stage"
-"""The ConfigRecord naming the stage (``stage``) and its parameters, in every message."""
-_FITINS_PARAMS = "fitins.parameters"
-_STATE = f"{PREFIX}.state"
-_ARRAYS = ".arrays"
-
 
 DEFAULT_IDLE_TIMEOUT = 120.0
 """Seconds a stage waits for the next reply (:class:`ShareflWorkflow`'s ``timeout``)."""
@@ -146,125 +91,6 @@ DEFAULT_FIRST_REPLY_TIMEOUT = 600.0
 
 Failures = list["tuple[ClientProxy, FitRes] | BaseException"]
 """What Flower's ``Strategy.aggregate_fit`` takes as ``failures``."""
-
-
-class FlowerIntegrationError(ProtocolError, ValueError):
-    """A Flower message or context lacks what the sharefl protocol needs (e.g. a stage
-    message without the sharefl mod, or fit instructions without parameters), or got
-    bad arguments (ids out of range, two clients routed to one node)."""
-
-
-class NothingReleased(ProtocolError):
-    """``max_empty_rounds`` rounds in a row released no cluster sum: the run stops (a run
-    that goes on would only look finished, untrained). The message names the last round's
-    reasons (the clients' refusals and errors, the clusters' failures)."""
-
-
-# ---- records <-> Flower records -----------------------------------------------------------
-
-
-def put_record(content: RecordDict, name: str, record: Mapping[str, Any]) -> None:
-    """Store one sharefl record in ``content``: its arrays in the ArrayRecord
-    ``name + ".arrays"``, the rest in the ConfigRecord ``name``."""
-    arrays = {k: v for k, v in record.items() if isinstance(v, np.ndarray)}
-    config = {k: v for k, v in record.items() if not isinstance(v, np.ndarray)}
-    content[name] = ConfigRecord(config)
-    if arrays:
-        content[name + _ARRAYS] = ArrayRecord({k: Array(v) for k, v in arrays.items()})
-
-
-def get_record(content: RecordDict, name: str) -> dict[str, Any]:
-    """The sharefl record :func:`put_record` stored under ``name``; raises
-    :class:`~sharefl.protocol.records.RecordError` when there is none."""
-    if name not in content.config_records:
-        raise records.RecordError(f"the message has no {name!r} record")
-    record: dict[str, Any] = dict(content.config_records[name])
-    if name + _ARRAYS in content.array_records:
-        record.update({k: a.numpy() for k, a in content.array_records[name + _ARRAYS].items()})
-    return record
-
-
-def _drop_record(content: RecordDict, name: str) -> None:
-    content.pop(name, None)
-    content.pop(name + _ARRAYS, None)
-
-
-# ---- identities ---------------------------------------------------------------------------
-
-IDENTITY_CONFIG = "sharefl-identity"
-"""The node-config key naming a client's identity file (:func:`policy_from_node_config`)."""
-DIRECTORY_CONFIG = "sharefl-directory"
-"""The node-config key naming the directory file (:func:`policy_from_node_config`)."""
-
-
-def checked_directory(directory: Mapping[int, bytes]) -> dict[int, bytes]:
-    """``directory`` as a ``{client id: 32-byte Ed25519 public key}`` dict, checked: ids in
-    [0, 2^64), keys of 32 bytes, no key listed twice (a client's id is the entry of its
-    key). Raises :class:`ConfigurationError`."""
-    result: dict[int, bytes] = {}
-    for cid, key in directory.items():
-        if isinstance(cid, bool) or not isinstance(cid, int) or not 0 <= cid < 2**64:
-            raise ConfigurationError(f"directory ids are ints in [0, 2^64), got {cid!r}")
-        if not isinstance(key, bytes | bytearray) or len(key) != KEY_BYTES:
-            raise ConfigurationError(f"the directory key of client {cid} is not {KEY_BYTES} bytes")
-        result[cid] = bytes(key)
-    if len(set(result.values())) != len(result):
-        raise ConfigurationError("the directory lists one public key for two clients")
-    return result
-
-
-def read_directory(path: str | Path) -> dict[int, bytes]:
-    """The directory in a ``sharefl keygen`` ``directory.json`` (``{"identities": {id:
-    public key hex}}``), checked by :func:`checked_directory`. Raises ``OSError`` and
-    :class:`ConfigurationError` (not JSON, not that shape, bad ids or keys)."""
-    try:
-        entries = json.loads(Path(path).read_text())["identities"]
-        directory = {int(cid): bytes.fromhex(key) for cid, key in entries.items()}
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise ConfigurationError(f"{path}: not a directory.json ({exc})") from exc
-    return checked_directory(directory)
-
-
-def read_identity(path: str | Path) -> IdentityKey:
-    """The identity in a ``sharefl keygen`` ``client-<id>.identity`` file (hex of the raw
-    32-byte Ed25519 private key). Raises ``OSError`` and :class:`ConfigurationError`."""
-    try:
-        return IdentityKey.from_private(bytes.fromhex(Path(path).read_text().strip()))
-    except (ValueError, CryptoError) as exc:
-        raise ConfigurationError(f"{path}: not an identity file ({exc})") from exc
-
-
-def policy_from_node_config(context: Context) -> ClientPolicy:
-    """A signed-mode :class:`ClientPolicy` from the SuperNode's node config: the identity
-    file under ``sharefl-identity`` and the directory under ``sharefl-directory``, e.g.
-    ``flower-supernode --node-config "sharefl-identity='keys/client-3.identity'
-    sharefl-directory='keys/directory.json'"``; use it as
-    ``make_sharefl_mod(policy_from_node_config)``. The client requires signed mode (no
-    downgrade). Raises :class:`FlowerIntegrationError` when a key is missing, and what
-    :func:`read_identity` / :func:`read_directory` raise."""
-    missing = [k for k in (IDENTITY_CONFIG, DIRECTORY_CONFIG) if k not in context.node_config]
-    if missing:
-        raise FlowerIntegrationError(f"the node config lacks {missing} (signed mode)")
-    return ClientPolicy(
-        identity=read_identity(str(context.node_config[IDENTITY_CONFIG])),
-        directory=read_directory(str(context.node_config[DIRECTORY_CONFIG])),
-        require_signed=True,
-    )
-
-
-def directory_id(policy: ClientPolicy) -> int:
-    """The client id the policy's directory lists for the policy's identity. Raises
-    :class:`ConfigurationError` when the policy has no identity or directory, or the
-    directory does not list the identity's public key exactly once."""
-    if policy.identity is None or policy.directory is None:
-        raise ConfigurationError("signed mode needs policy.identity and policy.directory")
-    ids = [cid for cid, key in policy.directory.items() if key == policy.identity.public]
-    if len(ids) != 1:
-        raise ConfigurationError(
-            f"the directory lists this client's identity {len(ids)} times; it must list it "
-            "once (or pass client_id to make_sharefl_mod)"
-        )
-    return int(ids[0])
 
 
 @dataclass(frozen=True)
@@ -905,267 +731,3 @@ def failure_reasons(result: RoundResult, failures: Failures, most: int = 3) -> s
     if clusters:
         parts.append(f"{counted(len(clusters), 'cluster')} failed: {top(clusters)}")
     return (" — " + " | ".join(parts)) if parts else ""
-
-
-ROUND_SEED_TAG = b"sharefl/flower-round-seed/v1"
-
-
-def round_seed(plan: RoundPlan, arrays: Sequence[np.ndarray]) -> bytes:
-    """The round's public seed (48 bytes) of the ring inputs' rotation: the plan's digest
-    and the global arrays the clients received, which both sides hold. Public; a server
-    that grinds it changes no client's privacy (the rotation is orthogonal and the clip
-    and rounding bound are checked after it)."""
-    h = hashlib.sha512(ROUND_SEED_TAG + plan.digest())
-    for a in arrays:
-        flat = np.ascontiguousarray(np.asarray(a).reshape(-1), dtype="<f8")
-        h.update(len(flat).to_bytes(8, "big") + flat.tobytes())
-    return h.digest()[:48]
-
-
-# ---- the client side ----------------------------------------------------------------------
-
-
-def make_sharefl_mod(
-    policy: ClientPolicy | Callable[[Context], ClientPolicy] | None = None,
-    *,
-    client_id: int | Callable[[Context], int] | None = None,
-    randbytes: Callable[[int], bytes] = os.urandom,
-    privacy: DistributedDPConfig | None = None,
-    single_clustering: bool = True,
-):
-    """A client mod with this client's :class:`ClientPolicy` (or a function of the
-    ``Context`` that returns it, e.g. :func:`policy_from_node_config`); :data:`sharefl_mod`
-    uses the default policy.
-
-    In signed rounds the client takes part as ``client_id`` (an int, or a function of the
-    ``Context``, e.g. of ``node_config["partition-id"]``); by default as the id its
-    policy's directory lists for its identity (:func:`directory_id`). Unsigned rounds use
-    the Flower node id. A policy with ``require_signed`` refuses unsigned rounds (an error
-    reply: no downgrade).
-
-    ``privacy`` (the client's own :class:`~sharefl.privacy.distributed.DistributedDPConfig`,
-    the server's ``ShareflWorkflow(privacy=...)``): the client encodes its unweighted update
-    with its noise share drawn from OS entropy into ring words itself, and refuses a round
-    that proposes a float encoding (the server would get the update without its noise);
-    without it, the client refuses a round that proposes none. Its policy then also
-    refuses clusters and sums of fewer than ``privacy.min_survivors`` members and, with
-    ``single_clustering`` (σ calibrated for cells of s − t members, one clustering a
-    round), plans with more than one clustering.
-    """
-
-    def policy_of(context: Context) -> ClientPolicy:
-        chosen = policy(context) if callable(policy) else policy or ClientPolicy()
-        if privacy is None:
-            return chosen
-        single = 1 if single_clustering else None
-        return chosen.requiring(privacy.min_survivors, max_reclusterings=single)
-
-    def id_of(context: Context, policy: ClientPolicy) -> int:
-        if client_id is None:
-            return directory_id(policy)
-        return int(client_id(context) if callable(client_id) else client_id)
-
-    def mod(msg: Message, ctxt: Context, call_next) -> Message:
-        if (
-            msg.metadata.message_type != MessageType.TRAIN
-            or STAGE_RECORD not in msg.content.config_records
-        ):
-            return call_next(msg, ctxt)
-        stage = get_record(msg.content, STAGE_RECORD)
-        pol = policy_of(ctxt)
-        client = _Client(
-            msg.metadata.dst_node_id, ctxt, pol, lambda: id_of(ctxt, pol), randbytes, privacy
-        )
-        if stage.get("stage") == "hello":
-            out = client.hello(records.get_bytes(stage, "nonce", (HELLO_NONCE_BYTES,)))
-        elif stage.get("stage") == "assign":
-            out = client.assign(msg.content, float(stage["max_weight"]))
-        else:
-            out = client.step(msg, ctxt, call_next)
-        return Message(out, reply_to=msg)
-
-    return mod
-
-
-@dataclass
-class _Client:
-    """One message's worth of a client: loads its state from the Context, runs the step,
-    stores the state back."""
-
-    node_id: int
-    ctxt: Context
-    policy: ClientPolicy
-    signed_id: Callable[[], int]
-    """This client's id in signed rounds (resolved only when needed)."""
-    randbytes: Callable[[int], bytes]
-    privacy: DistributedDPConfig | None = None
-
-    def _load(self, name: str) -> dict[str, Any]:
-        return get_record(self.ctxt.state, f"{_STATE}.{name}")
-
-    def _save(self, name: str, record: Mapping[str, Any]) -> None:
-        _drop_record(self.ctxt.state, f"{_STATE}.{name}")
-        put_record(self.ctxt.state, f"{_STATE}.{name}", record)
-
-    def hello(self, nonce: bytes) -> RecordDict:
-        """Sign (node id, client id, nonce) with this client's identity. Raises
-        :class:`ConfigurationError` when the policy has no identity (an unsigned client
-        cannot take part in a signed round)."""
-        if self.policy.identity is None:
-            raise ConfigurationError("a signed round needs policy.identity and policy.directory")
-        cid = self.signed_id()
-        signature = self.policy.identity.sign(node_hello_message(self.node_id, cid, nonce))
-        out = RecordDict()
-        put_record(out, f"{PREFIX}.hello", {"client_id": cid, "signature": signature})
-        return out
-
-    def assign(self, content: RecordDict, max_weight: float) -> RecordDict:
-        """Vet the assignment (a new plan starts a new round) and advertise keys. Raises
-        :class:`InconsistentRequest` for an unsigned assignment when the policy requires
-        signed mode, and the refusals of :class:`ClientRound`."""
-        assignment = records.from_record(
-            get_record(content, f"{PREFIX}.assignment"), ClusterAssignment
-        )
-        if self.policy.require_signed and not assignment.signed:
-            raise InconsistentRequest(
-                "this client requires signed mode (untrusted server); the round is unsigned: "
-                "the server must use ShareflWorkflow(signed=True, directory=...)"
-            )
-        proposed = f"{PREFIX}.encoding" in content.config_records
-        if self.privacy is not None and proposed:
-            raise InconsistentRequest(
-                "this client adds its distributed-DP noise to ring inputs it encodes itself; "
-                "the server proposed a float encoding (it would get the update without the "
-                "noise): the server must use ShareflWorkflow(privacy=...)"
-            )
-        if self.privacy is None and not proposed:
-            raise InconsistentRequest(
-                "the round proposes no float encoding (ring inputs with distributed DP), but "
-                "this client has no privacy config: make_sharefl_mod(privacy=...)"
-            )
-        encoding = (
-            records.from_record(get_record(content, f"{PREFIX}.encoding"), RingEncoding)
-            if proposed
-            else None
-        )
-        if f"{PREFIX}.plan" in content.config_records:  # a new round
-            plan = records.from_record(get_record(content, f"{PREFIX}.plan"), RoundPlan)
-            cid = self.signed_id() if assignment.signed else self.node_id
-            guard = ClientRound(cid, plan, self.policy)
-            _drop_record(self.ctxt.state, f"{_STATE}.input")
-            if encoding is not None:
-                self._save("encoding", {**records.to_record(encoding), "max_weight": max_weight})
-        else:
-            guard = ClientRound.from_state(self._load("round"), self.policy)
-        session = guard.session(assignment, None, randbytes=self.randbytes)
-        advert = session.advertise()
-        self._save("round", guard.export_state())
-        self._save("session", session.export_state())
-        out = RecordDict()
-        put_record(out, f"{PREFIX}.message", records.to_record(advert))
-        return out
-
-    def step(self, msg: Message, ctxt: Context, call_next) -> RecordDict:
-        guard = ClientRound.from_state(self._load("round"), self.policy)
-        session = ClientSession.from_state(
-            self._load("session"), self.policy, randbytes=self.randbytes
-        )
-        message = records.from_record(
-            get_record(msg.content, f"{PREFIX}.message"), records.SERVER_MESSAGES
-        )
-        out = RecordDict()
-        if isinstance(message, MaskingRequest):
-            if f"{_STATE}.input" not in self.ctxt.state.config_records:
-                out = self._train(msg, ctxt, call_next, guard.plan)
-            session.set_input(self._load("input")["vector"])
-            if message.context.reclustering + 1 >= guard.plan.reclusterings:
-                # The round's last masking: the input (d ring elements) leaves the Context,
-                # which Flower ships with every later message of this client.
-                _drop_record(self.ctxt.state, f"{_STATE}.input")
-        reply = guard.handle(session, message)
-        self._save("round", guard.export_state())
-        self._save("session", session.export_state())
-        put_record(out, f"{PREFIX}.message", records.to_record(reply))
-        return out
-
-    def _train(self, msg: Message, ctxt: Context, call_next, plan: RoundPlan) -> RecordDict:
-        """Run the client app on the strategy's instructions (legacy fit instructions or a
-        Message-API ``ArrayRecord`` + ``ConfigRecord``), keep its update (trained − received)
-        encoded for masking, and return its reply with every array cleared."""
-        inner = RecordDict({k: v for k, v in msg.content.items() if not k.startswith(PREFIX)})
-        legacy = _FITINS_PARAMS in inner.array_records
-        if legacy:
-            received = parameters_to_ndarrays(
-                compat.arrayrecord_to_parameters(inner.array_records[_FITINS_PARAMS], True)
-            )
-        elif len(inner.array_records) == 1:
-            received = next(iter(inner.array_records.values())).to_numpy_ndarrays()
-        else:
-            raise FlowerIntegrationError(
-                "the first masking request carries no training instructions (fit instructions "
-                "or one ArrayRecord); the server must be a ShareflWorkflow or ShareflStrategy"
-            )
-        out = call_next(_with_content(msg, inner), ctxt)
-        if out.has_error():
-            raise FlowerIntegrationError(f"the client app failed to train: {out.error.reason}")
-        trained, weight = _training_reply(out.content, legacy)
-        delta = [t.astype(np.float64) - r for t, r in zip(trained, received, strict=True)]
-        if self.privacy is not None:
-            flat = np.concatenate([d.reshape(-1) for d in delta]) if delta else np.zeros(0)
-            encoder = _client_encoder(self.privacy, flat.size)
-            ring = encoder.encode(flat, round_seed(plan, received), SecureRandom())
-        else:
-            encoding_record = self._load("encoding")
-            max_weight = float(encoding_record.pop("max_weight"))
-            encoding = records.from_record(encoding_record, RingEncoding)
-            codec = WeightedUpdateCodec.like(received, encoding.clip, max_weight)
-            ring = encode(codec.encode(delta, weight), encoding, rng=None)
-        self._save("input", {"vector": ring})
-        content = out.content
-        for arrays in content.array_records.values():
-            arrays.clear()  # the trained arrays never leave the client in the clear
-        return content
-
-
-WEIGHT_METRIC = "num-examples"
-"""The metric a Message-API training reply weighs its update by (Flower's strategies
-aggregate by it by default: ``weighted_by_key``)."""
-
-
-def _training_reply(content: RecordDict, legacy: bool) -> tuple[list[np.ndarray], float]:
-    """(trained arrays, weight) of a client app's training reply. Raises
-    :class:`FlowerIntegrationError` for a Message-API reply without exactly one
-    ``ArrayRecord`` or without :data:`WEIGHT_METRIC` in its ``MetricRecord``."""
-    if legacy:
-        fitres = compat.recorddict_to_fitres(content, keep_input=True)
-        return parameters_to_ndarrays(fitres.parameters), float(fitres.num_examples)
-    if len(content.array_records) != 1:
-        raise FlowerIntegrationError(
-            f"a training reply needs exactly one ArrayRecord (the trained model); this one has "
-            f"{len(content.array_records)}"
-        )
-    weights = [m[WEIGHT_METRIC] for m in content.metric_records.values() if WEIGHT_METRIC in m]
-    if len(weights) != 1:
-        raise FlowerIntegrationError(
-            f"a training reply needs one MetricRecord with {WEIGHT_METRIC!r} (the number of "
-            "examples the update is weighted by, as Flower's strategies expect)"
-        )
-    trained = next(iter(content.array_records.values())).to_numpy_ndarrays()
-    return trained, float(cast(float, weights[0]))
-
-
-_client_encoder = functools.lru_cache(maxsize=4)(DistributedEncoder)
-"""A client's pipeline per (config, model size): the mod keeps no Python state between
-Flower messages, so the cache spares rebuilding γ and the sampler's tables every round."""
-
-
-def _with_content(msg: Message, content: RecordDict) -> Message:
-    """``msg`` with ``content`` (the strategy's fit instructions, without sharefl's records)
-    for the inner client app."""
-    msg.content = content
-    return msg
-
-
-sharefl_mod = make_sharefl_mod()
-"""The client mod with the default :class:`ClientPolicy`:
-``ClientApp(client_fn=..., mods=[sharefl_mod])``."""

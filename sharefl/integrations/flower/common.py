@@ -1,0 +1,146 @@
+"""What both sides of the Flower integration share: the record names and helpers, the
+errors, the identity and directory files, and the round's public seed. Imports no torch."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from sharefl.crypto.errors import CryptoError
+from sharefl.crypto.kdf import KEY_BYTES
+from sharefl.crypto.signatures import (
+    IdentityKey,
+)
+from sharefl.protocol import records
+from sharefl.protocol.errors import (
+    ConfigurationError,
+    ProtocolError,
+)
+from sharefl.protocol.plan import RoundPlan
+
+if TYPE_CHECKING:
+    pass
+
+try:  # flwr is the [flower] extra
+    from flwr.app import (
+        Array,
+        ArrayRecord,
+        ConfigRecord,
+        RecordDict,
+    )
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        'sharefl.integrations.flower needs flwr: pip install "sharefl[flower]"'
+    ) from exc
+
+
+PREFIX = "sharefl"
+STAGE_RECORD = f"{PREFIX}.stage"
+"""The ConfigRecord naming the stage (``stage``) and its parameters, in every message."""
+_ARRAYS = ".arrays"
+
+
+class FlowerIntegrationError(ProtocolError, ValueError):
+    """A Flower message or context lacks what the sharefl protocol needs (e.g. a stage
+    message without the sharefl mod, or fit instructions without parameters), or got
+    bad arguments (ids out of range, two clients routed to one node)."""
+
+
+class NothingReleased(ProtocolError):
+    """``max_empty_rounds`` rounds in a row released no cluster sum: the run stops (a run
+    that goes on would only look finished, untrained). The message names the last round's
+    reasons (the clients' refusals and errors, the clusters' failures)."""
+
+
+# ---- records <-> Flower records -----------------------------------------------------------
+
+
+def put_record(content: RecordDict, name: str, record: Mapping[str, Any]) -> None:
+    """Store one sharefl record in ``content``: its arrays in the ArrayRecord
+    ``name + ".arrays"``, the rest in the ConfigRecord ``name``."""
+    arrays = {k: v for k, v in record.items() if isinstance(v, np.ndarray)}
+    config = {k: v for k, v in record.items() if not isinstance(v, np.ndarray)}
+    content[name] = ConfigRecord(config)
+    if arrays:
+        content[name + _ARRAYS] = ArrayRecord({k: Array(v) for k, v in arrays.items()})
+
+
+def get_record(content: RecordDict, name: str) -> dict[str, Any]:
+    """The sharefl record :func:`put_record` stored under ``name``; raises
+    :class:`~sharefl.protocol.records.RecordError` when there is none."""
+    if name not in content.config_records:
+        raise records.RecordError(f"the message has no {name!r} record")
+    record: dict[str, Any] = dict(content.config_records[name])
+    if name + _ARRAYS in content.array_records:
+        record.update({k: a.numpy() for k, a in content.array_records[name + _ARRAYS].items()})
+    return record
+
+
+def drop_record(content: RecordDict, name: str) -> None:
+    content.pop(name, None)
+    content.pop(name + _ARRAYS, None)
+
+
+# ---- identities ---------------------------------------------------------------------------
+
+IDENTITY_CONFIG = "sharefl-identity"
+"""The node-config key naming a client's identity file (:func:`policy_from_node_config`)."""
+DIRECTORY_CONFIG = "sharefl-directory"
+"""The node-config key naming the directory file (:func:`policy_from_node_config`)."""
+
+
+def checked_directory(directory: Mapping[int, bytes]) -> dict[int, bytes]:
+    """``directory`` as a ``{client id: 32-byte Ed25519 public key}`` dict, checked: ids in
+    [0, 2^64), keys of 32 bytes, no key listed twice (a client's id is the entry of its
+    key). Raises :class:`ConfigurationError`."""
+    result: dict[int, bytes] = {}
+    for cid, key in directory.items():
+        if isinstance(cid, bool) or not isinstance(cid, int) or not 0 <= cid < 2**64:
+            raise ConfigurationError(f"directory ids are ints in [0, 2^64), got {cid!r}")
+        if not isinstance(key, bytes | bytearray) or len(key) != KEY_BYTES:
+            raise ConfigurationError(f"the directory key of client {cid} is not {KEY_BYTES} bytes")
+        result[cid] = bytes(key)
+    if len(set(result.values())) != len(result):
+        raise ConfigurationError("the directory lists one public key for two clients")
+    return result
+
+
+def read_directory(path: str | Path) -> dict[int, bytes]:
+    """The directory in a ``sharefl keygen`` ``directory.json`` (``{"identities": {id:
+    public key hex}}``), checked by :func:`checked_directory`. Raises ``OSError`` and
+    :class:`ConfigurationError` (not JSON, not that shape, bad ids or keys)."""
+    try:
+        entries = json.loads(Path(path).read_text())["identities"]
+        directory = {int(cid): bytes.fromhex(key) for cid, key in entries.items()}
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ConfigurationError(f"{path}: not a directory.json ({exc})") from exc
+    return checked_directory(directory)
+
+
+def read_identity(path: str | Path) -> IdentityKey:
+    """The identity in a ``sharefl keygen`` ``client-<id>.identity`` file (hex of the raw
+    32-byte Ed25519 private key). Raises ``OSError`` and :class:`ConfigurationError`."""
+    try:
+        return IdentityKey.from_private(bytes.fromhex(Path(path).read_text().strip()))
+    except (ValueError, CryptoError) as exc:
+        raise ConfigurationError(f"{path}: not an identity file ({exc})") from exc
+
+
+ROUND_SEED_TAG = b"sharefl/flower-round-seed/v1"
+
+
+def round_seed(plan: RoundPlan, arrays: Sequence[np.ndarray]) -> bytes:
+    """The round's public seed (48 bytes) of the ring inputs' rotation: the plan's digest
+    and the global arrays the clients received, which both sides hold. Public; a server
+    that grinds it changes no client's privacy (the rotation is orthogonal and the clip
+    and rounding bound are checked after it)."""
+    h = hashlib.sha512(ROUND_SEED_TAG + plan.digest())
+    for a in arrays:
+        flat = np.ascontiguousarray(np.asarray(a).reshape(-1), dtype="<f8")
+        h.update(len(flat).to_bytes(8, "big") + flat.tobytes())
+    return h.digest()[:48]
