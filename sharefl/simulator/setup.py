@@ -76,7 +76,7 @@ def describe_privacy(plan: PrivacyPlan) -> dict[str, Any]:
     }
 
 
-def resolve_device(name: str) -> torch.device:
+def resolve_device(name: str | torch.device) -> torch.device:
     """``cpu``, ``cuda`` or ``cuda:N``; :class:`SimulationConfigError` if CUDA is asked for
     and absent."""
     device = torch.device(name)
@@ -204,7 +204,10 @@ class RunSetup:
 
 
 def run_data(
-    run: RunConfig, device: str | None, train: Dataset | None, test: Dataset | None
+    run: RunConfig,
+    device: str | torch.device | None,
+    train: Dataset | None,
+    test: Dataset | None,
 ) -> tuple[torch.device, Dataset, Dataset]:
     """The prologue of every loop: the run's device (``device``, else ``run.device``) and
     its (train, test) sets — the given ones, or loaded on that device when either is
@@ -218,7 +221,7 @@ def run_data(
 def build_setup(
     run: RunConfig,
     *,
-    device: str | None = None,
+    device: str | torch.device | None = None,
     train: Dataset | None = None,
     test: Dataset | None = None,
 ) -> RunSetup:

@@ -6,8 +6,8 @@
 A loop has a run (``self.run``), a count of finished rounds (``self.round``) and a wall
 clock started when it was built (``self.started``); it implements :meth:`SteppedLoop.step`
 (one round, returning its :class:`~sharefl.simulator.results.RoundRecord`) and inherits
-the constructor's prologue (:meth:`SteppedLoop.begin`, and
-:func:`~sharefl.simulator.setup.run_data` for the device and data), running the
+the constructor's prologue (:meth:`SteppedLoop.begin`: the run, its device and data),
+running the
 remaining rounds, the clock, and the rule of which rounds are evaluated.
 """
 
@@ -17,8 +17,12 @@ import time
 from collections.abc import Callable
 from typing import ClassVar
 
+import torch
+
 from sharefl.simulator.config import RunConfig, SimulationConfigError
+from sharefl.simulator.datasets import Dataset
 from sharefl.simulator.results import RoundRecord
+from sharefl.simulator.setup import run_data
 
 
 class SteppedLoop:
@@ -35,9 +39,17 @@ class SteppedLoop:
     round: int
     started: float
 
-    def begin(self, run: RunConfig) -> None:
-        """Keep ``run`` (call first in ``__init__``). Raises
-        :class:`SimulationConfigError` for a run of another loop."""
+    def begin(
+        self,
+        run: RunConfig,
+        device: str | torch.device | None,
+        train: Dataset | None,
+        test: Dataset | None,
+    ) -> tuple[torch.device, Dataset, Dataset]:
+        """Keep ``run`` and return its device and (train, test) sets (loaded unless both
+        are given: :func:`~sharefl.simulator.setup.run_data`); call first in ``__init__``.
+        Raises :class:`SimulationConfigError` for a run of another loop or a device that is
+        not there."""
         if run.algorithm.name != self.algorithm:
             raise SimulationConfigError(
                 f"{type(self).__name__} runs [algorithm] name = {self.algorithm!r}, not "
@@ -45,6 +57,7 @@ class SteppedLoop:
                 "loop a run names"
             )
         self.run = run
+        return run_data(run, device, train, test)
 
     def start_clock(self) -> None:
         """Start the wall clock and the round count (call at the end of ``__init__``)."""

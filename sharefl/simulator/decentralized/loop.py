@@ -60,7 +60,6 @@ from sharefl.simulator.final_model import FinalModel
 from sharefl.simulator.models import build_model
 from sharefl.simulator.partition import partition
 from sharefl.simulator.results import RoundRecord
-from sharefl.simulator.setup import run_data
 from sharefl.simulator.stepped import SteppedLoop
 from sharefl.simulator.training import FlatModel
 from sharefl.simulator.worker_models import EpochSampler
@@ -127,11 +126,10 @@ class DecentralizedLoop(SteppedLoop):
         train: Dataset | None = None,
         test: Dataset | None = None,
     ) -> None:
-        self.begin(run)
-        self.cfg = cfg = run.decentralized
-        self.device, train, test = run_data(run, device, train, test)
-        self.dtype = getattr(torch, cfg.dtype)
+        self.device, train, test = self.begin(run, device, train, test)
         self.train_set, self.test_set = train, test
+        self.cfg = cfg = run.decentralized
+        self.dtype = getattr(torch, cfg.dtype)
         self.test_inputs = test.inputs.to(self.dtype)
         # every batch is gathered from this copy in the loop's dtype (the conversion is
         # exact, so gathering then converting gives the same numbers, slower)

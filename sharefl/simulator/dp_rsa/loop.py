@@ -75,7 +75,6 @@ from sharefl.simulator.final_model import FinalModel
 from sharefl.simulator.models import build_model
 from sharefl.simulator.partition import partition
 from sharefl.simulator.results import RoundRecord
-from sharefl.simulator.setup import run_data
 from sharefl.simulator.stepped import SteppedLoop
 from sharefl.simulator.training import FlatModel
 from sharefl.simulator.worker_models import EpochSampler, WorkerGradients
@@ -157,10 +156,9 @@ class RSALoop(SteppedLoop):
         train: Dataset | None = None,
         test: Dataset | None = None,
     ) -> None:
-        self.begin(run)
-        self.algo = algo = run.algorithm
-        self.device, train, test = run_data(run, device, train, test)
+        self.device, train, test = self.begin(run, device, train, test)
         self.train_set, self.test_set = train, test
+        self.algo = algo = run.algorithm
         self.generator = torch.Generator(device=self.device).manual_seed(run.seed)
         self.rng = np.random.default_rng([run.seed, 2])  # secure_sum's plans only
         self.regular = run.clients.honest

@@ -91,8 +91,8 @@ class Simulation(SteppedLoop):
         train: Dataset | None = None,
         test: Dataset | None = None,
     ) -> None:
-        self.begin(run)
-        self.setup: RunSetup = build_setup(run, device=device, train=train, test=test)
+        where, train, test = self.begin(run, device, train, test)
+        self.setup: RunSetup = build_setup(run, device=where, train=train, test=test)
         self.generator = torch.Generator(device=self.device).manual_seed(run.seed)
         self.rng = np.random.default_rng(run.seed)
         self.honest_ids = list(range(run.clients.honest))
