@@ -105,10 +105,8 @@ def run_cluster(
         observer,
         lambda cid: events,
     )
-    players.open(
-        dict.fromkeys(assignment.members, assignment),
-        lambda assignments: _sessions(assignments, vectors, policies, players.events_of),
-    )
+    assignments = dict.fromkeys(assignment.members, assignment)
+    players.open(_sessions(assignments, vectors, policies, lambda cid: events))
     for messages in stage_messages(
         server.advance,
         lambda: server.outcome is not None,
@@ -168,18 +166,15 @@ class _Players:
         self._deliver = deliver
         self._dropouts = dropouts
         self._observe = observer or (lambda stage, actor, seconds: None)
-        self.events_of = events_of
+        self._events_of = events_of
         self._guards = guards or {}
         self._sessions: dict[int, ClientSession] = {}
         self._gone: set[int] = set()
 
-    def open(
-        self,
-        assignments: Mapping[int, ClusterAssignment],
-        sessions: Callable[[Mapping[int, ClusterAssignment]], dict[int, ClientSession]],
-    ) -> None:
-        """Start a session per assignment and send the adverts of those that stay."""
-        self._sessions = sessions(assignments)
+    def open(self, sessions: Mapping[int, ClientSession]) -> None:
+        """Play ``sessions`` (client id → its started session); send the adverts of
+        those that stay."""
+        self._sessions = dict(sessions)
         self._gone = set(self._dropouts.get("advertise", ()))
         for cid, client in self._sessions.items():
             if cid not in self._gone:
@@ -202,7 +197,7 @@ class _Players:
                 reply = guard.handle(session, message) if guard else session.handle(message)
                 self._observe(reply_stage, cid, time.perf_counter() - start)
             except ClientRefusal as exc:
-                self.events_of(cid).refusals[cid] = str(exc)
+                self._events_of(cid).refusals[cid] = str(exc)
                 continue
             self._send(cid, reply)
 
@@ -210,7 +205,7 @@ class _Players:
         try:
             self._deliver(cid, message)
         except RejectedMessage as exc:
-            self.events_of(cid).rejected[cid] = str(exc)
+            self._events_of(cid).rejected[cid] = str(exc)
 
 
 MAX_CLIENT_ID = 2**64 - 1
@@ -617,10 +612,7 @@ def _open_players(
     for cid in assignments.keys() & clients.plan_refusals.keys():
         events_of(cid).refusals[cid] = clients.plan_refusals[cid]
     players = _Players(coordinator.receive, drops, observer, events_of, clients.guards)
-    players.open(
-        assignments,
-        lambda given: _sessions(given, vectors, clients.policies, events_of, clients.guards),
-    )
+    players.open(_sessions(assignments, vectors, clients.policies, events_of, clients.guards))
     return players
 
 
