@@ -334,6 +334,32 @@ def test_signed_round_equals_fedavg_with_a_dropout_at_the_consistency_stage():
         np.testing.assert_allclose(got - g, want, atol=bound + 1e-6)
 
 
+def test_a_node_that_trained_keeps_its_proven_id_and_skips_the_next_hello():
+    """Signed mode: the hello stage is one exchange per round; a node that proved its id
+    and trained keeps the id in the next round without one (the route is the server's own
+    choice; each client still checks its assignment against its own identity). A node that
+    did not train, or a new one, proves itself again; every round equals FedAvg."""
+    global_arrays = [np.zeros(s, np.float32) for s in SHAPES]
+    workflow = ShareflWorkflow(cluster_size=5, clip=1.0, seed=5, signed=True, directory=DIRECTORY)
+    hellos, routes = [], []
+    lost = NODES[3]
+    for round_index, error_at in enumerate([{}, {lost: "MaskingRequest"}, {}]):
+        updates = updates_for(NODES, seed=20 + round_index)
+        new, grid = run_round(
+            workflow, updates, global_arrays, mods=signed_mods(), error_at=error_at
+        )
+        hellos.append(grid.sent.count("hello"))
+        routes.append(dict(workflow.last_route.nodes))
+        trained = [n for n in NODES if n not in error_at]
+        result = workflow.last_result
+        assert not result.culprits and not workflow.last_node_culprits
+        bound = 2 * 2.0 ** -workflow_frac_bits(result)
+        for got, want in zip(new, fedavg(updates, trained), strict=True):
+            np.testing.assert_allclose(got, want, atol=bound + 1e-6)
+    assert hellos == [N, 0, 1]  # round 3: only the node that did not train in round 2
+    assert routes == [dict(enumerate(NODES))] * 3
+
+
 def replaying(node_id: int, client: int):
     """A node that answers the hello with client ``client``'s valid signature for the node
     ``node_id`` it really runs on (as if it had copied that node's reply)."""

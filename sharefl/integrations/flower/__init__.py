@@ -26,11 +26,12 @@ Signed mode (an untrusted server, ``ShareflWorkflow(signed=True, directory=...)`
 client holds a long-term Ed25519 identity, and both sides hold the same directory
 {client id → public key} (e.g. ``sharefl keygen``'s ``directory.json``), from a source the
 server does not control. Flower's node ids are random, so the protocol's client ids are the
-directory's ids, not node ids: each round starts with a ``hello`` stage in which a node
-signs (its node id, its client id, the server's fresh nonce) with its identity; the
-workflow checks the signature against the directory and routes that client id to that node
-for the round. A node whose hello does not verify (an id it cannot prove, an id another
-node proved first) takes no part in the round and is named in ``last_node_culprits``. The
+directory's ids, not node ids: a round starts with a ``hello`` stage in which each node
+that has not proved its id yet (or did not train in the previous round) signs (its node id,
+its client id, the server's fresh nonce) with its identity; the workflow checks the
+signature against the directory and routes that client id to that node. A node whose
+hello does not verify (an id it cannot prove, an id another node proved first) takes no
+part in the round and is named in ``last_node_culprits``. The
 clients' adverts and consistency signatures are then checked by both sides against their
 own directory, so the binding the server chose cannot let it substitute keys.
 

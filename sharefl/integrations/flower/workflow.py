@@ -242,6 +242,8 @@ class ShareflWorkflow:
         self.max_empty_rounds = max_empty_rounds
         self.last_result, self.last_update, self.last_route = None, None, None
         self.last_node_culprits, self.last_epsilon, self.empty_rounds = {}, None, 0
+        self._proven: dict[int, int] = {}
+        """Signed mode: node id → the client id it proved and trained under last round."""
         self._check()
 
     # The settings' keys, read back (``workflow.clip``...): the settings are the one record.
@@ -411,6 +413,7 @@ class ShareflWorkflow:
                 for cid, message in outgoing.messages.items()
             }
             self._collect(grid, rc, route, contents, str(current_round), train_replies, failures)
+        self._proven = {route.nodes[cid]: cid for cid in train_replies}
         result = rc.result()
         self.last_result = result
         if encoder is None:
@@ -471,18 +474,26 @@ class ShareflWorkflow:
             log.warning("sharefl: ShareflWorkflow(byzantine=%d): %s", self.byzantine, text)
 
     def _hello(self, grid, current_round: int, node_ids: list[int], failures: Failures) -> Route:
-        """The hello stage of a signed round: a fresh nonce to every selected node, and the
-        route of the client ids whose signed replies verify against the directory (the
-        first node to prove an id gets it). Error replies are failures; replies that do not
-        verify name their node in ``last_node_culprits``."""
+        """The hello stage of a signed round: the route of the client ids each selected
+        node proved. A node that trained in the previous round under the id it proved keeps
+        that id without a new hello (:attr:`_proven`); every other node gets a fresh nonce,
+        and the ids whose signed replies verify against the directory are routed (the first
+        node to prove an id gets it; a node that kept its id proved it first). Error replies
+        are failures; replies that do not verify name their node in
+        ``last_node_culprits``. When every node kept its id, no message is sent.
+
+        Why keeping a proven id cannot leak: the route is the server's own choice, which a
+        malicious server makes as it likes anyway; each client checks every advert and
+        consistency signature against its own directory and refuses an assignment for an
+        id that is not its own, so no route can substitute a key or a member."""
+        nodes = {cid: nid for nid, cid in self._proven.items() if nid in node_ids}
         nonce = os.urandom(HELLO_NONCE_BYTES)
         contents = {}
-        for nid in node_ids:
+        for nid in sorted(set(node_ids) - set(nodes.values())):
             content = RecordDict()
             put_record(content, STAGE_RECORD, {"stage": "hello", "nonce": nonce})
             contents[nid] = content
-        nodes: dict[int, int] = {}
-        for reply in self._send(grid, contents, str(current_round)):
+        for reply in self._send(grid, contents, str(current_round)) if contents else ():
             nid = reply.metadata.src_node_id
             if nid not in contents or nid in nodes.values():
                 continue
