@@ -16,7 +16,7 @@ from sim_configs import with_overrides
 from sharefl import papers
 from sharefl.deploy.server import ReleasedSum
 from sharefl.simulation_bridge import SimulationStrategy, SimulationTrainer
-from sharefl.simulator.config import expand
+from sharefl.simulator.config import SimulationConfigError, expand
 from sharefl.simulator.federated import populations
 from sharefl.simulator.federated.loop import Simulation
 from sharefl.simulator.models import MODELS, build_model
@@ -345,7 +345,29 @@ def test_every_algorithm_name_has_a_loop_in_the_table():
     from sharefl.simulator.loops import LOOPS
 
     assert set(LOOPS) == set(ALGORITHMS)
-    for target in LOOPS.values():
+    for algorithm, target in LOOPS.items():
         module, _, name = target.partition(":")
         cls = getattr(importlib.import_module(module), name)
         assert all(callable(getattr(cls, m, None)) for m in ("run_rounds", "final_model"))
+        assert issubclass(cls, SteppedLoop) and cls.algorithm == algorithm
+
+
+@pytest.mark.parametrize("loop", ["federated", "dp_rsa", "decentralized"])
+def test_a_loop_refuses_a_run_of_another_loop_by_name(loop):
+    """SteppedLoop.begin: a run built for one loop and handed to another is refused before
+    any data loads, with the message naming the loop and where the right one comes from."""
+    import importlib
+
+    from sharefl.simulator.config import load_runs
+    from sharefl.simulator.loops import LOOPS
+
+    other = {"federated": "decentralized_mnist_rules"}.get(loop, "quickstart")
+    experiments = Path(__file__).resolve().parents[1] / "experiments"
+    run = load_runs(experiments / f"{other}.toml")[0]
+    assert run.algorithm.name != loop
+    module, _, name = LOOPS[loop].partition(":")
+    cls = getattr(importlib.import_module(module), name)
+    with pytest.raises(
+        SimulationConfigError, match=f"runs \\[algorithm\\] name = '{loop}'.*build_loop"
+    ):
+        cls(run)

@@ -7,8 +7,7 @@ A loop has a run (``self.run``), a count of finished rounds (``self.round``) and
 clock started when it was built (``self.started``); it implements :meth:`SteppedLoop.step`
 (one round, returning its :class:`~sharefl.simulator.results.RoundRecord`) and inherits
 the constructor's prologue (:meth:`SteppedLoop.begin`: the run, its device and data),
-running the
-remaining rounds, the clock, and the rule of which rounds are evaluated.
+running the remaining rounds, the clock, and the rule of which rounds are evaluated.
 """
 
 from __future__ import annotations
