@@ -8,24 +8,18 @@ import functools
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import numpy as np
 
 from sharefl.crypto.encoding import RingEncoding, encode
-from sharefl.crypto.signatures import (
-    HELLO_NONCE_BYTES,
-    node_hello_message,
-)
+from sharefl.crypto.signatures import HELLO_NONCE_BYTES, node_hello_message
 from sharefl.privacy.distributed import DistributedDPConfig, DistributedEncoder
 from sharefl.privacy.secure_random import SecureRandom
 from sharefl.protocol import records
 from sharefl.protocol.client import ClientPolicy, ClientSession
 from sharefl.protocol.client_round import ClientRound
-from sharefl.protocol.errors import (
-    ConfigurationError,
-    InconsistentRequest,
-)
+from sharefl.protocol.errors import ConfigurationError, InconsistentRequest
 from sharefl.protocol.messages import ClusterAssignment, MaskingRequest
 from sharefl.protocol.plan import RoundPlan
 from sharefl.protocol.updates import WeightedUpdateCodec
@@ -44,16 +38,9 @@ from .common import (
     round_seed,
 )
 
-if TYPE_CHECKING:
-    pass
-
 try:  # flwr is the [flower] extra
     import flwr.compat.common.recorddict_compat as compat
-    from flwr.app import (
-        Context,
-        Message,
-        RecordDict,
-    )
+    from flwr.app import Context, Message, RecordDict
     from flwr.app.message_type import MessageType
     from flwr.common import parameters_to_ndarrays
 except ImportError as exc:  # pragma: no cover - depends on the environment

@@ -7,32 +7,19 @@ import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from sharefl.crypto.errors import CryptoError
 from sharefl.crypto.kdf import KEY_BYTES
-from sharefl.crypto.signatures import (
-    IdentityKey,
-)
+from sharefl.crypto.signatures import IdentityKey
 from sharefl.protocol import records
-from sharefl.protocol.errors import (
-    ConfigurationError,
-    ProtocolError,
-)
+from sharefl.protocol.errors import ConfigurationError, ProtocolError
 from sharefl.protocol.plan import RoundPlan
 
-if TYPE_CHECKING:
-    pass
-
 try:  # flwr is the [flower] extra
-    from flwr.app import (
-        Array,
-        ArrayRecord,
-        ConfigRecord,
-        RecordDict,
-    )
+    from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
         'sharefl.integrations.flower needs flwr: pip install "sharefl[flower]"'

@@ -13,22 +13,13 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from sharefl.crypto.errors import SignatureError
-from sharefl.crypto.signatures import (
-    HELLO_NONCE_BYTES,
-    SIGNATURE_BYTES,
-    node_hello_message,
-    verify,
-)
+from sharefl.crypto.signatures import HELLO_NONCE_BYTES, SIGNATURE_BYTES, node_hello_message, verify
 from sharefl.privacy.distributed import DistributedDPConfig, DistributedEncoder, ReleaseLedger
 from sharefl.protocol import records
 from sharefl.protocol.clustering import tolerance_warning
 from sharefl.protocol.coordinator import RoundCoordinator, RoundResult
 from sharefl.protocol.drive import Outgoing, server_exchanges
-from sharefl.protocol.errors import (
-    ConfigurationError,
-    LeakageError,
-    RejectedMessage,
-)
+from sharefl.protocol.errors import ConfigurationError, LeakageError, RejectedMessage
 from sharefl.protocol.messages import ClusterAssignment, MaskingRequest, ServerMessage
 from sharefl.protocol.settings import (
     Planner,
