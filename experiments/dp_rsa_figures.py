@@ -53,6 +53,14 @@ PANELS: dict[str, tuple[str, tuple[Curve, ...]]] = {
         "Figures 3-4: ε of DP-RSA(F)/(G), Gaussian attack, i.i.d.",
         _curves(IID, EPSILON, "gaussian: "),
     ),
+    "fig3-4-epsilon-sign-flipping-iid": (
+        "Figures 3-4: ε of DP-RSA(F)/(G), Sign-Flipping attack, i.i.d.",
+        _curves(IID, EPSILON, "sign_flipping: "),
+    ),
+    "fig3-4-epsilon-sample-duplicating-noniid": (
+        "Figures 3-4: ε of DP-RSA(F)/(G), Sample-Duplicating attack, non-i.i.d.",
+        _curves(NONIID, EPSILON, "sample_duplicating: "),
+    ),
     "fig6-byzantine-noniid": (
         "Figure 6: b, DP-RSA(G) ε=0.4, Sample-Duplicating, non-i.i.d.",
         (("b=3", ((B_SWEEP, "b=3"), *DEFAULT_CELL)), *_curves(B_SWEEP, ("b=6", "b=9"))),
