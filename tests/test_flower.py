@@ -10,6 +10,9 @@ import time
 
 import numpy as np
 import pytest
+from conftest import examples
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("flwr")
 
@@ -358,6 +361,108 @@ def test_a_node_that_trained_keeps_its_proven_id_and_skips_the_next_hello():
             np.testing.assert_allclose(got, want, atol=bound + 1e-6)
     assert hellos == [N, 0, 1]  # round 3: only the node that did not train in round 2
     assert routes == [dict(enumerate(NODES))] * 3
+
+
+STAGES = [
+    "hello",
+    "assign",
+    "KeysBroadcast",
+    "MaskingRequest",
+    "ConsistencyRequest",
+    "UnmaskRequest",
+]
+EVENTS = st.one_of(
+    st.sampled_from(["ok", "ok", "ok", "absent", "restart"]),
+    st.sampled_from(STAGES).map(lambda stage: f"error:{stage}"),
+)
+
+
+@settings(max_examples=examples(12), deadline=None)
+@given(
+    rounds=st.lists(
+        st.tuples(
+            st.lists(EVENTS, min_size=N, max_size=N),
+            st.one_of(
+                st.none(),
+                st.tuples(st.sampled_from(["wrong_key", "replay"]), st.integers(0, N - 1)),
+            ),
+        ),
+        min_size=2,
+        max_size=4,
+    ),
+    seed=st.integers(0, 2**16),
+)
+def test_the_kept_hello_routes_only_proven_holders_and_asks_exactly_the_others(rounds, seed):
+    """A search over signed rounds in a row: each directory client i, per round, is present,
+    absent, restarted on a new Flower node id, or errs at a stage; at times an impostor
+    node claims an id with a key that is not its own, or replays another node's hello.
+    The oracle is the harness's own ground truth, not the workflow's bookkeeping: (1) every
+    routed node holds the identity of the id it is routed under; (2) every honest node that
+    answers (or kept its id) is routed; (3) hellos go to exactly the selected nodes that did
+    not train in the previous round on the same node id (trained: its training app ran);
+    (4) a released round is FedAvg over its summed members, each of which trained."""
+    workflow = ShareflWorkflow(
+        cluster_size=5,
+        clip=1.0,
+        seed=seed,
+        signed=True,
+        directory=DIRECTORY,
+        max_empty_rounds=None,
+        timeout=0.05,
+    )
+    node_of = list(NODES)  # directory id -> its Flower node id now
+    fresh = itertools.count(1000)
+    trained_before: set[int] = set()
+    global_arrays = [np.zeros(s, np.float32) for s in SHAPES]
+    for index, (events, impostor) in enumerate(rounds):
+        holder, mods, error_at = {}, {}, {}
+        for i, event in enumerate(events):
+            if event == "restart":
+                node_of[i] = next(fresh)
+            if event == "absent":
+                continue
+            nid = node_of[i]
+            holder[nid] = i
+            mods[nid] = make_sharefl_mod(
+                ClientPolicy(identity=IDENTITIES[i], directory=DIRECTORY, require_signed=True)
+            )
+            if event.startswith("error:"):
+                error_at[nid] = event.removeprefix("error:")
+        if len(holder) < 2:
+            continue
+        selected = set(holder)
+        if impostor is not None:
+            kind, claimed = impostor
+            bad = next(fresh)
+            selected.add(bad)
+            if kind == "wrong_key":
+                mods[bad] = make_sharefl_mod(
+                    ClientPolicy(
+                        identity=IdentityKey.from_private(b"\xee" * 32),
+                        directory=DIRECTORY,
+                        require_signed=True,
+                    ),
+                    client_id=claimed,
+                )
+            else:
+                mods[bad] = replaying(node_of[claimed], claimed)
+        updates = updates_for(sorted(selected), seed=100 * seed + index)
+        new, grid = run_round(workflow, updates, global_arrays, mods=mods, error_at=error_at)
+        route = dict(workflow.last_route.nodes)
+        assert all(holder.get(nid) == cid for cid, nid in route.items())  # (1)
+        answering = {nid for nid in holder if nid in trained_before or error_at.get(nid) != "hello"}
+        assert set(route.values()) == answering  # (2)
+        assert grid.sent.count("hello") == len(selected - trained_before)  # (3)
+        trained = {nid for nid, calls in grid.calls.items() if calls == 1}
+        assert trained <= set(holder)
+        result = workflow.last_result
+        if workflow.last_update is not None:  # (4)
+            summed = {route[c] for cluster in result.clusters for c in cluster.members}
+            assert summed <= trained
+            bound = 2 * 2.0 ** -workflow_frac_bits(result)
+            for got, want in zip(new, fedavg(updates, sorted(summed)), strict=True):
+                np.testing.assert_allclose(got, want, atol=bound + 1e-6)
+        trained_before = trained
 
 
 def replaying(node_id: int, client: int):

@@ -133,11 +133,7 @@ def oracle(arrival: list[float], idle: float | None, first: float | None) -> set
     return kept
 
 
-gap = st.floats(0.0, 20.0).map(
-    lambda x: round(x, 1)
-)  # times on a 0.1 s grid, pytestmark = pytest.mark.usefixtures("flower_task_identity")
-
-POLL = 0.01
+gap = st.floats(0.0, 20.0).map(lambda x: round(x, 1))  # times on a 0.1 s grid
 
 
 @settings(max_examples=examples(200), deadline=None)
@@ -157,3 +153,31 @@ def test_the_collected_replies_are_the_oracles(arrival, idle, first):
     got, _ = collect(arrival, ReplyDeadlines(idle=idle, first=first))
     assert set(got) == oracle(arrival, idle, first)
     assert len(got) == len(set(got))
+
+
+class CountingGrid(ScriptedGrid):
+    pull_interval = 0.1  # Flower's in-memory grid
+
+    def __init__(self, arrival: list[float]) -> None:
+        super().__init__(arrival)
+        self.pulls = 0
+
+    def pull_messages(self, message_ids):
+        self.pulls += 1
+        return super().pull_messages(message_ids)
+
+
+def test_a_quick_reply_is_pulled_within_its_latency_and_a_long_wait_polls_at_the_grids_rate():
+    """Pulls start 2 ms after the send and after each reply, doubling up to the grid's
+    ``pull_interval``: replies 5 and 7 ms after the send are in by 8 ms, not 100 ms later;
+    waiting 10 s for the last costs the grid's 100 pulls plus the few short ones."""
+    grid = CountingGrid([0.005, 0.007, 10.0])
+    messages = [Message(RecordDict(), dst_node_id=i + 1, message_type="train") for i in range(3)]
+    deadlines = ReplyDeadlines(idle=60.0, first=60.0)
+    quick = CountingGrid([0.005, 0.007])
+    send_and_collect(quick, messages[:2], deadlines, clock=quick.clock, sleep=quick.sleep)
+    assert quick.now <= 0.008 + 1e-9
+    replies = send_and_collect(grid, messages, deadlines, clock=grid.clock, sleep=grid.sleep)
+    assert len(replies) == 3
+    assert grid.now == pytest.approx(10.0, abs=0.1)
+    assert grid.pulls <= 10.0 / 0.1 + 2 * math.ceil(math.log2(0.1 / 0.002)) + 2

@@ -16,6 +16,14 @@ since the first reply, if only one came), or when not even one reply has come
 stage (plus one polling interval), and steady progress, however slow in total, is never
 cut short.
 
+Each stage of a multi-stage protocol is one more wait for replies, so the time between a
+reply's arrival and its pull counts once per stage. Pulls therefore start
+:data:`FIRST_POLL_INTERVAL` after the send and after each reply, and the interval doubles
+while nothing comes, up to the grid's own ``pull_interval``: a reply that comes quickly is
+pulled within about its own latency instead of a whole interval later, and a stage that
+waits long polls no more often than Flower's ``send_and_receive`` (a few more pulls per
+stage, each one small request to a SuperLink).
+
 Why the waiting policy cannot leak anything: which clients count as drop-outs is the
 server's to decide in any case (a malicious server can always pretend a client did not
 answer); the guarantees of the secure layer are enforced by every client on its own view
@@ -39,6 +47,9 @@ if TYPE_CHECKING:  # the waiting policy needs no Flower; its callers bring the g
 #: Seconds between pulls when the grid does not say (Flower's gRPC grid sleeps 3 s in its
 #: own ``send_and_receive``; a pull on a SuperLink is one small request).
 DEFAULT_POLL_INTERVAL = 0.1
+#: Seconds from a send, or from a reply, to the next pull; the interval then doubles up to
+#: the grid's ``pull_interval`` (module docstring).
+FIRST_POLL_INTERVAL = 0.002
 
 
 @dataclass(frozen=True)
@@ -77,11 +88,14 @@ def send_and_collect(
 ) -> list[Message]:
     """Push ``messages`` through ``grid`` (any Flower ``Grid``: ``push_messages`` and
     ``pull_messages``) and return the replies that came before :class:`ReplyDeadlines`
-    ended the stage (module docstring), in the order they arrived. Pulls every
-    ``grid.pull_interval`` seconds (:data:`DEFAULT_POLL_INTERVAL` if the grid has none);
-    ``clock`` and ``sleep`` are injectable for tests."""
+    ended the stage (module docstring), in the order they arrived. Pulls
+    :data:`FIRST_POLL_INTERVAL` after the send and after each reply, then at doubling
+    intervals up to ``grid.pull_interval`` seconds (:data:`DEFAULT_POLL_INTERVAL` if the
+    grid has none); ``clock`` and ``sleep`` are injectable for tests."""
     pending = set(grid.push_messages(list(messages)))
     interval = float(getattr(grid, "pull_interval", DEFAULT_POLL_INTERVAL))
+    shortest = min(FIRST_POLL_INTERVAL, interval)
+    wait = shortest
     replies: list[Message] = []
     last = clock()
     while pending:
@@ -90,10 +104,11 @@ def send_and_collect(
         if arrived:
             replies.extend(arrived)
             pending.difference_update(m.metadata.reply_to_message_id for m in arrived)
-            last = now
+            last, wait = now, shortest
             continue
         limit = deadlines.idle if replies else deadlines.first
         if limit is not None and now - last >= limit:
             break
-        sleep(interval if limit is None else min(interval, max(0.0, last + limit - now)))
+        sleep(wait if limit is None else min(wait, max(0.0, last + limit - now)))
+        wait = min(2 * wait, interval)
     return replies

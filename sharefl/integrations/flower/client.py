@@ -32,6 +32,7 @@ from .common import (
     FlowerIntegrationError,
     drop_record,
     get_record,
+    has_record,
     put_record,
     read_directory,
     read_identity,
@@ -127,9 +128,8 @@ def make_sharefl_mod(
         return int(client_id(context) if callable(client_id) else client_id)
 
     def mod(msg: Message, ctxt: Context, call_next) -> Message:
-        if (
-            msg.metadata.message_type != MessageType.TRAIN
-            or STAGE_RECORD not in msg.content.config_records
+        if msg.metadata.message_type != MessageType.TRAIN or not has_record(
+            msg.content, STAGE_RECORD
         ):
             return call_next(msg, ctxt)
         stage = get_record(msg.content, STAGE_RECORD)
@@ -192,7 +192,7 @@ class _Client:
                 "this client requires signed mode (untrusted server); the round is unsigned: "
                 "the server must use ShareflWorkflow(signed=True, directory=...)"
             )
-        proposed = f"{PREFIX}.encoding" in content.config_records
+        proposed = has_record(content, f"{PREFIX}.encoding")
         if self.privacy is not None and proposed:
             raise InconsistentRequest(
                 "this client adds its distributed-DP noise to ring inputs it encodes itself; "
@@ -209,7 +209,7 @@ class _Client:
             if proposed
             else None
         )
-        if f"{PREFIX}.plan" in content.config_records:  # a new round
+        if has_record(content, f"{PREFIX}.plan"):  # a new round
             plan = records.from_record(get_record(content, f"{PREFIX}.plan"), RoundPlan)
             cid = self.signed_id() if assignment.signed else self.node_id
             guard = ClientRound(cid, plan, self.policy)
@@ -236,7 +236,7 @@ class _Client:
         )
         out = RecordDict()
         if isinstance(message, MaskingRequest):
-            if f"{_STATE}.input" not in self.ctxt.state.config_records:
+            if not has_record(self.ctxt.state, f"{_STATE}.input"):
                 out = self._train(msg, ctxt, call_next, guard.plan)
             session.set_input(self._load("input")["vector"])
             if message.context.reclustering + 1 >= guard.plan.reclusterings:

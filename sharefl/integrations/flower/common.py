@@ -57,14 +57,23 @@ def put_record(content: RecordDict, name: str, record: Mapping[str, Any]) -> Non
         content[name + _ARRAYS] = ArrayRecord({k: Array(v) for k, v in arrays.items()})
 
 
+def has_record(content: RecordDict, name: str) -> bool:
+    """Whether ``content`` holds a sharefl record under ``name`` (:func:`put_record`)."""
+    # By key, not through ``content.config_records``: that view is rebuilt, every record
+    # checked, on each access (a few ms per message of a client's state).
+    return isinstance(content.get(name), ConfigRecord)
+
+
 def get_record(content: RecordDict, name: str) -> dict[str, Any]:
     """The sharefl record :func:`put_record` stored under ``name``; raises
     :class:`~sharefl.protocol.records.RecordError` when there is none."""
-    if name not in content.config_records:
+    config = content.get(name)
+    if not isinstance(config, ConfigRecord):
         raise records.RecordError(f"the message has no {name!r} record")
-    record: dict[str, Any] = dict(content.config_records[name])
-    if name + _ARRAYS in content.array_records:
-        record.update({k: a.numpy() for k, a in content.array_records[name + _ARRAYS].items()})
+    record: dict[str, Any] = dict(config)
+    arrays = content.get(name + _ARRAYS)
+    if isinstance(arrays, ArrayRecord):
+        record.update({k: a.numpy() for k, a in arrays.items()})
     return record
 
 
