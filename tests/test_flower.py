@@ -154,7 +154,7 @@ def trainer(update, weight):
     return app
 
 
-def legacy_context(grid, nodes, global_arrays):
+def legacy_context(grid, nodes, global_arrays, current_round=1):
     manager = SimpleClientManager()
     for nid in nodes:
         manager.register(GridClientProxy(nid, grid, 1))
@@ -165,7 +165,7 @@ def legacy_context(grid, nodes, global_arrays):
         FedAvg(fraction_fit=1.0, min_fit_clients=len(nodes), min_available_clients=len(nodes)),
         manager,
     )
-    ctx.state.config_records[MAIN_CONFIGS_RECORD] = ConfigRecord({"current_round": 1})
+    ctx.state.config_records[MAIN_CONFIGS_RECORD] = ConfigRecord({"current_round": current_round})
     ctx.state.array_records[MAIN_PARAMS_RECORD] = compat.parameters_to_arrayrecord(
         ndarrays_to_parameters(global_arrays), True
     )
@@ -265,8 +265,9 @@ def test_byzantine_clients_and_a_robust_rule():
 
 def test_the_input_leaves_the_context_after_the_rounds_last_masking():
     """Flower ships a client's Context with each of its messages: the encoded input (d ring
-    elements) stays only while a masking of the round is still to come, and the client
-    trains once per round whatever the number of reclusterings."""
+    elements), made when the round's first assignment brings the training instructions,
+    stays only while a masking of the round is still to come, and the client trains once
+    per round whatever the number of reclusterings."""
     updates = updates_for(NODES, seed=2)
     calls = dict.fromkeys(NODES, 0)
 
@@ -293,8 +294,8 @@ def test_the_input_leaves_the_context_after_the_rounds_last_masking():
     workflow(grid, legacy_context(grid, NODES, global_arrays))
     assert len(workflow.last_result.reclusterings) == 2
     assert set(calls.values()) == {1}
-    # assign, keys, masking (trained: kept), unmask | assign, keys, masking (dropped), unmask
-    assert seen == [False, False, True, True, True, True, False, False]
+    # assign (trained: kept), keys, masking, unmask | assign, keys, masking (dropped), unmask
+    assert seen == [True, True, True, True, True, True, False, False]
 
 
 # ---- signed mode: identities, a directory by stable client id, random node ids -------------
@@ -341,12 +342,13 @@ def test_a_node_that_trained_keeps_its_proven_id_and_skips_the_next_hello():
     """Signed mode: the hello stage is one exchange per round; a node that proved its id
     and trained keeps the id in the next round without one (the route is the server's own
     choice; each client still checks its assignment against its own identity). A node that
-    did not train, or a new one, proves itself again; every round equals FedAvg."""
+    did not train (it trains when the round's first assignment comes), or a new one,
+    proves itself again; every round equals FedAvg on the model the last one left."""
     global_arrays = [np.zeros(s, np.float32) for s in SHAPES]
     workflow = ShareflWorkflow(cluster_size=5, clip=1.0, seed=5, signed=True, directory=DIRECTORY)
     hellos, routes = [], []
     lost = NODES[3]
-    for round_index, error_at in enumerate([{}, {lost: "MaskingRequest"}, {}]):
+    for round_index, error_at in enumerate([{}, {lost: "assign"}, {}]):
         updates = updates_for(NODES, seed=20 + round_index)
         new, grid = run_round(
             workflow, updates, global_arrays, mods=signed_mods(), error_at=error_at
@@ -357,10 +359,98 @@ def test_a_node_that_trained_keeps_its_proven_id_and_skips_the_next_hello():
         result = workflow.last_result
         assert not result.culprits and not workflow.last_node_culprits
         bound = 2 * 2.0 ** -workflow_frac_bits(result)
-        for got, want in zip(new, fedavg(updates, trained), strict=True):
-            np.testing.assert_allclose(got, want, atol=bound + 1e-6)
+        for got, g, want in zip(new, global_arrays, fedavg(updates, trained), strict=True):
+            np.testing.assert_allclose(got - g, want, atol=bound + 1e-6)
+        global_arrays = new
     assert hellos == [N, 0, 1]  # round 3: only the node that did not train in round 2
     assert routes == [dict(enumerate(NODES))] * 3
+
+
+# ---- the client's memory (invariant I4): no replayed round or model -----------------------
+
+
+def replay_grid(mods=None, **kwargs):
+    """One grid whose nodes keep their Contexts across rounds, each client's trainer
+    deterministic (the worst case: a replayed model gives the same update)."""
+    updates = updates_for(NODES, seed=30)
+    return FakeGrid({nid: trainer(*updates[nid]) for nid in NODES}, mods=mods, **kwargs), updates
+
+
+def play(workflow, grid, global_arrays, current_round):
+    ctx = legacy_context(grid, NODES, global_arrays, current_round)
+    workflow(grid, ctx)
+    return to_ndarrays(
+        compat.arrayrecord_to_parameters(ctx.state.array_records[MAIN_PARAMS_RECORD], True)
+    )
+
+
+def test_a_model_replayed_under_other_clusterings_is_refused_by_every_client():
+    """A server that sends the same model again under a new plan (a later round number)
+    would get a second set of cluster sums of the same updates; every client refuses it
+    before it trains, and nothing is released."""
+    grid, _ = replay_grid()
+    global_arrays = [np.zeros(s, np.float32) for s in SHAPES]
+    honest = ShareflWorkflow(cluster_size=5, clip=1.0, seed=1)
+    play(honest, grid, global_arrays, 1)
+    assert len(honest.last_result.clusters) == 2
+    first = {tuple(c.members) for c in honest.last_result.clusters}
+    hostile = ShareflWorkflow(cluster_size=5, clip=1.0, seed=2, max_empty_rounds=None)
+    new = play(hostile, grid, global_arrays, 2)
+    assert {tuple(c) for c in hostile.last_result.plan.clusterings[0].clusters} != first
+    assert set(grid.errors) == set(NODES)
+    assert all(
+        "ModelReplayed" in e[-1] and "other clusterings" in e[-1] for e in grid.errors.values()
+    )
+    assert hostile.last_update is None and not hostile.last_result.clusters
+    for got, g in zip(new, global_arrays, strict=True):
+        np.testing.assert_array_equal(got, g)
+
+
+def test_a_round_number_that_does_not_increase_is_refused():
+    grid, _ = replay_grid()
+    arrays = [np.zeros(s, np.float32) for s in SHAPES]
+    play(ShareflWorkflow(cluster_size=5, clip=1.0, seed=1), grid, arrays, 3)
+    moved = [a + 1 for a in arrays]  # a new model: only the round number is replayed
+    replay = ShareflWorkflow(cluster_size=5, clip=1.0, seed=1, max_empty_rounds=None)
+    play(replay, grid, moved, 3)
+    assert set(grid.errors) == set(NODES)
+    assert all("RoundReplayed" in e[-1] for e in grid.errors.values())
+
+
+def test_an_unchanged_model_is_planned_again_with_its_clusterings_and_completes():
+    """The honest workflow's side of I4: a round that released nothing leaves the model as
+    it was, so the next round reuses that model's clusterings (the clients accept them)."""
+    grid, updates = replay_grid(error_at=dict.fromkeys(NODES, "UnmaskRequest"))
+    global_arrays = [np.zeros(s, np.float32) for s in SHAPES]
+    workflow = ShareflWorkflow(cluster_size=5, clip=1.0, seed=1, timeout=0.05)
+    unchanged = play(workflow, grid, global_arrays, 1)
+    assert workflow.last_update is None  # no unmask answer in either cluster
+    planned = workflow.last_result.plan.clusterings
+    grid.error_at = {}
+    new = play(workflow, grid, unchanged, 2)
+    assert workflow.last_result.plan.clusterings == planned
+    assert not grid.errors or all("Replayed" not in e[-1] for e in grid.errors.values())
+    for got, g, want in zip(new, global_arrays, fedavg(updates, NODES), strict=True):
+        np.testing.assert_allclose(got - g, want, atol=1e-4)
+
+
+def test_a_state_dir_keeps_the_memory_across_a_restart(tmp_path):
+    """With ``sharefl-state-dir`` the memory is a file: a restarted SuperNode (a fresh
+    Context) still refuses the replayed model."""
+    configs = {nid: {"sharefl-state-dir": str(tmp_path / str(i))} for i, nid in enumerate(NODES)}
+    grid, _ = replay_grid(node_configs=configs)
+    arrays = [np.zeros(s, np.float32) for s in SHAPES]
+    play(ShareflWorkflow(cluster_size=5, clip=1.0, seed=1), grid, arrays, 1)
+    assert list((tmp_path / "0" / "memory").glob("client-*.json"))
+    restarted, _ = replay_grid(node_configs=configs)  # new Contexts
+    play(
+        ShareflWorkflow(cluster_size=5, clip=1.0, seed=2, max_empty_rounds=None),
+        restarted,
+        arrays,
+        2,
+    )
+    assert set(restarted.errors) == set(NODES)
+    assert all("ModelReplayed" in e[-1] for e in restarted.errors.values())
 
 
 STAGES = [
@@ -460,9 +550,11 @@ def test_the_kept_hello_routes_only_proven_holders_and_asks_exactly_the_others(r
             summed = {route[c] for cluster in result.clusters for c in cluster.members}
             assert summed <= trained
             bound = 2 * 2.0 ** -workflow_frac_bits(result)
-            for got, want in zip(new, fedavg(updates, sorted(summed)), strict=True):
-                np.testing.assert_allclose(got, want, atol=bound + 1e-6)
-        trained_before = trained
+            for got, g, want in zip(
+                new, global_arrays, fedavg(updates, sorted(summed)), strict=True
+            ):
+                np.testing.assert_allclose(got - g, want, atol=bound + 1e-6)
+        trained_before, global_arrays = trained, new
 
 
 def replaying(node_id: int, client: int):

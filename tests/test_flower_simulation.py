@@ -26,6 +26,8 @@ from flwr.server import ServerApp, ServerConfig
 from flwr.server.compat.legacy_context import LegacyContext
 from flwr.server.strategy import FedAvg
 from flwr.server.workflow import DefaultWorkflow
+from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD
+from flwr.server.workflow.constant import Key as WorkflowKey
 from flwr.simulation import run_simulation
 
 from sharefl.crypto.signatures import IdentityKey
@@ -139,6 +141,24 @@ class Recording(FedAvg):
 
 
 GLOBAL = [np.full(s, 0.25, np.float32) for s in SHAPES]
+OFFSETS = {"dropout": 0.0, "byzantine": 1.0, "signed": 2.0}
+
+
+def initial(scenario: str) -> list[np.ndarray]:
+    """The scenario's initial model. The runs share one Flower run and the clients remember
+    the models they contributed on (invariant I4): each scenario starts from its own."""
+    return [(g + OFFSETS[scenario]).astype(np.float32) for g in GLOBAL]
+
+
+def numbered(workflow: ShareflWorkflow, number: int):
+    """``workflow`` as round ``number`` of the run: the clients refuse a round number of
+    the run they already took part in (I4), and each one-round run here starts at 1."""
+
+    def fit(grid, context: LegacyContext) -> None:
+        context.state.config_records[MAIN_CONFIGS_RECORD][WorkflowKey.CURRENT_ROUND] = number
+        workflow(grid, context)
+
+    return fit
 
 
 @dataclass
@@ -155,7 +175,7 @@ class Run:
             fraction_evaluate=0.0,
             min_fit_clients=N,
             min_available_clients=N,
-            initial_parameters=ndarrays_to_parameters(GLOBAL),
+            initial_parameters=ndarrays_to_parameters(initial(self.scenario)),
             on_fit_config_fn=lambda _: {"scenario": self.scenario},
         )
 
@@ -181,7 +201,7 @@ def runs() -> dict[str, Run]:
 
     @server.main()
     def main(grid, context: Context) -> None:
-        for run in runs.values():
+        for number, run in enumerate(runs.values(), start=1):
             legacy = LegacyContext(
                 Context(context.run_id, 0, {}, RecordDict(), {}),
                 config=ServerConfig(num_rounds=1),
@@ -190,7 +210,7 @@ def runs() -> dict[str, Run]:
             if run.workflow is None:
                 DefaultWorkflow()(grid, legacy)
             else:
-                DefaultWorkflow(fit_workflow=run.workflow)(grid, legacy)
+                DefaultWorkflow(fit_workflow=numbered(run.workflow, number))(grid, legacy)
 
     run_simulation(server, CLIENT_APP, num_supernodes=N, backend_config=ray_backend())
     for name, run in runs.items():
@@ -209,7 +229,7 @@ def test_secure_aggregate_equals_flowers_fedavg_with_dropouts(runs):
     assert summed == set(range(N)) - {LOST_AT_MASKING}
     assert secure.failures == 2  # the workflow hands both error replies to the strategy
     bound = N * 2.0**-result.encoding.frac_bits + 1e-6  # rounding, and float32 on both sides
-    for got, want, g in zip(secure.aggregated, plain.aggregated, GLOBAL, strict=True):
+    for got, want, g in zip(secure.aggregated, plain.aggregated, initial("dropout"), strict=True):
         assert got.dtype == np.float32
         np.testing.assert_allclose(got, want, rtol=0, atol=bound)
         assert float(np.abs(got - g).max()) > 0.01  # the round moved the model
@@ -228,12 +248,13 @@ def test_byzantine_client_and_a_robust_rule(runs):
         means.append(
             [sum(u[k].astype(np.float64) * w for u, w in updates) / total for k in range(2)]
         )
+    start = initial("byzantine")
     for k, got in enumerate(robust.aggregated):
-        want = GLOBAL[k] + np.median(np.stack([m[k] for m in means]), axis=0)
+        want = start[k] + np.median(np.stack([m[k] for m in means]), axis=0)
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-4)
-        assert float(np.abs(got - GLOBAL[k]).max()) <= 0.5  # honest updates are in ±0.5
+        assert float(np.abs(got - start[k]).max()) <= 0.5  # honest updates are in ±0.5
     # Flower's FedAvg on the same updates is dragged towards the attacker's -1.
-    assert float(plain.aggregated[0].mean() - GLOBAL[0].mean()) < -0.5
+    assert float(plain.aggregated[0].mean() - start[0].mean()) < -0.5
 
 
 def test_signed_round_with_a_dropout_at_the_consistency_stage(runs):
@@ -252,5 +273,5 @@ def test_signed_round_with_a_dropout_at_the_consistency_stage(runs):
     total = sum(w for _, w in updates)
     bound = N * 2.0**-result.encoding.frac_bits + 1e-6
     for k, got in enumerate(strategy.aggregated):
-        want = GLOBAL[k] + sum(u[k].astype(np.float64) * w for u, w in updates) / total
+        want = initial("signed")[k] + sum(u[k].astype(np.float64) * w for u, w in updates) / total
         np.testing.assert_allclose(got, want, rtol=0, atol=bound)

@@ -14,7 +14,8 @@ What it does, in order (every step as Flower 1.42 documents it, on loopback):
    ``--disable-runtime-dependency-installation``).
 3. N × ``flower-supernode --root-certificates ca.pem --superlink 127.0.0.1:P --port Q_i
    --node-config "partition-id=i num-partitions=N sharefl-identity='client-i.identity'
-   sharefl-directory='directory.json'"`` (Q_i: the SuperNode's own Runtime API, loopback),
+   sharefl-directory='directory.json' sharefl-state-dir='state-i'"`` (Q_i: the SuperNode's
+   own Runtime API, loopback; the state directory keeps the client's memory of rounds),
    then waits until ``flwr supernode list`` shows all N online.
 4. A SuperLink connection in a private ``FLWR_HOME`` (``address``, ``root-certificates``:
    the CA) and ``flwr run APP deploy-local --stream``, where APP is a copy of this example
@@ -516,6 +517,7 @@ def deploy(options: Options) -> dict:
                 node_config += (
                     f" sharefl-identity='{keys / f'client-{i}.identity'}'"
                     f" sharefl-directory='{keys / 'directory.json'}'"
+                    f" sharefl-state-dir='{keys / f'state-{i}'}'"
                 )
             supernodes.append(
                 deployment.start(

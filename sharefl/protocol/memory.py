@@ -284,6 +284,28 @@ class ClientMemory:
         while len(self._runs) > self.max_runs:
             del self._runs[next(iter(self._runs))]
 
+    # -- as text, for a store that is not a file ---------------------------------------------
+
+    def to_json(self) -> str:
+        """The memory as JSON text (the file's format), for a store that is not a file (a
+        Flower client's ``Context``)."""
+        with self._transaction(write=False):
+            return json.dumps(self._to_json(), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> ClientMemory:
+        """A memory without a file that holds what :meth:`to_json` wrote (default bounds).
+        Raises :class:`ClientMemoryError` for text that is not such a memory."""
+        memory = cls()
+        try:
+            memory._from_json(json.loads(text))
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise ClientMemoryError(
+                f"the client memory is unreadable ({exc}); it protects this client against "
+                "replayed rounds and models"
+            ) from exc
+        return memory
+
     # -- persistence ------------------------------------------------------------------------
 
     @contextlib.contextmanager

@@ -20,16 +20,20 @@ from sharefl.protocol import records
 from sharefl.protocol.client import ClientPolicy, ClientSession
 from sharefl.protocol.client_round import ClientRound
 from sharefl.protocol.errors import ConfigurationError, InconsistentRequest
+from sharefl.protocol.memory import ClientMemory, memory_path
 from sharefl.protocol.messages import ClusterAssignment, MaskingRequest
 from sharefl.protocol.plan import RoundPlan
 from sharefl.protocol.updates import WeightedUpdateCodec
 
 from .common import (
     DIRECTORY_CONFIG,
+    FLOWER_SERVER,
     IDENTITY_CONFIG,
     PREFIX,
     STAGE_RECORD,
+    STATE_DIR_CONFIG,
     FlowerIntegrationError,
+    arrays_digest,
     drop_record,
     get_record,
     has_record,
@@ -41,7 +45,7 @@ from .common import (
 
 try:  # flwr is the [flower] extra
     import flwr.compat.common.recorddict_compat as compat
-    from flwr.app import Context, Message, RecordDict
+    from flwr.app import ArrayRecord, Context, Message, RecordDict
     from flwr.app.message_type import MessageType
     from flwr.common import parameters_to_ndarrays
 except ImportError as exc:  # pragma: no cover - depends on the environment
@@ -94,6 +98,7 @@ def make_sharefl_mod(
     randbytes: Callable[[int], bytes] = os.urandom,
     privacy: DistributedDPConfig | None = None,
     single_clustering: bool = True,
+    state_dir: str | Callable[[Context], str | None] | None = None,
 ):
     """A client mod with this client's :class:`ClientPolicy` (or a function of the
     ``Context`` that returns it, e.g. :func:`policy_from_node_config`); :data:`sharefl_mod`
@@ -113,7 +118,21 @@ def make_sharefl_mod(
     refuses clusters and sums of fewer than ``privacy.min_survivors`` members and, with
     ``single_clustering`` (σ calibrated for cells of s − t members, one clustering a
     round), plans with more than one clustering.
+
+    The client remembers the rounds and models it took part in (invariant I4,
+    :class:`~sharefl.protocol.memory.ClientMemory`): a round number of the run that does not
+    increase, and a model it already contributed on under other clusterings, are refused
+    (error replies), so a server cannot replay a round or a model to solve an update from
+    two plans' sums. The memory is a file under ``state_dir`` (a path, or a function of the
+    ``Context``; by default the node config's ``sharefl-state-dir``), kept across restarts
+    and runs; without one it lives in the client's ``Context`` (this run only).
     """
+
+    def state_dir_of(context: Context) -> str | None:
+        chosen = state_dir(context) if callable(state_dir) else state_dir
+        if chosen is None and STATE_DIR_CONFIG in context.node_config:
+            chosen = str(context.node_config[STATE_DIR_CONFIG])
+        return chosen
 
     def policy_of(context: Context) -> ClientPolicy:
         chosen = policy(context) if callable(policy) else policy or ClientPolicy()
@@ -135,14 +154,21 @@ def make_sharefl_mod(
         stage = get_record(msg.content, STAGE_RECORD)
         pol = policy_of(ctxt)
         client = _Client(
-            msg.metadata.dst_node_id, ctxt, pol, lambda: id_of(ctxt, pol), randbytes, privacy
+            msg.metadata.dst_node_id,
+            ctxt,
+            pol,
+            lambda: id_of(ctxt, pol),
+            randbytes,
+            int(msg.metadata.run_id).to_bytes(8, "big"),
+            state_dir_of(ctxt),
+            privacy,
         )
         if stage.get("stage") == "hello":
             out = client.hello(records.get_bytes(stage, "nonce", (HELLO_NONCE_BYTES,)))
         elif stage.get("stage") == "assign":
-            out = client.assign(msg.content, float(stage["max_weight"]))
+            out = client.assign(msg, ctxt, call_next, float(stage["max_weight"]))
         else:
-            out = client.step(msg, ctxt, call_next)
+            out = client.step(msg)
         return Message(out, reply_to=msg)
 
     return mod
@@ -159,7 +185,25 @@ class _Client:
     signed_id: Callable[[], int]
     """This client's id in signed rounds (resolved only when needed)."""
     randbytes: Callable[[int], bytes]
+    run: bytes
+    """The Flower run id (8 bytes): the memory keys round numbers by it."""
+    state_dir: str | None
+    """Where the memory file lives; ``None``: in the ``Context``."""
     privacy: DistributedDPConfig | None = None
+
+    def _memory(self, cid: int) -> ClientMemory:
+        """Invariant I4's memory of client ``cid``: its file under :attr:`state_dir`, else
+        the copy this client's ``Context`` keeps (written back by :meth:`_keep`)."""
+        if self.state_dir is not None:
+            return ClientMemory(memory_path(self.state_dir, cid, FLOWER_SERVER))
+        if has_record(self.ctxt.state, f"{_STATE}.memory"):
+            return ClientMemory.from_json(str(self._load("memory")["json"]))
+        return ClientMemory()
+
+    def _keep(self, memory: ClientMemory) -> None:
+        """Store a ``Context``-held memory back (a file memory wrote itself)."""
+        if memory.path is None:
+            self._save("memory", {"json": memory.to_json()})
 
     def _load(self, name: str) -> dict[str, Any]:
         return get_record(self.ctxt.state, f"{_STATE}.{name}")
@@ -180,10 +224,16 @@ class _Client:
         put_record(out, f"{PREFIX}.hello", {"client_id": cid, "signature": signature})
         return out
 
-    def assign(self, content: RecordDict, max_weight: float) -> RecordDict:
-        """Vet the assignment (a new plan starts a new round) and advertise keys. Raises
-        :class:`InconsistentRequest` for an unsigned assignment when the policy requires
-        signed mode, and the refusals of :class:`ClientRound`."""
+    def assign(self, msg: Message, ctxt: Context, call_next, max_weight: float) -> RecordDict:
+        """Vet the assignment and advertise keys; a new plan starts a new round, whose
+        first assignment carries the strategy's training instructions: the client app
+        trains on them (the reply carries its training reply, arrays cleared, beside the
+        advert). Raises :class:`InconsistentRequest` for an unsigned assignment when the
+        policy requires signed mode, the refusals of :class:`ClientRound` (with
+        :class:`~sharefl.protocol.errors.RoundReplayed` and
+        :class:`~sharefl.protocol.errors.ModelReplayed` from the memory), and
+        :class:`FlowerIntegrationError` for a new round without training instructions."""
+        content = msg.content
         assignment = records.from_record(
             get_record(content, f"{PREFIX}.assignment"), ClusterAssignment
         )
@@ -209,25 +259,42 @@ class _Client:
             if proposed
             else None
         )
-        if has_record(content, f"{PREFIX}.plan"):  # a new round
+        out = RecordDict()
+        if has_record(content, f"{PREFIX}.plan"):  # a new round: train on its instructions
             plan = records.from_record(get_record(content, f"{PREFIX}.plan"), RoundPlan)
             cid = self.signed_id() if assignment.signed else self.node_id
-            guard = ClientRound(cid, plan, self.policy)
             drop_record(self.ctxt.state, f"{_STATE}.input")
+            instructions, received, legacy = _instructions(msg)
+            memory = self._memory(cid)
+            # I4, checked before the client trains: a round number of this run that does not
+            # increase, or this model under other clusterings, is refused here.
+            guard = ClientRound(
+                cid,
+                plan,
+                self.policy,
+                memory=memory,
+                run=self.run,
+                model_digest=arrays_digest(received),
+            )
             if encoding is not None:
                 self._save("encoding", {**records.to_record(encoding), "max_weight": max_weight})
+            out = self._train(msg, instructions, received, legacy, ctxt, call_next, plan)
         else:
-            guard = ClientRound.from_state(self._load("round"), self.policy)
-        session = guard.session(assignment, None, randbytes=self.randbytes)
+            state = self._load("round")
+            memory = self._memory(records.get_int(state, "id"))
+            guard = ClientRound.from_state(state, self.policy, memory=memory)
+        session = guard.session(assignment, None, randbytes=self.randbytes)  # I4 recorded
         advert = session.advertise()
+        self._keep(memory)
         self._save("round", guard.export_state())
         self._save("session", session.export_state())
-        out = RecordDict()
         put_record(out, f"{PREFIX}.message", records.to_record(advert))
         return out
 
-    def step(self, msg: Message, ctxt: Context, call_next) -> RecordDict:
-        guard = ClientRound.from_state(self._load("round"), self.policy)
+    def step(self, msg: Message) -> RecordDict:
+        state = self._load("round")
+        memory = self._memory(records.get_int(state, "id"))
+        guard = ClientRound.from_state(state, self.policy, memory=memory)
         session = ClientSession.from_state(
             self._load("session"), self.policy, randbytes=self.randbytes
         )
@@ -237,36 +304,36 @@ class _Client:
         out = RecordDict()
         if isinstance(message, MaskingRequest):
             if not has_record(self.ctxt.state, f"{_STATE}.input"):
-                out = self._train(msg, ctxt, call_next, guard.plan)
+                raise InconsistentRequest(
+                    "a masking request, but this client trained on no instructions this "
+                    "round (they come with the round's first assignment)"
+                )
             session.set_input(self._load("input")["vector"])
             if message.context.reclustering + 1 >= guard.plan.reclusterings:
                 # The round's last masking: the input (d ring elements) leaves the Context,
                 # which Flower ships with every later message of this client.
                 drop_record(self.ctxt.state, f"{_STATE}.input")
-        reply = guard.handle(session, message)
+        reply = guard.handle(session, message)  # a release is recorded in the memory first
+        self._keep(memory)
         self._save("round", guard.export_state())
         self._save("session", session.export_state())
         put_record(out, f"{PREFIX}.message", records.to_record(reply))
         return out
 
-    def _train(self, msg: Message, ctxt: Context, call_next, plan: RoundPlan) -> RecordDict:
-        """Run the client app on the strategy's instructions (legacy fit instructions or a
-        Message-API ``ArrayRecord`` + ``ConfigRecord``), keep its update (trained − received)
-        encoded for masking, and return its reply with every array cleared."""
-        inner = RecordDict({k: v for k, v in msg.content.items() if not k.startswith(PREFIX)})
-        legacy = _FITINS_PARAMS in inner.array_records
-        if legacy:
-            received = parameters_to_ndarrays(
-                compat.arrayrecord_to_parameters(inner.array_records[_FITINS_PARAMS], True)
-            )
-        elif len(inner.array_records) == 1:
-            received = next(iter(inner.array_records.values())).to_numpy_ndarrays()
-        else:
-            raise FlowerIntegrationError(
-                "the first masking request carries no training instructions (fit instructions "
-                "or one ArrayRecord); the server must be a ShareflWorkflow or ShareflStrategy"
-            )
-        out = call_next(_with_content(msg, inner), ctxt)
+    def _train(
+        self,
+        msg: Message,
+        instructions: RecordDict,
+        received: list[np.ndarray],
+        legacy: bool,
+        ctxt: Context,
+        call_next,
+        plan: RoundPlan,
+    ) -> RecordDict:
+        """Run the client app on the strategy's ``instructions`` (:func:`_instructions`),
+        keep its update (trained − received) encoded for masking, and return its reply with
+        every array cleared."""
+        out = call_next(_with_content(msg, instructions), ctxt)
         if out.has_error():
             raise FlowerIntegrationError(f"the client app failed to train: {out.error.reason}")
         trained, weight = _training_reply(out.content, legacy)
@@ -286,6 +353,25 @@ class _Client:
         for arrays in content.array_records.values():
             arrays.clear()  # the trained arrays never leave the client in the clear
         return content
+
+
+def _instructions(msg: Message) -> tuple[RecordDict, list[np.ndarray], bool]:
+    """The strategy's training instructions in ``msg`` (its records without sharefl's), the
+    arrays they carry, and whether they are legacy fit instructions. Raises
+    :class:`FlowerIntegrationError` when there are none (neither fit instructions nor one
+    ``ArrayRecord``)."""
+    inner = RecordDict({k: v for k, v in msg.content.items() if not k.startswith(PREFIX)})
+    fitins = inner.get(_FITINS_PARAMS)
+    if isinstance(fitins, ArrayRecord):
+        parameters = compat.arrayrecord_to_parameters(fitins, True)
+        return inner, parameters_to_ndarrays(parameters), True
+    arrays = [v for v in inner.values() if isinstance(v, ArrayRecord)]
+    if len(arrays) != 1:
+        raise FlowerIntegrationError(
+            "the round's first assignment carries no training instructions (fit instructions "
+            "or one ArrayRecord); the server must be a ShareflWorkflow or ShareflStrategy"
+        )
+    return inner, arrays[0].to_numpy_ndarrays(), False
 
 
 WEIGHT_METRIC = "num-examples"

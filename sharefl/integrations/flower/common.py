@@ -16,6 +16,7 @@ from sharefl.crypto.kdf import KEY_BYTES
 from sharefl.crypto.signatures import IdentityKey
 from sharefl.protocol import records
 from sharefl.protocol.errors import ConfigurationError, ProtocolError
+from sharefl.protocol.memory import model_digest
 from sharefl.protocol.plan import RoundPlan
 
 try:  # flwr is the [flower] extra
@@ -88,6 +89,21 @@ IDENTITY_CONFIG = "sharefl-identity"
 """The node-config key naming a client's identity file (:func:`policy_from_node_config`)."""
 DIRECTORY_CONFIG = "sharefl-directory"
 """The node-config key naming the directory file (:func:`policy_from_node_config`)."""
+STATE_DIR_CONFIG = "sharefl-state-dir"
+"""The node-config key naming a client's state directory: its memory of the rounds and
+models it took part in (invariant I4) is a file there, kept across SuperNode restarts and
+runs; without it the memory lives in the client's ``Context`` (one run)."""
+FLOWER_SERVER = b"flower"
+"""The server identity a Flower client's memory file is keyed by (a mod cannot name its
+SuperLink; run ids key the round numbers within it)."""
+
+
+def arrays_digest(arrays: Sequence[np.ndarray]) -> bytes:
+    """The model digest (:func:`~sharefl.protocol.memory.model_digest`) of a list of arrays:
+    their elements in order, as float32. Both sides use it: the client for its memory, the
+    workflow to tell an unchanged model (whose clusterings it must reuse)."""
+    flat = [np.asarray(a, dtype=np.float32).reshape(-1) for a in arrays]
+    return model_digest(np.concatenate(flat) if flat else np.zeros(0, np.float32))
 
 
 def checked_directory(directory: Mapping[int, bytes]) -> dict[int, bytes]:

@@ -16,11 +16,11 @@ from sharefl.crypto.errors import SignatureError
 from sharefl.crypto.signatures import HELLO_NONCE_BYTES, SIGNATURE_BYTES, node_hello_message, verify
 from sharefl.privacy.distributed import DistributedDPConfig, DistributedEncoder, ReleaseLedger
 from sharefl.protocol import records
-from sharefl.protocol.clustering import tolerance_warning
-from sharefl.protocol.coordinator import RoundCoordinator, RoundResult
+from sharefl.protocol.clustering import Clustering, tolerance_warning
+from sharefl.protocol.coordinator import Release, RoundCoordinator, RoundResult
 from sharefl.protocol.drive import Outgoing, server_exchanges
 from sharefl.protocol.errors import ConfigurationError, LeakageError, RejectedMessage
-from sharefl.protocol.messages import ClusterAssignment, MaskingRequest, ServerMessage
+from sharefl.protocol.messages import ClusterAssignment, ServerMessage
 from sharefl.protocol.settings import (
     Planner,
     SecureAggregationSettings,
@@ -39,6 +39,7 @@ from .common import (
     STAGE_RECORD,
     FlowerIntegrationError,
     NothingReleased,
+    arrays_digest,
     checked_directory,
     get_record,
     put_record,
@@ -111,6 +112,22 @@ class Route:
 
 
 # ---- the server side ----------------------------------------------------------------------
+
+
+@dataclass
+class ModelPlan:
+    """The plan the workflow used on one model: a round on the same model must reuse its
+    clusterings (the clients' memory refuses it under others, invariant I4), and the sums
+    released on it are the release check's prior."""
+
+    digest: bytes
+    """:func:`arrays_digest` of the global arrays."""
+    clusterings: tuple[Clustering, ...]
+    releases: list[Release] = field(default_factory=list)
+
+    @property
+    def participants(self) -> list[int]:
+        return list(self.clusterings[0].members)
 
 
 @dataclass(frozen=True)
@@ -235,6 +252,8 @@ class ShareflWorkflow:
         self.last_node_culprits, self.last_epsilon, self.empty_rounds = {}, None, 0
         self._proven: dict[int, int] = {}
         """Signed mode: node id → the client id it proved and trained under last round."""
+        self._model: ModelPlan | None = None
+        """The plan of the last round's model (reused while the model stays unchanged)."""
         self._check()
 
     # The settings' keys, read back (``workflow.clip``...): the settings are the one record.
@@ -363,7 +382,7 @@ class ShareflWorkflow:
     ) -> SecureRoundOutcome:
         """One secure round over the nodes of ``contents`` (node id → the strategy's train
         instructions, legacy fit instructions or Message-API ``arrays`` + ``config``): the
-        clients train when the first masking request brings them their instructions and
+        clients train when the round's first assignment brings them their instructions and
         mask their updates; the rule's aggregate of the released sums is added to
         ``global_arrays``. Serves both APIs (:meth:`__call__`, :class:`ShareflStrategy`).
         """
@@ -385,23 +404,47 @@ class ShareflWorkflow:
                 built = DistributedEncoder(self.privacy, codec.size)
                 self._ledger = ReleaseLedger(built, self.privacy.colluders)
             encoder = self._ledger.encoder  # built once: its tables serve every round
+        digest = arrays_digest(global_arrays)
+        known = self._model if self._model is not None and self._model.digest == digest else None
+        participants = known.participants if known is not None else sorted(fitins)
+        if known is not None:
+            log.info(
+                "sharefl: round %d: the model is unchanged, so its clusterings are reused "
+                "(%s already released on it; %s of them not in this round)",
+                current_round,
+                counted(len(known.releases), "sum"),
+                counted(len(set(participants) - set(fitins)), "client"),
+            )
+
+        def released(release: Release) -> None:
+            if release.sum is None and self._model is not None:
+                self._model.releases.append(release)
+
         try:
             rc = RoundCoordinator(
                 self._round_settings,
                 round=current_round,
-                participants=sorted(fitins),
+                participants=participants,
                 length=codec.length if encoder is None else encoder.padded,
                 rng=self._rng,
                 directory=self._directory,
+                clusterings=known.clusterings if known is not None else None,
+                prior_releases=list(known.releases) if known is not None else (),
+                on_release=released,
             )
         except (ConfigurationError, LeakageError) as exc:
             reason = f" — no round with {counted(len(fitins), 'client')}: {exc}"
             return self._nothing_released(current_round, reason, failures)
+        if known is None:
+            self._model = ModelPlan(digest, tuple(rc.plan.clusterings))
         train_replies: dict[int, Message] = {}
         for outgoing in server_exchanges(rc):
+            # a planned client that is not in this round (the model's plan is reused) is
+            # sent nothing: it counts as dropped
             contents = {
                 route.nodes[cid]: self._content(rc, outgoing, cid, message, fitins)
                 for cid, message in outgoing.messages.items()
+                if cid in fitins
             }
             self._collect(grid, rc, route, contents, str(current_round), train_replies, failures)
         self._proven = {route.nodes[cid]: cid for cid in train_replies}
@@ -531,12 +574,14 @@ class ShareflWorkflow:
         fitins: Mapping[int, RecordDict],
     ) -> RecordDict:
         """The RecordDict that carries ``message`` to client ``cid``: an assignment with
-        its encoding (float updates) and, in the first reclustering, the round plan; a
-        stage message, the first reclustering's masking request with the training
-        instructions (``fitins``)."""
+        its encoding (float updates) and, in the first reclustering, the round plan and the
+        training instructions (``fitins``: the client trains before it advertises, so that
+        it knows the model its memory checks); a stage message alone."""
         first = outgoing.reclustering == 0
         content = RecordDict()
         if isinstance(message, ClusterAssignment):
+            if first:
+                content = RecordDict(dict(fitins[cid].items()))
             put_record(content, STAGE_RECORD, {"stage": "assign", "max_weight": self.max_weight})
             put_record(content, f"{PREFIX}.assignment", records.to_record(message))
             if rc.encoding is not None:  # float updates; none for ring inputs (privacy)
@@ -544,8 +589,6 @@ class ShareflWorkflow:
             if first:
                 put_record(content, f"{PREFIX}.plan", records.to_record(rc.plan))
             return content
-        if isinstance(message, MaskingRequest) and first:
-            content = RecordDict(dict(fitins[cid].items()))
         put_record(content, STAGE_RECORD, {"stage": "step"})
         put_record(content, f"{PREFIX}.message", records.to_record(message))
         return content
@@ -657,7 +700,7 @@ class ShareflStrategy(Strategy):
     Each round, :meth:`configure_train` takes the inner strategy's train messages (its
     sampling, its ``ArrayRecord`` and ``ConfigRecord``) and runs the whole secure round
     through the grid (:meth:`ShareflWorkflow.secure_round`): the clients' ``@app.train()``
-    functions run on those instructions when the first masking request reaches them, behind
+    functions run on those instructions when the round's first assignment reaches them, behind
     :func:`make_sharefl_mod`, and reply with a ``MetricRecord`` holding ``"num-examples"``.
     It returns no message for ``start`` to send: :meth:`aggregate_train` hands the inner
     strategy one reply per trained client, each carrying the new arrays (the rule's
