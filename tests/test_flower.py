@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 from conftest import examples
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 pytest.importorskip("flwr")
@@ -451,6 +451,70 @@ def test_a_state_dir_keeps_the_memory_across_a_restart(tmp_path):
     )
     assert set(restarted.errors) == set(NODES)
     assert all("ModelReplayed" in e[-1] for e in restarted.errors.values())
+
+
+def revealed_small_sums(member_sets, clients, below: int) -> list[tuple[int, ...]]:
+    """The oracle: every set of fewer than ``below`` clients whose sum lies in the row space
+    (over Q) of the released sums' indicator vectors — what the server can solve from them,
+    by exact linear algebra, sharing no code with the audits."""
+    index = {c: i for i, c in enumerate(clients)}
+    rows = np.zeros((len(member_sets), len(clients)))
+    for r, members in enumerate(member_sets):
+        for c in members:
+            rows[r, index[c]] = 1.0
+    rank = np.linalg.matrix_rank(rows) if len(member_sets) else 0
+    found = []
+    for size in range(1, below):
+        for subset in itertools.combinations(clients, size):
+            probe = np.zeros(len(clients))
+            probe[[index[c] for c in subset]] = 1.0
+            if np.linalg.matrix_rank(np.vstack([rows, probe])) == rank:
+                found.append(subset)
+    return found
+
+
+@settings(max_examples=examples(8), deadline=None)
+# Without the memory (a client that forgets between messages) four plans on one model
+# solve client 1's update and four two-client sums: the case the memory exists for.
+@example(rounds=[(0, 1, 0, None), (0, 2, 1, None), (0, 3, 2, None), (0, 4, 3, None)])
+@given(
+    rounds=st.lists(
+        st.tuples(
+            st.integers(0, 1),  # which model
+            st.integers(1, 4),  # the round number the server claims
+            st.integers(0, 3),  # the plan's seed
+            st.one_of(st.none(), st.integers(0, N - 1)),  # a client lost at unmasking
+        ),
+        min_size=2,
+        max_size=4,
+    )
+)
+def test_a_server_replaying_rounds_and_models_learns_no_small_sum(rounds):
+    """A malicious ServerApp that forgets nothing it was sent: each round it picks the model
+    (one of two), the round number and the plan, and may lose a client at unmasking (other
+    survivor sets), against signed clients that keep their Contexts; each round is
+    otherwise the honest workflow's, a fresh one that knows no earlier release. Oracle
+    (:func:`revealed_small_sums`): from every sum released on a model, across the rounds,
+    no update and no sum of fewer than ``min_sum_size`` clients can be solved."""
+    grid, _ = replay_grid(mods=signed_mods())
+    models = [[np.full(s, v, np.float32) for s in SHAPES] for v in (0.0, 0.5)]
+    released: dict[int, list[tuple[int, ...]]] = {0: [], 1: []}
+    for model, number, seed, lost in rounds:
+        grid.error_at = {} if lost is None else {NODES[lost]: "UnmaskRequest"}
+        hostile = ShareflWorkflow(
+            cluster_size=3,
+            clip=1.0,
+            seed=seed,
+            signed=True,
+            directory=DIRECTORY,
+            max_empty_rounds=None,
+            timeout=0.05,
+        )
+        play(hostile, grid, models[model], number)
+        if hostile.last_result is not None:
+            released[model] += [c.members for c in hostile.last_result.clusters]
+    for sums in released.values():
+        assert revealed_small_sums(sums, list(range(N)), below=3) == []
 
 
 STAGES = [
