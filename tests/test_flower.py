@@ -265,9 +265,8 @@ def test_byzantine_clients_and_a_robust_rule():
 
 def test_the_input_leaves_the_context_after_the_rounds_last_masking():
     """Flower ships a client's Context with each of its messages: the encoded input (d ring
-    elements), made when the round's first assignment brings the training instructions,
-    stays only while a masking of the round is still to come, and the client trains once
-    per round whatever the number of reclusterings."""
+    elements) stays only while a masking of the round is still to come, and the client
+    trains once per round whatever the number of reclusterings."""
     updates = updates_for(NODES, seed=2)
     calls = dict.fromkeys(NODES, 0)
 
@@ -294,8 +293,8 @@ def test_the_input_leaves_the_context_after_the_rounds_last_masking():
     workflow(grid, legacy_context(grid, NODES, global_arrays))
     assert len(workflow.last_result.reclusterings) == 2
     assert set(calls.values()) == {1}
-    # assign (trained: kept), keys, masking, unmask | assign, keys, masking (dropped), unmask
-    assert seen == [True, True, True, True, True, True, False, False]
+    # assign, keys, masking (trained: kept), unmask | assign, keys, masking (dropped), unmask
+    assert seen == [False, False, True, True, True, True, False, False]
 
 
 # ---- signed mode: identities, a directory by stable client id, random node ids -------------
@@ -342,13 +341,13 @@ def test_a_node_that_trained_keeps_its_proven_id_and_skips_the_next_hello():
     """Signed mode: the hello stage is one exchange per round; a node that proved its id
     and trained keeps the id in the next round without one (the route is the server's own
     choice; each client still checks its assignment against its own identity). A node that
-    did not train (it trains when the round's first assignment comes), or a new one,
-    proves itself again; every round equals FedAvg on the model the last one left."""
+    did not train, or a new one, proves itself again; every round equals FedAvg on the
+    model the last one left."""
     global_arrays = [np.zeros(s, np.float32) for s in SHAPES]
     workflow = ShareflWorkflow(cluster_size=5, clip=1.0, seed=5, signed=True, directory=DIRECTORY)
     hellos, routes = [], []
     lost = NODES[3]
-    for round_index, error_at in enumerate([{}, {lost: "assign"}, {}]):
+    for round_index, error_at in enumerate([{}, {lost: "MaskingRequest"}, {}]):
         updates = updates_for(NODES, seed=20 + round_index)
         new, grid = run_round(
             workflow, updates, global_arrays, mods=signed_mods(), error_at=error_at
@@ -404,6 +403,21 @@ def test_a_model_replayed_under_other_clusterings_is_refused_by_every_client():
     assert hostile.last_update is None and not hostile.last_result.clusters
     for got, g in zip(new, global_arrays, strict=True):
         np.testing.assert_array_equal(got, g)
+
+
+def test_a_masking_request_on_another_model_than_the_assignment_named_is_refused(monkeypatch):
+    """The memory records the model the round's first assignment names; a server that then
+    sends another model to train on is refused at the masking request, before training."""
+    import sharefl.integrations.flower.workflow as workflow_module
+
+    monkeypatch.setattr(workflow_module, "arrays_digest", lambda arrays: bytes(32))
+    grid, _ = replay_grid()
+    arrays = [np.zeros(s, np.float32) for s in SHAPES]
+    workflow = ShareflWorkflow(cluster_size=5, clip=1.0, seed=1, max_empty_rounds=None)
+    play(workflow, grid, arrays, 1)
+    assert set(grid.errors) == set(NODES)
+    assert all("not the one the round's assignment named" in e[-1] for e in grid.errors.values())
+    assert workflow.last_update is None
 
 
 def test_a_round_number_that_does_not_increase_is_refused():

@@ -29,6 +29,7 @@ from .common import (
     DIRECTORY_CONFIG,
     FLOWER_SERVER,
     IDENTITY_CONFIG,
+    MODEL_RECORD,
     PREFIX,
     STAGE_RECORD,
     STATE_DIR_CONFIG,
@@ -166,9 +167,9 @@ def make_sharefl_mod(
         if stage.get("stage") == "hello":
             out = client.hello(records.get_bytes(stage, "nonce", (HELLO_NONCE_BYTES,)))
         elif stage.get("stage") == "assign":
-            out = client.assign(msg, ctxt, call_next, float(stage["max_weight"]))
+            out = client.assign(msg.content, float(stage["max_weight"]))
         else:
-            out = client.step(msg)
+            out = client.step(msg, ctxt, call_next)
         return Message(out, reply_to=msg)
 
     return mod
@@ -224,16 +225,15 @@ class _Client:
         put_record(out, f"{PREFIX}.hello", {"client_id": cid, "signature": signature})
         return out
 
-    def assign(self, msg: Message, ctxt: Context, call_next, max_weight: float) -> RecordDict:
-        """Vet the assignment and advertise keys; a new plan starts a new round, whose
-        first assignment carries the strategy's training instructions: the client app
-        trains on them (the reply carries its training reply, arrays cleared, beside the
-        advert). Raises :class:`InconsistentRequest` for an unsigned assignment when the
-        policy requires signed mode, the refusals of :class:`ClientRound` (with
-        :class:`~sharefl.protocol.errors.RoundReplayed` and
-        :class:`~sharefl.protocol.errors.ModelReplayed` from the memory), and
-        :class:`FlowerIntegrationError` for a new round without training instructions."""
-        content = msg.content
+    def assign(self, content: RecordDict, max_weight: float) -> RecordDict:
+        """Vet the assignment and advertise keys. A new plan starts a new round; its first
+        assignment names the digest of the model the round trains on (the client trains
+        when the first masking request brings the model, and refuses one with another
+        digest), so the memory checks and records the round, model and clusterings
+        before the advert leaves. Raises :class:`InconsistentRequest` for an unsigned
+        assignment when the policy requires signed mode, and the refusals of
+        :class:`ClientRound` (with :class:`~sharefl.protocol.errors.RoundReplayed` and
+        :class:`~sharefl.protocol.errors.ModelReplayed` from the memory)."""
         assignment = records.from_record(
             get_record(content, f"{PREFIX}.assignment"), ClusterAssignment
         )
@@ -259,26 +259,25 @@ class _Client:
             if proposed
             else None
         )
-        out = RecordDict()
-        if has_record(content, f"{PREFIX}.plan"):  # a new round: train on its instructions
+        if has_record(content, f"{PREFIX}.plan"):  # a new round
             plan = records.from_record(get_record(content, f"{PREFIX}.plan"), RoundPlan)
             cid = self.signed_id() if assignment.signed else self.node_id
             drop_record(self.ctxt.state, f"{_STATE}.input")
-            instructions, received, legacy = _instructions(msg)
+            try:
+                model = records.get_bytes(get_record(content, MODEL_RECORD), "digest", (32,))
+            except records.RecordError as exc:
+                raise InconsistentRequest(
+                    f"the round's first assignment names no model digest ({exc}); the server "
+                    "must be a ShareflWorkflow or ShareflStrategy of this version"
+                ) from exc
             memory = self._memory(cid)
-            # I4, checked before the client trains: a round number of this run that does not
-            # increase, or this model under other clusterings, is refused here.
+            # I4: a round number of this run that does not increase, or this model under
+            # other clusterings, is refused here; the masking request's model must match.
             guard = ClientRound(
-                cid,
-                plan,
-                self.policy,
-                memory=memory,
-                run=self.run,
-                model_digest=arrays_digest(received),
+                cid, plan, self.policy, memory=memory, run=self.run, model_digest=model
             )
             if encoding is not None:
                 self._save("encoding", {**records.to_record(encoding), "max_weight": max_weight})
-            out = self._train(msg, instructions, received, legacy, ctxt, call_next, plan)
         else:
             state = self._load("round")
             memory = self._memory(records.get_int(state, "id"))
@@ -288,10 +287,11 @@ class _Client:
         self._keep(memory)
         self._save("round", guard.export_state())
         self._save("session", session.export_state())
+        out = RecordDict()
         put_record(out, f"{PREFIX}.message", records.to_record(advert))
         return out
 
-    def step(self, msg: Message) -> RecordDict:
+    def step(self, msg: Message, ctxt: Context, call_next) -> RecordDict:
         state = self._load("round")
         memory = self._memory(records.get_int(state, "id"))
         guard = ClientRound.from_state(state, self.policy, memory=memory)
@@ -304,10 +304,13 @@ class _Client:
         out = RecordDict()
         if isinstance(message, MaskingRequest):
             if not has_record(self.ctxt.state, f"{_STATE}.input"):
-                raise InconsistentRequest(
-                    "a masking request, but this client trained on no instructions this "
-                    "round (they come with the round's first assignment)"
-                )
+                instructions, received, legacy = _instructions(msg)
+                if arrays_digest(received) != guard.model_digest:
+                    raise InconsistentRequest(
+                        "the masking request's model is not the one the round's assignment "
+                        "named (and this client's memory recorded): refusing to train on it"
+                    )
+                out = self._train(msg, instructions, received, legacy, ctxt, call_next, guard.plan)
             session.set_input(self._load("input")["vector"])
             if message.context.reclustering + 1 >= guard.plan.reclusterings:
                 # The round's last masking: the input (d ring elements) leaves the Context,
@@ -368,8 +371,9 @@ def _instructions(msg: Message) -> tuple[RecordDict, list[np.ndarray], bool]:
     arrays = [v for v in inner.values() if isinstance(v, ArrayRecord)]
     if len(arrays) != 1:
         raise FlowerIntegrationError(
-            "the round's first assignment carries no training instructions (fit instructions "
-            "or one ArrayRecord); the server must be a ShareflWorkflow or ShareflStrategy"
+            "the round's first masking request carries no training instructions (fit "
+            "instructions or one ArrayRecord); the server must be a ShareflWorkflow or "
+            "ShareflStrategy"
         )
     return inner, arrays[0].to_numpy_ndarrays(), False
 

@@ -93,6 +93,9 @@ STATE_DIR_CONFIG = "sharefl-state-dir"
 """The node-config key naming a client's state directory: its memory of the rounds and
 models it took part in (invariant I4) is a file there, kept across SuperNode restarts and
 runs; without it the memory lives in the client's ``Context`` (one run)."""
+MODEL_RECORD = f"{PREFIX}.model"
+"""The record of a round's first assignment naming the digest of the model the round
+trains on (:func:`arrays_digest`): the client's memory checks it before the advert leaves."""
 FLOWER_SERVER = b"flower"
 """The server identity a Flower client's memory file is keyed by (a mod cannot name its
 SuperLink; run ids key the round numbers within it)."""

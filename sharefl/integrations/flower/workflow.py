@@ -20,7 +20,7 @@ from sharefl.protocol.clustering import Clustering, tolerance_warning
 from sharefl.protocol.coordinator import Release, RoundCoordinator, RoundResult
 from sharefl.protocol.drive import Outgoing, server_exchanges
 from sharefl.protocol.errors import ConfigurationError, LeakageError, RejectedMessage
-from sharefl.protocol.messages import ClusterAssignment, ServerMessage
+from sharefl.protocol.messages import ClusterAssignment, MaskingRequest, ServerMessage
 from sharefl.protocol.settings import (
     Planner,
     SecureAggregationSettings,
@@ -35,6 +35,7 @@ from sharefl.wording import counted
 
 from ..collect import ReplyDeadlines, send_and_collect
 from .common import (
+    MODEL_RECORD,
     PREFIX,
     STAGE_RECORD,
     FlowerIntegrationError,
@@ -382,7 +383,7 @@ class ShareflWorkflow:
     ) -> SecureRoundOutcome:
         """One secure round over the nodes of ``contents`` (node id → the strategy's train
         instructions, legacy fit instructions or Message-API ``arrays`` + ``config``): the
-        clients train when the round's first assignment brings them their instructions and
+        clients train when the first masking request brings them their instructions and
         mask their updates; the rule's aggregate of the released sums is added to
         ``global_arrays``. Serves both APIs (:meth:`__call__`, :class:`ShareflStrategy`).
         """
@@ -442,7 +443,7 @@ class ShareflWorkflow:
             # a planned client that is not in this round (the model's plan is reused) is
             # sent nothing: it counts as dropped
             contents = {
-                route.nodes[cid]: self._content(rc, outgoing, cid, message, fitins)
+                route.nodes[cid]: self._content(rc, outgoing, cid, message, fitins, digest)
                 for cid, message in outgoing.messages.items()
                 if cid in fitins
             }
@@ -572,16 +573,19 @@ class ShareflWorkflow:
         cid: int,
         message: ClusterAssignment | ServerMessage,
         fitins: Mapping[int, RecordDict],
+        model: bytes,
     ) -> RecordDict:
         """The RecordDict that carries ``message`` to client ``cid``: an assignment with
         its encoding (float updates) and, in the first reclustering, the round plan and the
-        training instructions (``fitins``: the client trains before it advertises, so that
-        it knows the model its memory checks); a stage message alone."""
+        digest of the model (``model``: the client's memory checks it before it
+        advertises); a stage message, the first reclustering's masking request with the
+        training instructions (``fitins``), whose model the client checks against that
+        digest."""
         first = outgoing.reclustering == 0
         content = RecordDict()
         if isinstance(message, ClusterAssignment):
             if first:
-                content = RecordDict(dict(fitins[cid].items()))
+                put_record(content, MODEL_RECORD, {"digest": model})
             put_record(content, STAGE_RECORD, {"stage": "assign", "max_weight": self.max_weight})
             put_record(content, f"{PREFIX}.assignment", records.to_record(message))
             if rc.encoding is not None:  # float updates; none for ring inputs (privacy)
@@ -589,6 +593,8 @@ class ShareflWorkflow:
             if first:
                 put_record(content, f"{PREFIX}.plan", records.to_record(rc.plan))
             return content
+        if isinstance(message, MaskingRequest) and first:
+            content = RecordDict(dict(fitins[cid].items()))
         put_record(content, STAGE_RECORD, {"stage": "step"})
         put_record(content, f"{PREFIX}.message", records.to_record(message))
         return content
@@ -700,7 +706,7 @@ class ShareflStrategy(Strategy):
     Each round, :meth:`configure_train` takes the inner strategy's train messages (its
     sampling, its ``ArrayRecord`` and ``ConfigRecord``) and runs the whole secure round
     through the grid (:meth:`ShareflWorkflow.secure_round`): the clients' ``@app.train()``
-    functions run on those instructions when the round's first assignment reaches them, behind
+    functions run on those instructions when the first masking request reaches them, behind
     :func:`make_sharefl_mod`, and reply with a ``MetricRecord`` holding ``"num-examples"``.
     It returns no message for ``start`` to send: :meth:`aggregate_train` hands the inner
     strategy one reply per trained client, each carrying the new arrays (the rule's
