@@ -467,6 +467,20 @@ def test_a_state_dir_keeps_the_memory_across_a_restart(tmp_path):
     assert all("ModelReplayed" in e[-1] for e in restarted.errors.values())
 
 
+def searched_workflow(cluster_size: int, seed: int) -> ShareflWorkflow:
+    """The signed workflow the searches drive: it never stops the run on empty rounds and
+    counts a silent node as dropped after 50 ms."""
+    return ShareflWorkflow(
+        cluster_size=cluster_size,
+        clip=1.0,
+        seed=seed,
+        signed=True,
+        directory=DIRECTORY,
+        max_empty_rounds=None,
+        timeout=0.05,
+    )
+
+
 def revealed_small_sums(member_sets, clients, below: int) -> list[tuple[int, ...]]:
     """The oracle: every set of fewer than ``below`` clients whose sum lies in the row space
     (over Q) of the released sums' indicator vectors — what the server can solve from them,
@@ -515,15 +529,7 @@ def test_a_server_replaying_rounds_and_models_learns_no_small_sum(rounds):
     released: dict[int, list[tuple[int, ...]]] = {0: [], 1: []}
     for model, number, seed, lost in rounds:
         grid.error_at = {} if lost is None else {NODES[lost]: "UnmaskRequest"}
-        hostile = ShareflWorkflow(
-            cluster_size=3,
-            clip=1.0,
-            seed=seed,
-            signed=True,
-            directory=DIRECTORY,
-            max_empty_rounds=None,
-            timeout=0.05,
-        )
+        hostile = searched_workflow(cluster_size=3, seed=seed)
         play(hostile, grid, models[model], number)
         if hostile.last_result is not None:
             released[model] += [c.members for c in hostile.last_result.clusters]
@@ -569,15 +575,7 @@ def test_the_kept_hello_routes_only_proven_holders_and_asks_exactly_the_others(r
     answers (or kept its id) is routed; (3) hellos go to exactly the selected nodes that did
     not train in the previous round on the same node id (trained: its training app ran);
     (4) a released round is FedAvg over its summed members, each of which trained."""
-    workflow = ShareflWorkflow(
-        cluster_size=5,
-        clip=1.0,
-        seed=seed,
-        signed=True,
-        directory=DIRECTORY,
-        max_empty_rounds=None,
-        timeout=0.05,
-    )
+    workflow = searched_workflow(cluster_size=5, seed=seed)
     node_of = list(NODES)  # directory id -> its Flower node id now
     fresh = itertools.count(1000)
     trained_before: set[int] = set()

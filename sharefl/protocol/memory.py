@@ -297,13 +297,7 @@ class ClientMemory:
         """A memory without a file that holds what :meth:`to_json` wrote (default bounds).
         Raises :class:`ClientMemoryError` for text that is not such a memory."""
         memory = cls()
-        try:
-            memory._from_json(json.loads(text))
-        except (ValueError, TypeError, KeyError, AttributeError) as exc:
-            raise ClientMemoryError(
-                f"the client memory is unreadable ({exc}); it protects this client against "
-                "replayed rounds and models"
-            ) from exc
+        memory._parse(text, "the client memory", "")
         return memory
 
     # -- persistence ------------------------------------------------------------------------
@@ -344,13 +338,22 @@ class ClientMemory:
             text = self.path.read_text(encoding="utf-8")
         except FileNotFoundError:
             return
+        self._parse(
+            text,
+            f"the client memory file {self.path}",
+            ": restore it, or delete it to start afresh (the client then forgets the rounds "
+            "and models it took part in)",
+        )
+
+    def _parse(self, text: str, what: str, remedy: str) -> None:
+        """Load ``text`` (:meth:`_to_json`'s format); raises :class:`ClientMemoryError`
+        naming ``what`` and ``remedy`` for text that is not a memory."""
         try:
             self._from_json(json.loads(text))
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             raise ClientMemoryError(
-                f"the client memory file {self.path} is unreadable ({exc}); it protects this "
-                "client against replayed rounds and models: restore it, or delete it to start "
-                "afresh (the client then forgets the rounds and models it took part in)"
+                f"{what} is unreadable ({exc}); it protects this client against replayed "
+                f"rounds and models{remedy}"
             ) from exc
 
     def _from_json(self, data: Any) -> None:

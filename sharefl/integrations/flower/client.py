@@ -21,7 +21,7 @@ from sharefl.protocol.client import ClientPolicy, ClientSession
 from sharefl.protocol.client_round import ClientRound
 from sharefl.protocol.errors import ConfigurationError, InconsistentRequest
 from sharefl.protocol.memory import ClientMemory, memory_path
-from sharefl.protocol.messages import ClusterAssignment, MaskingRequest
+from sharefl.protocol.messages import ClusterAssignment, MaskingRequest, UnmaskRequest
 from sharefl.protocol.plan import RoundPlan
 from sharefl.protocol.updates import WeightedUpdateCodec
 
@@ -292,14 +292,20 @@ class _Client:
         return out
 
     def step(self, msg: Message, ctxt: Context, call_next) -> RecordDict:
+        message = records.from_record(
+            get_record(msg.content, f"{PREFIX}.message"), records.SERVER_MESSAGES
+        )
         state = self._load("round")
-        memory = self._memory(records.get_int(state, "id"))
+        # Only an unmask request touches the memory (a release is recorded before the
+        # reply): the other stages neither read nor write it.
+        memory = (
+            self._memory(records.get_int(state, "id"))
+            if isinstance(message, UnmaskRequest)
+            else None
+        )
         guard = ClientRound.from_state(state, self.policy, memory=memory)
         session = ClientSession.from_state(
             self._load("session"), self.policy, randbytes=self.randbytes
-        )
-        message = records.from_record(
-            get_record(msg.content, f"{PREFIX}.message"), records.SERVER_MESSAGES
         )
         out = RecordDict()
         if isinstance(message, MaskingRequest):
@@ -317,7 +323,8 @@ class _Client:
                 # which Flower ships with every later message of this client.
                 drop_record(self.ctxt.state, f"{_STATE}.input")
         reply = guard.handle(session, message)  # a release is recorded in the memory first
-        self._keep(memory)
+        if memory is not None:
+            self._keep(memory)
         self._save("round", guard.export_state())
         self._save("session", session.export_state())
         put_record(out, f"{PREFIX}.message", records.to_record(reply))
