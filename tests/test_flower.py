@@ -40,6 +40,7 @@ from sharefl.integrations.flower import (
     put_record,
     sharefl_mod,
 )
+from sharefl.integrations.flower.common import MODEL_RECORD
 from sharefl.privacy.distributed import DistributedDPConfig, DistributedEncoder, epsilon_after
 from sharefl.protocol.client import ClientPolicy
 from sharefl.protocol.errors import ConfigurationError
@@ -418,6 +419,23 @@ def test_a_masking_request_on_another_model_than_the_assignment_named_is_refused
     assert set(grid.errors) == set(NODES)
     assert all("not the one the round's assignment named" in e[-1] for e in grid.errors.values())
     assert workflow.last_update is None
+
+
+def test_an_assignment_that_names_no_model_is_refused_before_any_key_leaves():
+    """A server that leaves out the model digest (so the memory could not check the model)
+    gets an error reply from every client at its first assignment, and no advert."""
+
+    def stripping(msg, ctxt, call_next):
+        msg.content.pop(MODEL_RECORD, None)
+        return sharefl_mod(msg, ctxt, call_next)
+
+    grid, _ = replay_grid(mods=dict.fromkeys(NODES, stripping))
+    arrays = [np.zeros(s, np.float32) for s in SHAPES]
+    workflow = ShareflWorkflow(cluster_size=5, clip=1.0, seed=1, max_empty_rounds=None)
+    play(workflow, grid, arrays, 1)
+    assert set(grid.errors) == set(NODES)
+    assert all("names no model digest" in e[-1] for e in grid.errors.values())
+    assert set(grid.sent) == {"assign"} and workflow.last_update is None
 
 
 def test_a_round_number_that_does_not_increase_is_refused():
