@@ -402,6 +402,8 @@ def test_a_model_replayed_under_other_clusterings_is_refused_by_every_client():
         "ModelReplayed" in e[-1] and "other clusterings" in e[-1] for e in grid.errors.values()
     )
     assert hostile.last_update is None and not hostile.last_result.clusters
+    assert len(hostile.last_failures) == len(NODES)  # the error replies, as the server got them
+    assert all("ModelReplayed" in str(f) for f in hostile.last_failures)
     for got, g in zip(new, global_arrays, strict=True):
         np.testing.assert_array_equal(got, g)
 

@@ -28,6 +28,8 @@ import pytest
 pytest.importorskip("flwr")
 
 SCRIPT = Path(__file__).resolve().parents[1] / "examples/flower_share_message/deploy_local.py"
+REPLAYING_SERVERAPP = Path(__file__).resolve().parent / "flower_replaying_serverapp.py"
+REPLAY_MARK = "sharefl-replay "  # the line flower_replaying_serverapp.py logs
 
 
 def _processes_naming(text: str) -> list[str]:
@@ -45,7 +47,7 @@ def _processes_naming(text: str) -> list[str]:
     return found
 
 
-def _deploy(tmp_path: Path, supernodes: int, rounds: int) -> dict:
+def _deploy(tmp_path: Path, supernodes: int, rounds: int, *extra: str) -> dict:
     summary_path = tmp_path / "summary.json"
     work = tmp_path / "work"
     done = subprocess.run(
@@ -65,6 +67,7 @@ def _deploy(tmp_path: Path, supernodes: int, rounds: int) -> dict:
             "2400",
             "--executor",
             "warm",
+            *extra,
         ],
         capture_output=True,
         text=True,
@@ -92,6 +95,24 @@ def test_twenty_supernodes_run_the_signed_round_over_tls(tmp_path):
     assert all(node["main_hwm_mb"] > 0 and node["superexec_hwm_mb"] > 0 for node in nodes)
     assert summary["clientapp_relaunches"] == 0
     assert summary["memory"]["superlink"]["app_hwm_mb"] > 0  # the ServerApp was seen
+
+
+@pytest.mark.slow
+def test_a_server_replaying_a_model_on_the_deployment_engine_gets_no_sum(tmp_path):
+    """Invariant I4 where users run it: SuperNodes over TLS, signed, each client's memory in
+    its ``sharefl-state-dir``. The ServerApp (``flower_replaying_serverapp.py``) runs an
+    honest round 1, then sends round 1's model again under new clusterings: every client
+    refuses from its own memory, and the server gets no cluster sum of round 2."""
+    summary = _deploy(tmp_path, 10, 2, "--serverapp", str(REPLAYING_SERVERAPP))
+    assert summary["ok"] and summary["signed"] and summary["tls"]
+    log = (Path(summary["work"]) / "logs" / "run.log").read_text()
+    (line,) = [line for line in log.splitlines() if REPLAY_MARK in line]
+    first, replay = json.loads(line.split(REPLAY_MARK, 1)[1])
+    assert first["released"] == 3 and first["errors"] == []  # 10 clients: clusters of 3, 3, 4
+    assert replay["clusterings"] != first["clusterings"]
+    assert replay["released"] == 0
+    assert len(replay["errors"]) == 10
+    assert all("ModelReplayed" in e and "other clusterings" in e for e in replay["errors"])
 
 
 def test_the_script_refuses_fewer_supernodes_than_the_app_needs():

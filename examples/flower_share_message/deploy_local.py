@@ -317,9 +317,13 @@ class Deployment:
         return sorted(self.ours())
 
 
-def stage_app(work: Path, directory: Path, signed: bool) -> Path:
+def stage_app(work: Path, directory: Path, signed: bool, serverapp: Path | None = None) -> Path:
     """A copy of this example to run: with ``signed``, its components are the signed ones
-    and its run config names the server's directory."""
+    and its run config names the server's directory; with ``serverapp`` (a Python file
+    defining ``serverapp``, a ``ServerApp``), that file joins the package and is the app's
+    server component."""
+    import tomllib
+
     import tomli_w  # flwr's own dependency
 
     target = work / "app"
@@ -330,14 +334,17 @@ def stage_app(work: Path, directory: Path, signed: bool) -> Path:
             "__pycache__", "deploy_local.py", "warm_superexec.py", "*.md"
         ),
     )
+    pyproject = target / "pyproject.toml"
+    data = tomllib.loads(pyproject.read_text())
+    app = data["tool"]["flwr"]["app"]
     if signed:
-        import tomllib
-
-        pyproject = target / "pyproject.toml"
-        data = tomllib.loads(pyproject.read_text())
-        data["tool"]["flwr"]["app"]["components"] = dict(SIGNED_COMPONENTS)
-        data["tool"]["flwr"]["app"]["config"][DIRECTORY_KEY] = str(directory)
-        pyproject.write_text(tomli_w.dumps(data))
+        app["components"] = dict(SIGNED_COMPONENTS)
+        app["config"][DIRECTORY_KEY] = str(directory)
+    if serverapp is not None:
+        module = f"sharefl_custom_{serverapp.stem}"
+        shutil.copyfile(serverapp, target / "flower_share_message" / f"{module}.py")
+        app["components"]["serverapp"] = f"flower_share_message.{module}:serverapp"
+    pyproject.write_text(tomli_w.dumps(data))
     return target
 
 
@@ -444,6 +451,8 @@ class Options:
     """``"flower"``: Flower's SuperExec (a ``flwr-clientapp`` process per message);
     ``"warm"``: ``--isolation process`` and one ``warm_superexec.py`` per SuperNode;
     ``"shared"``: ``--isolation process`` and one ``warm_superexec.py`` for all."""
+    serverapp: Path | None = None
+    """A Python file whose ``serverapp`` replaces the app's ServerApp (``--serverapp``)."""
 
 
 def flower_env(work: Path) -> dict[str, str]:
@@ -479,7 +488,7 @@ def deploy(options: Options) -> dict:
     ports = free_ports(n + 1)
     link_port, node_ports = ports[0], ports[1:]
     write_connection(work / "flwr-home", link_port, keys / "ca.pem")
-    app = stage_app(work, keys / "directory.json", options.signed)
+    app = stage_app(work, keys / "directory.json", options.signed, options.serverapp)
     deployment = Deployment(work, env, ports)
     summary: dict = {
         "supernodes": n,
@@ -705,7 +714,17 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         "--isolation process and warm_superexec.py, one long-lived executor per SuperNode; "
         "shared: one warm_superexec.py serving every SuperNode",
     )
+    parser.add_argument(
+        "--serverapp",
+        type=Path,
+        default=None,
+        help="a Python file defining `serverapp` (a ServerApp) to run instead of the "
+        "example's, e.g. your own strategy; it may import the example's modules "
+        "(flower_share_message.*)",
+    )
     args = parser.parse_args(argv)
+    if args.serverapp is not None and not args.serverapp.is_file():
+        parser.error(f"--serverapp {args.serverapp}: no such file")
     if args.supernodes < 10:
         parser.error("the app needs at least 10 SuperNodes (its median tolerates 1 of 3 clusters)")
     options = Options(
@@ -720,6 +739,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         run_config=tuple(args.run_config),
         json=args.json,
         executor=args.executor,
+        serverapp=args.serverapp and args.serverapp.resolve(),
     )
     return options
 

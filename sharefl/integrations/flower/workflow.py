@@ -201,7 +201,8 @@ class ShareflWorkflow:
     Attributes set by each round: ``last_result`` (the :class:`RoundResult`, its culprits
     by client id), ``last_update`` (the aggregated update arrays, or ``None``),
     ``last_route`` (the :class:`Route` of client ids to node ids) and
-    ``last_node_culprits`` (signed mode: node id → why its hello was refused).
+    ``last_node_culprits`` (signed mode: node id → why its hello was refused) and
+    ``last_failures`` (Flower's failures list: the nodes' error replies, as exceptions).
 
     Raises :class:`ConfigurationError` for settings no round could run with (a
     :class:`~sharefl.protocol.settings.SettingsError` naming the key), both a settings
@@ -224,6 +225,7 @@ class ShareflWorkflow:
     last_update: list[np.ndarray] | None = field(default=None, init=False)
     last_route: Route | None = field(default=None, init=False)
     last_node_culprits: dict[int, str] = field(default_factory=dict, init=False)
+    last_failures: Failures = field(default_factory=list, init=False)
     last_epsilon: float | None = field(default=None, init=False)
     empty_rounds: int = field(default=0, init=False)
 
@@ -251,6 +253,7 @@ class ShareflWorkflow:
         self.max_empty_rounds = max_empty_rounds
         self.last_result, self.last_update, self.last_route = None, None, None
         self.last_node_culprits, self.last_epsilon, self.empty_rounds = {}, None, 0
+        self.last_failures = []
         self._proven: dict[int, int] = {}
         """Signed mode: node id → the client id it proved and trained under last round."""
         self._model: ModelPlan | None = None
@@ -388,7 +391,7 @@ class ShareflWorkflow:
         ``global_arrays``. Serves both APIs (:meth:`__call__`, :class:`ShareflStrategy`).
         """
         failures: Failures = []
-        self.last_node_culprits = {}
+        self.last_node_culprits, self.last_failures = {}, failures
         if self.signed:
             route = self._hello(grid, current_round, sorted(contents), failures)
         else:
