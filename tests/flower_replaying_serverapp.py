@@ -13,17 +13,15 @@ from __future__ import annotations
 
 import json
 from logging import INFO
+from typing import cast
 
-from flower_share_message.client_app import MAX_WEIGHT
-from flower_share_message.server_app import centralized_evaluation, robust_rule
-from flower_share_message.signed_app import DIRECTORY_KEY, app_context
-from flower_share_message.task import AppConfig, initial_parameters
+from flower_share_message.signed_app import run_signed_with
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
-from flwr.serverapp.strategy import FedAvg, Result
+from flwr.serverapp.strategy import Result
 
-from sharefl.integrations.flower import ShareflStrategy, read_directory
+from sharefl.integrations.flower import ShareflStrategy
 
 REPLAY_MARK = "sharefl-replay "
 
@@ -63,29 +61,6 @@ serverapp = ServerApp()
 
 @serverapp.main()
 def run_replaying(grid: Grid, context: Context) -> Result:
-    directory = str(context.run_config[DIRECTORY_KEY])
-    config = AppConfig.from_run_config(app_context(context).run_config)
-    nodes = len(read_directory(directory))
-    strategy = ReplayingStrategy(
-        FedAvg(
-            fraction_train=1.0,
-            fraction_evaluate=0.0,
-            min_train_nodes=nodes,
-            min_available_nodes=nodes,
-        ),
-        cluster_size=config.cluster_size,
-        clip=config.clip,
-        max_weight=MAX_WEIGHT,
-        rule=robust_rule(config.rule),
-        signed=True,
-        directory=directory,
-        max_empty_rounds=None,
-    )
-    result = strategy.start(
-        grid=grid,
-        initial_arrays=ArrayRecord(initial_parameters()),
-        num_rounds=config.num_server_rounds,
-        evaluate_fn=centralized_evaluation,
-    )
-    log(INFO, "%s%s", REPLAY_MARK, json.dumps(strategy.outcome))
+    result, strategy = run_signed_with(grid, context, ReplayingStrategy, max_empty_rounds=None)
+    log(INFO, "%s%s", REPLAY_MARK, json.dumps(cast(ReplayingStrategy, strategy).outcome))
     return result

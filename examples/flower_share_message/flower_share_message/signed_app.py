@@ -20,6 +20,7 @@ holds ``sharefl-directory`` (a key the unsigned app does not know).
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from flwr.app import ArrayRecord, Context, Message
 from flwr.clientapp import ClientApp
@@ -60,14 +61,16 @@ def train_signed(msg: Message, context: Context) -> Message:
 serverapp = ServerApp()
 
 
-@serverapp.main()
-def run_signed(grid: Grid, context: Context) -> Result:
-    """The example's rounds in signed mode. Raises ``KeyError`` without the
-    ``sharefl-directory`` run config key, and what ``read_directory`` raises."""
+def run_signed_with(
+    grid: Grid, context: Context, kind: type[ShareflStrategy] = ShareflStrategy, **options: Any
+) -> tuple[Result, ShareflStrategy]:
+    """The example's rounds in signed mode with a strategy of type ``kind`` (more
+    ``options`` for it); returns Flower's Result and the strategy. Raises ``KeyError``
+    without the ``sharefl-directory`` run config key, and what ``read_directory`` raises."""
     directory = str(context.run_config[DIRECTORY_KEY])
     config = AppConfig.from_run_config(app_context(context).run_config)
     nodes = len(read_directory(directory))
-    strategy = ShareflStrategy(
+    strategy = kind(
         FedAvg(
             fraction_train=1.0,
             fraction_evaluate=0.0,
@@ -80,10 +83,18 @@ def run_signed(grid: Grid, context: Context) -> Result:
         rule=robust_rule(config.rule),
         signed=True,
         directory=directory,
+        **options,
     )
-    return strategy.start(
+    result = strategy.start(
         grid=grid,
         initial_arrays=ArrayRecord(initial_parameters()),
         num_rounds=config.num_server_rounds,
         evaluate_fn=centralized_evaluation,
     )
+    return result, strategy
+
+
+@serverapp.main()
+def run_signed(grid: Grid, context: Context) -> Result:
+    """The example's rounds in signed mode (:func:`run_signed_with`)."""
+    return run_signed_with(grid, context)[0]
