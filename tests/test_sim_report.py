@@ -228,6 +228,43 @@ def test_plot_has_an_epsilon_panel_for_private_runs_and_a_descriptive_title(
     assert private.axes[0].get_title() == "private\n4 rounds, seed 1"
 
 
+def test_many_series_are_told_apart_and_their_legend_sits_beside_the_curves(
+    tmp_path: Path,
+) -> None:
+    """Past 10 series the colours repeat, so the line style changes; past 10 legend
+    entries the legend leaves the axes (where it would cover curves and title) and the
+    figure grows tall enough for all of them."""
+    needs("matplotlib")
+    from matplotlib.figure import Figure
+
+    for i in range(24):
+        write_run(tmp_path / f"run{i}", name="many", label=f"cell {i}", seed=1, final=0.9)
+    write_run(tmp_path / "few0", name="few", label="one", seed=1, final=0.9)
+    runs = load_runs(tmp_path)
+    saved: list[Figure] = []
+    original = Figure.savefig
+
+    def keep(self: Figure, *args: object, **kwargs: object) -> None:
+        saved.append(self)
+        original(self, *args, **kwargs)
+
+    import unittest.mock
+
+    with unittest.mock.patch.object(Figure, "savefig", keep):
+        plot_accuracy(runs, tmp_path / "many.png", name="many")
+        plot_accuracy(runs, tmp_path / "few.png", name="few")
+    many, few = saved
+    styles = [line.get_linestyle() for line in many.axes[0].get_lines()]
+    assert styles == ["-"] * 10 + ["--"] * 10 + [":"] * 4
+    pairs = {(line.get_color(), line.get_linestyle()) for line in many.axes[0].get_lines()}
+    assert len(pairs) == 24  # no two series look the same
+    legend = many.axes[0].get_legend()
+    assert len(legend.get_texts()) == 24
+    assert legend.get_bbox_to_anchor().x0 > many.axes[0].get_window_extent().x1  # beside
+    assert many.get_size_inches()[1] > few.get_size_inches()[1]
+    assert few.axes[0].get_legend().get_bbox_to_anchor().x0 < few.axes[0].get_window_extent().x1
+
+
 def test_label_order_is_first_appearance(tmp_path: Path) -> None:
     # Natural path order: run2 before run10, so "b" appears first.
     write_run(tmp_path / "run10", name="x", label="a", seed=0, final=0.5)

@@ -359,7 +359,7 @@ def plot_accuracy(runs: Iterable[RunRecord], path: str | os.PathLike[str], *, na
         ax, ax_eps = fig.add_subplot(), None
     any_paper = False
     any_points = False
-    for (_, label), members in _group_runs(selected).items():
+    for index, ((_, label), members) in enumerate(_group_runs(selected).items()):
         per_round: dict[int, list[float]] = {}
         eps_round: dict[int, list[float]] = {}
         for run in members:
@@ -374,7 +374,15 @@ def plot_accuracy(runs: Iterable[RunRecord], path: str | os.PathLike[str], *, na
             f", {unfinished} unfinished)" if unfinished else ")"
         )
         means = [statistics.fmean(per_round[x]) for x in xs]
-        (line,) = ax.plot(xs, means, label=legend, linewidth=1.6, marker="o", markersize=3.5)
+        (line,) = ax.plot(
+            xs,
+            means,
+            label=legend,
+            linewidth=1.6,
+            marker="o",
+            markersize=3.5,
+            linestyle=_line_style(index),
+        )
         any_points = any_points or bool(xs)
         color = line.get_color()
         if xs:
@@ -416,7 +424,7 @@ def plot_accuracy(runs: Iterable[RunRecord], path: str | os.PathLike[str], *, na
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("test accuracy (%)")
     ax.grid(True, alpha=0.3)
-    ax.legend(loc="lower right", fontsize="small")
+    _place_legend(ax, "lower right")
     bottom = ax
     if ax_eps is not None:
         ax_eps.set_ylabel("ε spent")
@@ -455,7 +463,7 @@ def plot_metric(
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     positive = True
-    for (_, label), members in _group_runs(selected).items():
+    for index, ((_, label), members) in enumerate(_group_runs(selected).items()):
         per_round: dict[int, list[float]] = {}
         for run in members:
             for rec in run.rounds:
@@ -465,7 +473,13 @@ def plot_metric(
         xs = sorted(per_round)
         positive = positive and all(v > 0 for x in xs for v in per_round[x])
         means = [statistics.fmean(per_round[x]) for x in xs]
-        (line,) = ax.plot(xs, means, label=f"{label} (n={len(members)})", linewidth=1.6)
+        (line,) = ax.plot(
+            xs,
+            means,
+            label=f"{label} (n={len(members)})",
+            linewidth=1.6,
+            linestyle=_line_style(index),
+        )
         ax.fill_between(
             xs,
             [min(per_round[x]) for x in xs],
@@ -481,11 +495,37 @@ def plot_metric(
     ax.set_xlabel("round")
     ax.set_ylabel(metric)
     ax.grid(True, alpha=0.3)
-    ax.legend(loc="best", fontsize="small")
+    _place_legend(ax, "best")
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, format="png")
     return out
+
+
+LEGEND_INSIDE_MAX = 10
+"""The most legend entries drawn inside the axes; more go beside them (right)."""
+LEGEND_ENTRY_INCHES = 0.19
+"""The height one legend entry takes (small font); a taller legend makes the figure taller."""
+
+
+def _line_style(index: int) -> str:
+    """Matplotlib's colour cycle has 10 colours: the 11th series on is told apart by its
+    line style (solid, dashed, dotted, dash-dotted)."""
+    return ("-", "--", ":", "-.")[(index // 10) % 4]
+
+
+def _place_legend(ax: Any, loc: str) -> None:
+    """The legend inside ``ax`` at ``loc``, or, past :data:`LEGEND_INSIDE_MAX` entries
+    (where it would cover the curves and the title), beside the axes on the right, the
+    figure made tall enough for it; the figure's constrained layout makes room."""
+    handles, _ = ax.get_legend_handles_labels()
+    if len(handles) <= LEGEND_INSIDE_MAX:
+        ax.legend(loc=loc, fontsize="small")
+        return
+    fig = ax.get_figure()
+    width, height = fig.get_size_inches()
+    fig.set_size_inches(width, max(height, LEGEND_ENTRY_INCHES * len(handles) + 0.6))
+    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize="small", borderaxespad=0)
 
 
 # ---------------------------------------------------------------------------------------------
