@@ -200,7 +200,7 @@ class ShareflWorkflow:
 
     Attributes set by each round: ``last_result`` (the :class:`RoundResult`, its culprits
     by client id), ``last_update`` (the aggregated update arrays, or ``None``),
-    ``last_route`` (the :class:`Route` of client ids to node ids) and
+    ``last_route`` (the :class:`Route` of client ids to node ids),
     ``last_node_culprits`` (signed mode: node id → why its hello was refused) and
     ``last_failures`` (Flower's failures list: the nodes' error replies, as exceptions).
 
