@@ -6,6 +6,7 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from needs import needs
@@ -198,15 +199,13 @@ def test_a_trial_beside_the_full_run_is_named_as_differing_in_rounds(tmp_path: P
         summarize(load_runs(tmp_path))
 
 
-def test_plot_has_an_epsilon_panel_for_private_runs_and_a_descriptive_title(
-    tmp_path: Path,
-) -> None:
-    needs("matplotlib")
+def plotted_figures(runs: list[RunRecord], folder: Path, *names: str) -> list[Any]:
+    """``plot_accuracy`` for each experiment of ``names`` (a PNG each under ``folder``); the
+    matplotlib Figures it saved, in that order, for the tests to inspect."""
+    import unittest.mock
+
     from matplotlib.figure import Figure
 
-    write_run(tmp_path / "p" / "a", name="private", label="ε=2", seed=1, final=0.9, epsilon=2.0)
-    write_run(tmp_path / "c" / "a", name="clear", label="none", seed=1, final=0.9)
-    runs = load_runs(tmp_path)
     saved: list[Figure] = []
     original = Figure.savefig
 
@@ -214,12 +213,20 @@ def test_plot_has_an_epsilon_panel_for_private_runs_and_a_descriptive_title(
         saved.append(self)
         original(self, *args, **kwargs)
 
-    import unittest.mock
-
     with unittest.mock.patch.object(Figure, "savefig", keep):
-        plot_accuracy(runs, tmp_path / "p.png", name="private")
-        plot_accuracy(runs, tmp_path / "c.png", name="clear")
-    private, clear = saved
+        for name in names:
+            plot_accuracy(runs, folder / f"{name}.png", name=name)
+    return saved
+
+
+def test_plot_has_an_epsilon_panel_for_private_runs_and_a_descriptive_title(
+    tmp_path: Path,
+) -> None:
+    needs("matplotlib")
+    write_run(tmp_path / "p" / "a", name="private", label="ε=2", seed=1, final=0.9, epsilon=2.0)
+    write_run(tmp_path / "c" / "a", name="clear", label="none", seed=1, final=0.9)
+    runs = load_runs(tmp_path)
+    private, clear = plotted_figures(runs, tmp_path, "private", "clear")
     assert [a.get_ylabel() for a in private.axes] == ["test accuracy (%)", "ε spent"]
     assert [a.get_ylabel() for a in clear.axes] == ["test accuracy (%)"]
     accuracy_line = private.axes[0].get_lines()[0]
@@ -235,25 +242,11 @@ def test_many_series_are_told_apart_and_their_legend_sits_beside_the_curves(
     entries the legend leaves the axes (where it would cover curves and title) and the
     figure grows tall enough for all of them."""
     needs("matplotlib")
-    from matplotlib.figure import Figure
-
     for i in range(24):
         write_run(tmp_path / f"run{i}", name="many", label=f"cell {i}", seed=1, final=0.9)
     write_run(tmp_path / "few0", name="few", label="one", seed=1, final=0.9)
     runs = load_runs(tmp_path)
-    saved: list[Figure] = []
-    original = Figure.savefig
-
-    def keep(self: Figure, *args: object, **kwargs: object) -> None:
-        saved.append(self)
-        original(self, *args, **kwargs)
-
-    import unittest.mock
-
-    with unittest.mock.patch.object(Figure, "savefig", keep):
-        plot_accuracy(runs, tmp_path / "many.png", name="many")
-        plot_accuracy(runs, tmp_path / "few.png", name="few")
-    many, few = saved
+    many, few = plotted_figures(runs, tmp_path, "many", "few")
     styles = [line.get_linestyle() for line in many.axes[0].get_lines()]
     assert styles == ["-"] * 10 + ["--"] * 10 + [":"] * 4
     pairs = {(line.get_color(), line.get_linestyle()) for line in many.axes[0].get_lines()}
