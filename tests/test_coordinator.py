@@ -3,6 +3,8 @@ release check (including an audit that cannot finish), and the exclusion policy.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from conftest import examples
@@ -18,7 +20,9 @@ from sharefl.protocol import (
     RoundCoordinator,
     SecureAggregationSettings,
 )
-from sharefl.protocol.coordinator import ReleaseAuditor
+from sharefl.protocol.coordinator import ReleaseAuditor, RoundResult
+from sharefl.protocol.drive import server_exchanges
+from sharefl.protocol.messages import MaskedInput
 from sharefl.protocol.plan import RoundPlan
 
 LENGTH = 8
@@ -148,6 +152,48 @@ def test_exclusion_policy_counts_rounds_named():
     never = Exclusions(after=0)
     never.record({3: "x"})
     assert never.excluded == frozenset()
+
+
+def _play(rc: RoundCoordinator, complaints: dict[int, tuple[int, ...]]) -> RoundResult:
+    """Drive ``rc``'s round with honest client sessions, except that each client of
+    ``complaints`` names those peers in its masked input (a lie: their bundles decrypted)."""
+    vector = np.zeros(LENGTH, dtype=np.uint32)
+    sessions: dict[int, ClientSession] = {}
+    for outgoing in server_exchanges(rc):
+        for cid, message in outgoing.messages.items():
+            if outgoing.opening:
+                sessions[cid] = ClientSession(cid, message, vector)
+                reply = sessions[cid].advertise()
+            else:
+                reply = sessions[cid].handle(message)
+            if isinstance(reply, MaskedInput) and cid in complaints:
+                reply = dataclasses.replace(reply, complaints=complaints[cid])
+            rc.receive(cid, reply)
+    return rc.result()
+
+
+def test_two_liars_in_a_cluster_of_three_cannot_get_the_third_named_or_excluded():
+    """Byzantine 0 and 1 both claim that honest 2's share bundles did not decrypt. 2 is
+    left out of that round's sum (reported as disowned), but it is not a culprit, so the
+    exclusion policy keeps it in the next round's plan."""
+    policy = Exclusions(after=1)
+    participants: list[int] = list(range(6))
+    for round_index in range(2):
+        rc = RoundCoordinator(
+            SecureAggregationSettings(cluster_size=3, min_sum_size=2),
+            round=round_index,
+            participants=policy.eligible(participants),
+            length=LENGTH,
+            rng=np.random.default_rng(round_index),
+            clusterings=[Clustering(((0, 1, 2), (3, 4, 5)))],
+        )
+        assert 2 in rc.plan.participants
+        result = _play(rc, {0: (2,), 1: (2,)})
+        first = {s.cluster: s for s in result.reclusterings[0].clusters}[0]
+        assert first.members == (0, 1) and first.excluded == (2,)
+        assert result.culprits == {}
+        policy.record(result.culprits)
+    assert policy.excluded == frozenset()
 
 
 def test_in_signed_rounds_a_sum_its_members_would_refuse_is_withheld_not_asked():

@@ -29,7 +29,7 @@ from sharefl.protocol.messages import (
     UnmaskRequest,
     UnmaskResponse,
 )
-from sharefl.protocol.server import ClusterSum, ServerSession, ServerState
+from sharefl.protocol.server import ClusterSum, FailedCluster, ServerSession, ServerState
 
 CTX = KeyContext(round=1, reclustering=0, cluster=0)
 LENGTH = 33
@@ -245,13 +245,44 @@ def _tamper_bundles(c: Cluster, sender: int, tamper) -> None:
         c.server.receive(reply)
 
 
-def test_garbage_shares_get_their_sender_excluded():
+def test_garbage_shares_get_their_sender_left_out_of_the_sum():
+    """Every peer disowns 2 (its bundles do not decrypt): 2 is dropped for this sum, which
+    goes on exactly without it; being disowned is reported (``excluded``), not proof."""
     c = Cluster()
     _tamper_bundles(c, 2, lambda b: {r: os.urandom(len(v)) for r, v in b.items()})
     outcome = _finish(c, c.server.advance())
     assert isinstance(outcome, ClusterSum)
     assert outcome.excluded == (2,) and outcome.members == (0, 1, 3, 4)
     np.testing.assert_array_equal(outcome.sum, c.expected(outcome.members))
+
+
+def test_holders_that_complain_and_withhold_shares_name_nobody():
+    """Byzantine 0 and 1 claim 3's bundles did not decrypt and withhold their shares of 3;
+    honest 2 drops before unmasking. Every holder that answered complained, so 3's seed
+    cannot be rebuilt and the cluster fails, but that is two clients' word against 3's:
+    nobody is named."""
+    c = Cluster(n=4, t=3)
+    liars = (0, 1)
+    out = c.step(c.advertise())
+    for cid, message in out.items():
+        reply = c.clients[cid].handle(message)
+        if cid in liars:
+            reply = dataclasses.replace(reply, complaints=(3,))
+        c.server.receive(reply)
+    out = c.server.advance()
+    assert set(out) == {0, 1, 2, 3}  # 3 is not disowned: 2 did not complain
+    for cid, message in out.items():
+        if cid == 2:
+            continue  # drops
+        reply = c.clients[cid].handle(message)
+        if cid in liars:
+            shares = {o: s for o, s in reply.seed_shares.items() if o != 3}
+            reply = dataclasses.replace(reply, seed_shares=shares)
+        c.server.receive(reply)
+    c.server.advance()
+    outcome = c.server.outcome
+    assert isinstance(outcome, FailedCluster) and "client 3's seed" in outcome.reason
+    assert outcome.culprits == ()
 
 
 def test_shares_encrypted_to_the_wrong_peer_are_detected():

@@ -160,14 +160,16 @@ class RoundReport:
         round: the round index (from 0, as on the wire; files and logs number it from 1).
         participants: the clients planned into the round.
         clusters: the released sums of every reclustering (reclustering, cluster, members,
-            dropped, excluded, complaints).
+            dropped, excluded: left out because every peer disowned it, not named;
+            complaints).
         failed: clusters without a sum (reclustering, cluster, members, stage, reason,
             culprits); ``withheld`` lists those the release check held back.
         withheld: clusters whose sum would have made an update or a too-small sum
             recoverable (reclustering, cluster, members, reason).
         corrupted: sums outside the honest range, left out of the aggregate.
         culprits: client id → why it was named (malformed or rejected messages, secrets
-            that could not be rebuilt, disowned by its peers).
+            that could not be rebuilt from its own dealing); never a client its peers
+            disowned or complained about.
         excluded: clients left out of later rounds by the exclusion policy (cumulative).
         contributors: the largest number of clients one reclustering aggregated.
         seconds: the round's wall time.

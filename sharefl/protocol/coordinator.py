@@ -705,10 +705,8 @@ class RoundCoordinator:
                     self.name_culprit(culprit, f"cluster {r}/{index} failed: {outcome.reason}")
                 continue
             assert isinstance(outcome, ClusterSum)
-            for culprit in outcome.excluded:
-                self.name_culprit(
-                    culprit, f"every peer in cluster {r}/{index} disowned its share bundles"
-                )
+            # outcome.excluded (disowned by every peer) is left out of the sum, not named:
+            # m - 1 lying peers can disown an honest member (docs/security.md).
             if self.encoding is not None:
                 try:
                     values = decode(outcome.ring_sum, self.encoding, len(outcome.members))

@@ -18,12 +18,14 @@ its masked input and masks exactly as if the bundle had arrived (invariant I1 of
 server that withholds bundles gains nothing. It only says that u's secrets have one holder
 fewer. A false complaint removes nobody: the accused stays in the sum as long as t holders
 return its shares. Only when *every* (at least two) neighbour of u complains is u
-*disowned*: left out of the sum as if it had dropped, and named; its peers then reveal the
-pair seeds they masked with it (:attr:`UnmaskResponse.pair_seeds`, what u's mask key
-would give for a dropped client, never its self-mask seed). A client whose secrets cannot
-be rebuilt makes its cluster fail; it is named in :attr:`FailedCluster.culprits` when that
-is provable (its dealing does not match its commitment or public key, or every holder that
-answered complained about it), never on one peer's word.
+*disowned*: left out of the sum as if it had dropped (:attr:`ClusterSum.excluded`), and its
+peers reveal the pair seeds they masked with it (:attr:`UnmaskResponse.pair_seeds`, what
+u's mask key would give for a dropped client, never its self-mask seed). A disowned client
+is never named: complaints are words, and m − 1 lying peers can all complain about an
+honest one. A client whose secrets cannot be rebuilt makes its cluster fail; it is named in
+:attr:`FailedCluster.culprits` only when its own dealing is inconsistent with what it
+advertised (the shares rebuild no secret matching its commitment or public key), never
+because holders complained or too few shares arrived.
 
 Release check. ``approve(members)`` (optional) is asked once the members of the sum are
 final, before any unmask request is sent: a refusal ends the cluster as failed at stage
@@ -98,10 +100,11 @@ class ClusterSum:
         members: clients whose inputs are in the sum (sorted).
         ring_sum: the exact sum in Z_2^b (1-D uint32/uint64 array).
         dropped: assigned clients whose inputs are not in the sum (any stage).
-        excluded: clients left out because every neighbour complained about their share
-            bundles (the culprits of the cluster; see the module docstring).
+        excluded: clients left out of this sum because every neighbour complained about
+            their share bundles (*disowned*): dropped for the round, never named (the
+            complainers may be lying; see the module docstring).
         complaints: (complainer, accused) pairs: the accused's share bundle did not decrypt
-            for the complainer (both stay in the sum unless the accused is excluded).
+            for the complainer (both stay in the sum unless the accused is disowned).
         bad_shares: (holder, owner) pairs: shares that did not match the owner's secret.
         decoded: the decoded float64 sum of float inputs; ``None`` for ring inputs.
     """
@@ -141,8 +144,9 @@ class FailedCluster:
         members: every client assigned to the cluster.
         stage: the stage at which it failed (``release``: withheld by the release check).
         reason: why (which count fell below t, or which secret could not be rebuilt).
-        culprits: the clients that provably made it fail (their secrets could not be
-            rebuilt from their own dealing), empty when it failed for lack of clients.
+        culprits: the clients that provably made it fail (their shares rebuild no secret
+            matching their commitment or public key); empty when it failed for lack of
+            clients or of shares (complaints and missing shares prove nothing).
     """
 
     cluster: int
@@ -488,7 +492,8 @@ class ServerSession:
         """Every one of u's (at least two) neighbours that sent a masked input complained
         that u's share bundle did not decrypt: nobody holds its shares, so u is left out of
         the sum as if it had dropped (its peers reveal the pair seeds they masked with it)
-        and named, instead of failing the cluster."""
+        instead of failing the cluster. Never a reason to name u: the complainers may be
+        the m − 1 liars of the cluster."""
         peers = self.assignment.neighbours_of(u) & masked
         return len(peers) >= 2 and all(u in self._got.masked[v].complaints for v in peers)
 
@@ -591,8 +596,9 @@ class ServerSession:
         Shamir over all its shares, which names the bad shares (recorded in ``bad``).
         Returns the rebuilt secrets and, for each owner whose secret cannot be rebuilt
         (fewer than t shares, or none consistent with its commitment / public key), why and
-        whether it is the owner's own fault: shares inconsistent with what it advertised,
-        or too few shares only because responders could not decrypt its bundles.
+        whether that is proof against the owner: only shares that rebuild no secret
+        matching what it advertised are; too few shares never are (holders that complained
+        or withheld shares may be lying).
         """
         t = self.assignment.threshold
         what = field_name.split("_")[0]
@@ -618,9 +624,7 @@ class ServerSession:
                     f"only {len(shares[owner])} shares of client {owner}'s {what} arrived, "
                     f"fewer than t = {t} ({len(complainers)} holders could not decrypt its "
                     "bundle)",
-                    # Provable only when every peer that answered complained (>= 2 of them):
-                    # one peer's word, or complaints beside a drop-out, name nobody.
-                    len(complainers) >= 2 and complainers == answered,
+                    False,  # complaints and missing shares are words, not proof
                 )
         groups: dict[tuple[int, ...], list[int]] = {}
         for owner in owners:
