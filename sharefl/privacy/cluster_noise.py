@@ -11,7 +11,9 @@ N(0, σ²C²/(s − t) I) before masking, where
   a full cluster of m carries m/(s − t)·σ²C², more than the target (the price of
   tolerating drop-outs);
 - t = ``colluders``: members assumed to add no noise or to tell the server theirs
-  (Byzantine members, clients colluding with the server); 0 by default.
+  (Byzantine members, clients colluding with the server); 0 by default here, the
+  protocol's colluder bound in a simulation (``privacy.colluders`` omitted: ⌈m/3⌉ − 1
+  in signed mode, :attr:`sharefl.simulator.config.RunConfig.noise_colluders`).
 
 So every released sum of at least s members, of whom at most t are colluders, carries at
 least the full noise N(0, σ²C² I) (:meth:`ClusterNoiseSplit.released_variance`).
@@ -30,7 +32,10 @@ P_aa = 1/k, σ_a = σ√(k/(s − t)) ≥ σ; a client whose update the server c
 (reclusterings that leak) has P_aa = 1 and only σ/√(s − t). Rounds compose as Gaussian
 mechanisms: μ² adds up, so each client's ε after T rounds is that of one Gaussian
 mechanism with σ = (Σ_t 1/σ_{a,t}²)^(−1/2) (exact under full participation, which is
-what SHARE runs: no subsampling amplification is claimed).
+what SHARE runs: no subsampling amplification is claimed). With t > 0 the ledger counts
+only honest noise: up to t members of each released sum, known Byzantine ones included,
+may add none, so each client is charged its cell's sum with the members they leave
+(:func:`colluder_noise_multipliers`).
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ import torch
 
 from .accountant import Backend, Conversion, PrivacyAccountant
 from .client_level import clip_update_
+from .distributed_accounting import cell_noise_adders
 from .errors import PrivacyConfigError
 from .noise import add_gaussian_noise_
 
@@ -135,6 +141,31 @@ def effective_noise_multipliers(
     return out
 
 
+def colluder_noise_multipliers(
+    released: Sequence[Sequence[int]],
+    honest: Sequence[int],
+    share_std: float,
+    clip_norm: float,
+    colluders: int,
+) -> dict[int, float]:
+    """σ_a = share_std·√k / C of every honest client for one round, k the noise-adding
+    members of its cell when up to ``colluders`` members of each released sum add none
+    (:func:`~sharefl.privacy.distributed_accounting.cell_noise_adders`).
+
+    The server sees a post-processing of the cell sums, and a cell of k honest adders
+    (the colluders' inputs and noise are known and subtracted) is one Gaussian mechanism
+    with noise std share_std·√k and sensitivity C. With one clustering the cells are the
+    clusters' survivors and this is exact (the projection of
+    :func:`effective_noise_multipliers` with the colluders removed); with overlapping
+    reclusterings it is pessimistic. Arguments as in :func:`effective_noise_multipliers`;
+    ``math.inf`` for an honest client in no released sum."""
+    out = {c: math.inf for c in set(honest)}
+    for cell, adders in cell_noise_adders(released, honest, colluders):
+        for c in cell:
+            out[c] = share_std * math.sqrt(adders) / clip_norm
+    return dict(sorted(out.items()))
+
+
 @dataclass
 class ClusterPrivacyLedger:
     """Per-client ε of client-level DP split over clusters (module docstring).
@@ -152,10 +183,21 @@ class ClusterPrivacyLedger:
     rounds: int = 0
 
     def record_round(self, released: Sequence[Sequence[int]], honest: Sequence[int]) -> None:
-        """Account one round's released sums (members: survivors only) for ``honest``."""
-        sigmas = effective_noise_multipliers(
-            released, honest, self.split.share_std, self.split.clip_norm
-        )
+        """Account one round's released sums (members: survivors only) for ``honest``.
+
+        With t = ``split.colluders`` > 0, up to t members of each released sum may add no
+        noise although the caller counts them as honest, so only the honest noise is
+        counted: σ_a of client a's cell with the members t colluders leave
+        (:func:`colluder_noise_multipliers`); with t = 0 the projection bound
+        (:func:`effective_noise_multipliers`)."""
+        if self.split.colluders:
+            sigmas = colluder_noise_multipliers(
+                released, honest, self.split.share_std, self.split.clip_norm, self.split.colluders
+            )
+        else:
+            sigmas = effective_noise_multipliers(
+                released, honest, self.split.share_std, self.split.clip_norm
+            )
         for c, s in sigmas.items():
             gain = 0.0 if math.isinf(s) else (math.inf if s == 0 else 1.0 / s**2)
             self.precision[c] = self.precision.get(c, 0.0) + gain

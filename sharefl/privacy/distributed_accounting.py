@@ -577,3 +577,35 @@ def released_cells(released: Sequence[Sequence[int]], honest: Sequence[int]) -> 
     for c, where in signature.items():
         cells.setdefault(tuple(where), []).append(c)
     return sorted(sorted(cell) for cell in cells.values())
+
+
+def cell_noise_adders(
+    released: Sequence[Sequence[int]], honest: Sequence[int], colluders: int
+) -> list[tuple[list[int], int]]:
+    """Each cell of :func:`released_cells` with the noise-adding members it is charged:
+    ``max(1, n − hidden)`` for a cell of n honest clients, where ``hidden = max(0, t −
+    b)``, t = ``colluders`` and b the most non-honest (Byzantine, known) members of a
+    released sum that contains the cell.
+
+    The split's threat model is that at most t members of every released sum add no noise
+    (or tell the server theirs), the known Byzantine members among them; so at most
+    t − b_S of the clients the caller calls honest are secret colluders in a sum S, and a
+    cell lies inside every sum that contains it. The client being charged always adds its
+    own share (hence at least 1). With t = 0 this is the cell's size.
+
+    Raises :class:`PrivacyConfigError` for ``colluders < 0``."""
+    if isinstance(colluders, bool) or colluders < 0:
+        raise PrivacyConfigError(f"colluders must be an integer >= 0, got {colluders!r}")
+    honest_set = set(honest)
+    known = [sum(1 for c in members if c not in honest_set) for members in released]
+    where: dict[int, list[int]] = {}
+    for index, members in enumerate(released):
+        for c in members:
+            if c in honest_set:
+                where.setdefault(c, []).append(index)
+    out = []
+    for cell in released_cells(released, honest):
+        byzantine = max(known[i] for i in where[cell[0]])
+        hidden = max(0, colluders - byzantine)
+        out.append((cell, max(1, len(cell) - hidden)))
+    return out

@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
+from sharefl.protocol.client import default_colluders
 from sharefl.protocol.errors import ConfigurationError
 from sharefl.protocol.settings import Planner, SecureAggregationSettings
 from sharefl.simulator.errors import SimulatorError
@@ -189,6 +190,13 @@ class PrivacyConfig:
     MNIST, where the computed q of its replicated split would be 0.001.
     ``conversion = "classic"`` is the RDP → (ε, δ) bound of TF-Privacy's moments
     accountant, which seed003's ε use.
+
+    ``colluders`` is t of the cluster split (``noise_split = "cluster"``): the members of a
+    released sum that may add no noise. Omitted (``None``), it is the protocol's colluder
+    bound for the run's clusters (:func:`noise_colluders`: ``secure_aggregation.colluders``
+    if set, else ⌈m/3⌉ − 1 in signed mode and 0 in unsigned mode), so that the shares, the
+    calibration and the reported ε count only the noise of the members the protocol
+    assumes honest; an explicit value (0 included) is used as given.
     """
 
     enabled: bool = False
@@ -207,7 +215,11 @@ class PrivacyConfig:
     # -- client level inside SHARE's clusters (sharefl.privacy.cluster_noise) --
     noise_split: str = "participants"  # or "cluster": each cluster sum carries σ²C²
     min_survivors: int = 0  # s of the cluster split (0: the cluster's Shamir threshold)
-    colluders: int = 0  # t < s members per released sum that may add no noise (Byzantine)
+    # t < s members per released sum that may add no noise (Byzantine, or colluding with
+    # the server). None (omit the key): the protocol's colluder bound, resolved per run by
+    # sharefl.simulator.federated.share.noise_colluders (secure_aggregation.colluders if
+    # set, else default_colluders(cluster_size, signed): ⌈m/3⌉ − 1 signed, 0 unsigned).
+    colluders: int | None = None
     # the noise of the cluster split (sharefl.privacy.distributed): "gaussian" (continuous,
     # float encoding), "discrete_gaussian" or "skellam" (integers mod 2^bits, rotated)
     distributed: str = "gaussian"
@@ -246,7 +258,16 @@ class PrivacyConfig:
             self.noise_split in NOISE_SPLITS, f"privacy.noise_split must be one of {NOISE_SPLITS}"
         )
         _require(self.min_survivors >= 0, "privacy.min_survivors must be >= 0")
-        _require(self.colluders >= 0, "privacy.colluders must be >= 0")
+        _require(
+            self.colluders is None
+            or (isinstance(self.colluders, int) and not isinstance(self.colluders, bool)),
+            f"privacy.colluders must be an integer (omit it for the protocol's colluder "
+            f"bound), got {self.colluders!r}",
+        )
+        _require(
+            self.colluders is None or self.colluders >= 0,
+            "privacy.colluders must be >= 0 (omit it for the protocol's colluder bound)",
+        )
         _require(
             self.distributed in DISTRIBUTED_MECHANISMS,
             f"privacy.distributed must be one of {DISTRIBUTED_MECHANISMS}",
@@ -276,6 +297,20 @@ class PrivacyConfig:
                 "privacy.momentum is seed000's per-example momentum; privacy.level = "
                 '"client" has none: set privacy.momentum = 0',
             )
+
+
+def noise_colluders(privacy: PrivacyConfig, secure_aggregation: SecureAggregationSettings) -> int:
+    """t of the cluster split: ``privacy.colluders`` when set, else the protocol's colluder
+    bound for the run's clusters: ``secure_aggregation.colluders`` when set, else
+    :func:`~sharefl.protocol.client.default_colluders` of ``cluster_size`` in the run's mode
+    (⌈m/3⌉ − 1 signed, 0 unsigned; 1 for signed clusters of 4). The protocol's audits
+    resist that many colluders per cluster, so the noise is split and accounted as if that
+    many members of every released sum added none."""
+    if privacy.colluders is not None:
+        return privacy.colluders
+    if secure_aggregation.colluders is not None:
+        return secure_aggregation.colluders
+    return default_colluders(secure_aggregation.cluster_size, secure_aggregation.signed)
 
 
 @dataclass(frozen=True)
@@ -565,6 +600,11 @@ class RunConfig:
         return dataclasses.asdict(self)
 
     @property
+    def noise_colluders(self) -> int:
+        """t of the cluster noise split: :func:`noise_colluders` of this run."""
+        return noise_colluders(self.privacy, self.secure_aggregation)
+
+    @property
     def partition_seed(self) -> int:
         """The seed of the data partition: ``data.partition_seed``, or the run's seed when
         that is -1."""
@@ -582,8 +622,14 @@ class RunConfig:
         settings = {k: v for k, v in self.to_dict().items() if k != "paper"}
         if self.algorithm == AlgorithmConfig():  # ids of runs from before the section
             del settings["algorithm"]
+        # privacy.colluders = None is the protocol's bound (:func:`noise_colluders`): the id
+        # holds the count the cluster split uses (left out where it is the former default 0,
+        # and where no split uses it).
+        p = self.privacy
+        split = p.enabled and p.level == "client" and p.noise_split == "cluster"
+        settings["privacy"]["colluders"] = self.noise_colluders if split else p.colluders or 0
         for section, key in _SHARE_KEYS:  # ids of runs from before SHARE's options
-            if settings[section][key] == getattr(_SHARE_DEFAULTS[section], key):
+            if settings[section][key] == getattr(_SHARE_DEFAULTS_BEFORE[section], key):
                 del settings[section][key]
         share = settings["secure_aggregation"]
         if share.get("clustering") == "fixed_plan":  # recorded as "fixed" before the split
@@ -613,6 +659,12 @@ _SHARE_DEFAULTS: dict[str, Any] = {
     "privacy": PrivacyConfig(),
     "secure_aggregation": SecureAggregationConfig(),
 }
+_SHARE_DEFAULTS_BEFORE: dict[str, Any] = {
+    **_SHARE_DEFAULTS,
+    "privacy": dataclasses.replace(PrivacyConfig(), colluders=0),
+}
+"""The defaults when runs were recorded: privacy.colluders was 0 until it became the
+protocol's colluder bound (``None``)."""
 _SHARE_KEYS = (
     ("training", "momentum"),
     ("training", "weighted"),

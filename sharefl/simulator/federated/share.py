@@ -45,7 +45,7 @@ from sharefl.privacy.distributed import (
     Rotation,
     calibrate_distributed,
 )
-from sharefl.privacy.distributed_accounting import DistributedDPLedger, released_cells
+from sharefl.privacy.distributed_accounting import DistributedDPLedger, cell_noise_adders
 from sharefl.privacy.secure_random import SecureRandom
 from sharefl.protocol.client import min_released_members
 from sharefl.protocol.driver import secure_sum
@@ -73,13 +73,15 @@ the schedule and the protocol all read ``run.secure_aggregation.min_sum_size``).
 def cluster_noise_split(run: RunConfig, noise_multiplier: float) -> ClusterNoiseSplit | None:
     """The noise split of ``privacy.noise_split = "cluster"`` (``None`` otherwise); the
     default s is :func:`~sharefl.protocol.client.min_released_members`: a cluster that
-    loses members still carries the whole noise in any sum the protocol releases."""
+    loses members still carries the whole noise in any sum the protocol releases; t is
+    :attr:`~sharefl.simulator.config.RunConfig.noise_colluders` (the protocol's colluder
+    bound unless ``privacy.colluders`` is set)."""
     p = run.privacy
     if not (p.enabled and p.level == "client" and p.noise_split == "cluster"):
         return None
     if p.distributed != "gaussian":
         return None
-    return ClusterNoiseSplit(p.clip, noise_multiplier, split_survivors(run), p.colluders)
+    return ClusterNoiseSplit(p.clip, noise_multiplier, split_survivors(run), run.noise_colluders)
 
 
 #: Standard deviations of one member's noise share the float encoding must carry unclipped.
@@ -123,11 +125,18 @@ def split_survivors(run: RunConfig) -> int:
         raise SimulationConfigError(
             f"privacy.min_survivors = {survivors} exceeds the cluster size {m}"
         )
-    if not run.privacy.colluders < survivors:
+    colluders = run.noise_colluders
+    if not colluders < survivors:
+        source = (
+            f"privacy.colluders = {colluders}"
+            if run.privacy.colluders is not None
+            else f"the protocol's colluder bound ({colluders}, which privacy.colluders takes "
+            "when it is omitted)"
+        )
         raise SimulationConfigError(
-            f"privacy.colluders = {run.privacy.colluders} must be below the "
-            f"{survivors} members a released sum holds (privacy.min_survivors): a sum "
-            "needs one honest share"
+            f"{source} must be below the {survivors} members a released sum holds "
+            "(privacy.min_survivors): a sum needs one honest share; set privacy.colluders "
+            "lower or privacy.min_survivors higher"
         )
     return survivors
 
@@ -158,7 +167,7 @@ def distributed_encoder(
         noise_multiplier=noise_multiplier,
         min_survivors=split_survivors(run),
         max_summands=run.secure_aggregation.cluster_size,
-        colluders=p.colluders,
+        colluders=run.noise_colluders,
         bits=p.bits,
         rotation=Rotation(p.rotation),
     )
@@ -292,13 +301,16 @@ class ShareAggregation:
         return self.rule.aggregate_released(pairs).to(w.dtype).to(w.device)
 
     def account(self, released: list[tuple[int, ...]], honest: list[int]) -> None:
-        """Record one round's released sums (survivors) for the ``honest`` clients."""
+        """Record one round's released sums (survivors) for the ``honest`` clients, counting
+        only the noise of the members the split's t colluders leave honest
+        (:func:`~sharefl.privacy.distributed_accounting.cell_noise_adders`)."""
         if isinstance(self.ledger, ClusterPrivacyLedger):
             self.ledger.record_round(released, honest)
         elif isinstance(self.ledger, DistributedDPLedger):
             assert self.distributed is not None
-            for cell in released_cells(released, honest):
-                mechanism = self.distributed.released_mechanism(len(cell))
+            colluders = self.distributed.config.colluders
+            for cell, adders in cell_noise_adders(released, honest, colluders):
+                mechanism = self.distributed.released_mechanism(adders)
                 for c in cell:
                     self.ledger.record(c, mechanism)
             self.ledger.end_round()
@@ -316,6 +328,7 @@ class ShareAggregation:
         With a discrete mechanism every client's step before masking runs here (honest
         clients add their noise share, Byzantine ones none), the protocol sums the ring
         vectors and the server decodes each released sum."""
+        atoms = self.schedule.round_atoms(ids, rng)
         clusterings = self.schedule.clusterings(ids, rng)
         encoder = self.distributed
         inputs: Tensor | dict[int, np.ndarray] = uploads
@@ -341,6 +354,7 @@ class ShareAggregation:
             round=round,
             protocol=sa.enabled,
             clusterings=clusterings,
+            atom_partition=atoms,
         )
         self.audits.record(result.planned_audit)
         self.last_clusterings = result.plan.clusterings
