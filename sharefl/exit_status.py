@@ -22,6 +22,8 @@ class ExitStatus(enum.IntEnum):
     SERVER_MISBEHAVED = 5
     DATA_MISSING = 6
     USER_CODE_FAILED = 7
+    STALLED = 8
+    ROUNDS_REFUSED = 9
     INTERRUPTED = 130
 
 
@@ -34,6 +36,8 @@ MEANING: dict[ExitStatus, str] = {
     ExitStatus.SERVER_MISBEHAVED: "the client left a server whose stream it could not follow",
     ExitStatus.DATA_MISSING: "data missing: a dataset's files are neither on disk nor downloadable",
     ExitStatus.USER_CODE_FAILED: "user code failed: a --trainer function raised",
+    ExitStatus.STALLED: "stalled: server.max_empty_rounds rounds in a row released no sum (server)",
+    ExitStatus.ROUNDS_REFUSED: "this client refused every round it was offered (client)",
     ExitStatus.INTERRUPTED: "interrupted (Ctrl-C or SIGTERM); finished rounds and runs are kept",
 }
 """One line per status, as ``sharefl --help`` and README print them."""

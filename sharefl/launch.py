@@ -34,14 +34,16 @@ from sharefl.deploy.client import (
     SERVER_TIMEOUT_S,
     ClientRuntime,
     ConnectionLost,
+    RoundsRefused,
     TrainerFailed,
+    check_took_part,
     load_trainer,
     read_tls,
 )
 from sharefl.deploy.config import DeploymentConfig, load_config
 from sharefl.deploy.keygen import load_identity
 from sharefl.deploy.results import ResultsWriter, load_checkpoint
-from sharefl.deploy.server import RunResult, load_directory, serve
+from sharefl.deploy.server import RunResult, RunStalled, load_directory, serve
 from sharefl.exit_status import ExitStatus
 from sharefl.machine import keep_freed_memory, sigterm_interrupts
 from sharefl.protocol.client import ClientPolicy
@@ -146,11 +148,11 @@ def run_server(
                 listening=write_address(Path(port_file)) if port_file else None,
             )
         )
-    except (ConfigurationError, LeakageError, ValueError) as exc:
+    except (ConfigurationError, LeakageError, ValueError, RunStalled) as exc:
         if writer is not None and writer.rows:  # a run stopped after some rounds: keep them
             writer.finish(error=str(exc))
         _error("serve", str(exc))
-        return ExitStatus.CONFIG
+        return ExitStatus.STALLED if isinstance(exc, RunStalled) else ExitStatus.CONFIG
     except KeyboardInterrupt:
         kept = ""
         if writer is not None:
@@ -269,6 +271,7 @@ def run_client(client_id: int, address: str, **kwargs: Any) -> int:
     try:
         runtime = client_runtime(client_id, address, **kwargs)
         report = _run_cancellable(runtime.run())
+        check_took_part(report)
     except (ValueError, OSError) as exc:
         _error("client", str(exc))
         return ExitStatus.CONFIG
@@ -278,6 +281,9 @@ def run_client(client_id: int, address: str, **kwargs: Any) -> int:
     except TrainerFailed as exc:
         _error("client", f"{exc} (fix the trainer; --debug shows its traceback)")
         return ExitStatus.USER_CODE_FAILED
+    except RoundsRefused as exc:  # before ProtocolError
+        _error("client", str(exc))
+        return ExitStatus.ROUNDS_REFUSED
     except grpc.aio.AioRpcError as exc:  # before ProtocolError: a ServerEnded is both
         _error(
             "client",

@@ -6,7 +6,9 @@ KeysBroadcast...) but plays one attack per round. Six real client processes take
 every round (started once for the module); in each attack every targeted client must
 answer with a ``Refusal`` naming the reason, and the double must never receive anything
 (an advertisement, shares, a masked input, an unmask response) for the forbidden cluster.
-The run ends with ``Finished``: every client exits 0, without a traceback.
+The run ends with ``Finished``: every client, having refused every round it took part
+in, exits 9 (``ROUNDS_REFUSED``) with one line quoting its last refusal, without a
+traceback.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from sharefl.crypto.encoding import choose_encoding
 from sharefl.crypto.kdf import KeyContext
 from sharefl.deploy import wire
 from sharefl.deploy.keygen import keygen
+from sharefl.exit_status import ExitStatus
 from sharefl.proto import sharefl_pb2 as pb
 from sharefl.proto import sharefl_pb2_grpc as pb_grpc
 from sharefl.protocol.clustering import Clustering
@@ -352,11 +355,15 @@ def _revealing(replies: list[pb.ClientMessage]) -> list[pb.ClientMessage]:
     return [m for m in replies if not m.HasField("refusal")]
 
 
-def test_clients_exit_cleanly_after_every_attack(attacked):
+def test_clients_say_they_refused_every_round_after_every_attack(attacked):
     seen, logs, codes, _ = attacked
     assert list(seen) == [a.name for a in ATTACKS]
-    assert codes == [0] * len(CLIENTS), logs
+    assert codes == [ExitStatus.ROUNDS_REFUSED] * len(CLIENTS), logs
     assert not any("Traceback" in log for log in logs), logs
+    for cid, log in zip(CLIENTS, logs, strict=True):
+        lines = [line for line in log.splitlines() if line.startswith("sharefl client:")]
+        assert len(lines) == 1 and f"client {cid} refused every round" in lines[0], log
+        assert "the last: " in lines[0], lines
 
 
 def test_same_clients_in_two_clusters_of_a_round_are_refused(attacked):

@@ -65,6 +65,7 @@ from sharefl.deploy.server import (
     TRANSPORT_OPTIONS,
     keepalive_options,
 )
+from sharefl.exit_status import ExitStatus
 from sharefl.proto import sharefl_pb2 as pb
 from sharefl.proto import sharefl_pb2_grpc as pb_grpc
 from sharefl.protocol.client import ClientPolicy, ClientSession
@@ -278,15 +279,37 @@ class ClientTLS:
 @dataclass
 class ClientReport:
     """What a client did: rounds completed (``rounds``, every RoundEnd it got), of which
-    ``sampled_out`` it was not sampled into (a RoundEnd without a RoundStart), bytes sent,
-    refusals, the final model."""
+    ``sampled_out`` it was not sampled into (a RoundEnd without a RoundStart) and
+    ``contributed`` it took part in (sent a masked input in at least one of its clusters),
+    bytes sent, refusals, the final model."""
 
     client_id: int
     rounds: int = 0
     sampled_out: int = 0
+    contributed: int = 0
     bytes_sent: int = 0
     refusals: list[str] = field(default_factory=list)
     model: np.ndarray | None = None
+
+
+class RoundsRefused(DeployError):
+    """The client took part in no round and refused at least one: what it was offered was
+    unacceptable to it (a replayed round or model, a plan that leaks...). The message quotes
+    the last refusal."""
+
+    exit_status = ExitStatus.ROUNDS_REFUSED
+
+
+def check_took_part(report: ClientReport) -> None:
+    """Raise :class:`RoundsRefused` when ``report`` shows no round taken part in and at
+    least one refusal; a client that refused nothing (e.g. never sampled) passes."""
+    if report.contributed == 0 and report.refusals:
+        raise RoundsRefused(
+            f"client {report.client_id} refused every round it was offered "
+            f"({counted(len(report.refusals), 'refusal')}); the last: {report.refusals[-1]}. "
+            "Check that this is the server you meant to trust: this client refuses what "
+            "would expose its update"
+        )
 
 
 class ClientRuntime:
@@ -361,6 +384,7 @@ class ClientRuntime:
         self.server_timeout_s = server_timeout_s
         self.read_timeout_s = read_timeout_s
         self.report = ClientReport(client_id)
+        self._contributed: set[int] = set()
         self._heard = time.monotonic()
         self._model_length: int | None = None
         self.state_dir = state_dir
@@ -671,6 +695,8 @@ class ClientRuntime:
             await self._send(call, pb.ClientMessage(shares=wire.shares_to_proto(reply)))
         elif isinstance(reply, MaskedInput):
             self._maybe_exit("mask")
+            self._contributed.add(reply.context.round)
+            self.report.contributed = len(self._contributed)
             header, chunks = wire.masked_header_to_proto(reply)
             await self._send(call, pb.ClientMessage(masked=header))
             for chunk in chunks:

@@ -15,6 +15,7 @@ A TOML file with six tables; every key is optional except where noted::
     max_unauthenticated = 64  # streams without a Hello yet, at once; more: RESOURCE_EXHAUSTED
     peer_log_lines = 5        # log lines of peers' text per client and round, then a summary
     keep_aggregates = 3       # --out keeps the last k rounds' aggregates (0: none, -1: all)
+    max_empty_rounds = 3      # stop (exit 8) after k rounds in a row release no sum (0: never)
 
     [model]
     dim = 1000                # length of the model / update vector
@@ -76,6 +77,12 @@ DEFAULT_KEEP_AGGREGATES = 3
 10^5-parameter model over 200 rounds then holds 3 × 400 kB of aggregates, not 80 MB."""
 
 
+DEFAULT_MAX_EMPTY_ROUNDS = 3
+"""``server.max_empty_rounds``: rounds in a row that release no cluster sum before the server
+stops the run (:class:`~sharefl.deploy.server.RunStalled`); such a run would otherwise go on
+unchanged, e.g. a model whose reused plan withholds every sum after a client left."""
+
+
 def check_keep_aggregates(value: int) -> int:
     """``value`` if it is a valid ``server.keep_aggregates``: -1 (every round's aggregate),
     0 (none) or k >= 1 (the last k). Raises :class:`ConfigurationError` otherwise."""
@@ -101,6 +108,7 @@ class ServerSection:
     max_unauthenticated: int = 64
     peer_log_lines: int = 5
     keep_aggregates: int = DEFAULT_KEEP_AGGREGATES
+    max_empty_rounds: int = DEFAULT_MAX_EMPTY_ROUNDS
 
     def __post_init__(self) -> None:
         _require(self.clients >= 2, "server.clients must be >= 2")
@@ -116,6 +124,11 @@ class ServerSection:
         _require(self.max_unauthenticated >= 1, "server.max_unauthenticated must be >= 1")
         _require(self.peer_log_lines >= 1, "server.peer_log_lines must be >= 1")
         check_keep_aggregates(self.keep_aggregates)
+        _require(
+            self.max_empty_rounds >= 0,
+            "server.max_empty_rounds must be >= 0 (k: stop after k rounds in a row that "
+            "released no cluster sum; 0: never stop)",
+        )
 
     @property
     def sampled(self) -> int:

@@ -57,6 +57,7 @@ from sharefl.deploy.config import DeploymentConfig, check_secure_deployment
 from sharefl.deploy.distributed import deployment_encoder, input_length
 from sharefl.deploy.errors import DeployError
 from sharefl.deploy.results import Checkpoint, ModelRecord, model_id
+from sharefl.exit_status import ExitStatus
 from sharefl.proto import sharefl_pb2 as pb
 from sharefl.proto import sharefl_pb2_grpc as pb_grpc
 from sharefl.protocol import messages as m
@@ -107,6 +108,53 @@ def server_keepalive_options(interval_s: float) -> list[tuple[str, int]]:
         ("grpc.http2.min_recv_ping_interval_without_data_ms", int(MIN_PING_INTERVAL_S * 1000)),
         ("grpc.http2.max_ping_strikes", 0),
     ]
+
+
+class RunStalled(DeployError):
+    """``server.max_empty_rounds`` rounds in a row released no cluster sum, so the server
+    stopped the run: the model cannot change, and a round over an unchanged model reuses its
+    plan, so the run would only repeat (e.g. a client that corrupted its cluster's sum and
+    left: without it the cluster's smaller sum is withheld in every later round). The
+    message names the last round's withheld, failed and corrupted clusters and what to
+    change."""
+
+    exit_status = ExitStatus.STALLED
+
+
+STALL_REASON_CHARS = 160
+"""Most characters of one cluster's reason in a :class:`RunStalled` message."""
+STALL_CLUSTERS = 4
+"""Most clusters a :class:`RunStalled` message names (then ``and k more``)."""
+
+
+def unreleased_clusters(report: RoundReport) -> list[str]:
+    """One phrase per cluster of ``report`` that released no sum, ``cluster r/i withheld:
+    reason`` (also ``failed at <stage>``, ``corrupted``), each reason cut to
+    :data:`STALL_REASON_CHARS`."""
+    phrases = []
+    for key in ("withheld", "failed", "corrupted"):
+        for entry in getattr(report, key):
+            how = f"failed at {entry['stage']}" if key == "failed" else key
+            reason = wire.printable(str(entry["reason"]), STALL_REASON_CHARS)
+            phrases.append(f"cluster {entry['reclustering']}/{entry['cluster']} {how}: {reason}")
+    return phrases
+
+
+def stall_message(report: RoundReport, empty: int) -> str:
+    """Why the run stops after ``empty`` rounds in a row without a released sum, the last
+    being ``report``, and what to change (:class:`RunStalled`)."""
+    phrases = unreleased_clusters(report)
+    named = "; ".join(phrases[:STALL_CLUSTERS]) or "no cluster ran"
+    if len(phrases) > STALL_CLUSTERS:
+        named += f"; and {len(phrases) - STALL_CLUSTERS} more"
+    first, last = report.round - empty + 2, report.round + 1
+    return (
+        f"{counted(empty, 'round')} in a row (rounds {first}-{last}) released no cluster sum, "
+        f"so the model cannot change and the server stops the run; round {last}: {named}. "
+        "Bring back the clusters' missing clients or remove the ones that corrupt them, or "
+        "start a new run (a new model gets a new plan); server.max_empty_rounds sets how "
+        "many such rounds a run allows (0: never stop)"
+    )
 
 
 class StreamError(DeployError):
@@ -484,6 +532,8 @@ class ServerRun:
                 f"model.dim is {config.model.dim}"
             )
         self.reports: list[RoundReport] = []
+        self.empty_rounds = 0
+        """Rounds in a row, up to the last, that released no cluster sum."""
 
     # -- links ------------------------------------------------------------------------------
 
@@ -656,11 +706,21 @@ class ServerRun:
                     self.on_round(report, self.model)
                     report.total = None
                 self.reports.append(report)
-        except (ConfigurationError, LeakageError) as exc:
+                self._check_progress(report)
+        except (ConfigurationError, LeakageError, RunStalled) as exc:
             self.abort(f"the server stopped the run: {exc}")
             raise
         self._finish()
         return self.reports
+
+    def _check_progress(self, report: RoundReport) -> None:
+        """Count the rounds in a row that released no cluster sum (``report`` is the
+        latest); raise :class:`RunStalled` when they reach ``server.max_empty_rounds``
+        (0: never)."""
+        self.empty_rounds = 0 if report.clusters else self.empty_rounds + 1
+        limit = self.config.server.max_empty_rounds
+        if limit and self.empty_rounds >= limit:
+            raise RunStalled(stall_message(report, self.empty_rounds))
 
     def abort(self, reason: str) -> None:
         """End every client's stream with ``FAILED_PRECONDITION`` and ``reason``."""
