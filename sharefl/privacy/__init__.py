@@ -13,6 +13,9 @@ Example level (DP-SGD on a client's data):
 Client level (FedAvg under secure aggregation): :class:`ClientDPConfig`,
 :func:`privatize_update_`, :func:`clip_update_`.
 
+A client's own budget: :class:`ClientNoise`, :func:`round_rdp` (one round of the noise
+the client adds itself), :func:`epsilon_from_rdp`, :func:`client_noise`.
+
 Mechanisms on messages: seed002's :class:`SignFlip` and :class:`SignGaussian`; seed004's
 :class:`NoisyModelTransmitter` (σ^k = C·α^k on transmitted models).
 
@@ -40,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .accountant import AccountantStep, PrivacyAccountant, classic_rdp_epsilon
     from .calibration import calibrate_noise, compute_epsilon
+    from .client_budget import ClientNoise, client_noise, epsilon_from_rdp, round_rdp
     from .client_level import ClientDPConfig, clip_update_, privatize_update_
     from .clipping import ClippingMode, FlatClipping, L2MaxClipping, Normalization, PerLayerClipping
     from .discrete_samplers import DiscreteGaussian, Skellam, discrete_gaussian, skellam
@@ -95,6 +99,12 @@ EXPORTS: dict[str, tuple[str, ...]] = {
     "calibration": (
         "calibrate_noise",
         "compute_epsilon",
+    ),
+    "client_budget": (
+        "ClientNoise",
+        "client_noise",
+        "epsilon_from_rdp",
+        "round_rdp",
     ),
     "client_level": (
         "ClientDPConfig",

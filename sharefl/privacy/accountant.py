@@ -220,6 +220,18 @@ class PrivacyAccountant:
             return classic_rdp_epsilon(backend.orders, backend.rdp, delta)
         return float(backend.get_epsilon(delta))
 
+    def rdp_curve(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """(orders, RDP at each order) of everything recorded so far (``inf`` where a
+        step had no noise). Raises :class:`PrivacyConfigError` with the PLD backend, which
+        keeps no RDP curve: build the accountant with ``backend="rdp"``."""
+        if self.backend != "rdp":
+            raise PrivacyConfigError(
+                "rdp_curve needs the RDP backend: build PrivacyAccountant(backend='rdp')"
+            )
+        backend = self._composed()
+        orders = tuple(float(a) for a in backend.orders)
+        return orders, tuple(float(r) for r in backend.rdp)
+
     def state_dict(self) -> dict[str, Any]:
         """A JSON-serialisable snapshot: configuration and history."""
         return {
