@@ -30,7 +30,17 @@ end of the tape), a deviation on a high one. The deviations, by family
   two groups each told that it alone survived, or rotating views around a core;
 - ``survivors`` / ``unmask`` (``split_views`` only): per-client U2, U3 and unmask lists,
   signatures left out, a second unmask request;
-- ``interleave``: the stages of a round's clusters in any order.
+- ``interleave``: the stages of a round's clusters in any order;
+- ``atoms`` (games with ``Setting.atoms``): a plan without atoms, or atoms re-formed — a
+  client moved to another atom, two atoms merged, a fresh partition — so that a client's
+  roster differs from the one it remembers (every cluster stays a union of the plan's
+  atoms: a plan that cuts one cannot be built). Drop-outs inside atoms come from the
+  ``dropouts`` and ``stories`` families: the honest server leaves an atom with a missing
+  member out whole, a lying one names part of an atom.
+
+With ``Setting.constant_updates`` every client's update is the same on every model (the
+worst case across rounds: a model moved by one ulp, or converged training), so the oracle
+judges everything the server holds across all rounds as equations in one input per client.
 
 Up to ``Setting.colluders`` clients collude: the server knows their secrets, signs for
 them, reads the share bundles sent to them and re-keys their advertisements at will.
@@ -58,10 +68,11 @@ from sharefl.crypto import aead
 from sharefl.crypto.errors import CryptoError
 from sharefl.crypto.kdf import KEY_BYTES, KeyContext, Purpose, X25519KeyPair, pairwise_key
 from sharefl.crypto.signatures import IdentityKey, client_list_message
+from sharefl.protocol.atoms import form_atoms, group_atoms, whole_atoms
 from sharefl.protocol.client import SURVIVORS_LABEL, ClientPolicy, ClientSession
 from sharefl.protocol.client_round import ClientRound
 from sharefl.protocol.clustering import Clustering
-from sharefl.protocol.errors import ClientRefusal
+from sharefl.protocol.errors import ClientRefusal, ConfigurationError
 from sharefl.protocol.memory import ClientMemory
 from sharefl.protocol.messages import (
     AdvertiseKeys,
@@ -94,6 +105,7 @@ FAMILIES = frozenset(
         "dropouts",
         "unmask",
         "interleave",
+        "atoms",
     }
 )
 """Every family of deviations the server knows (see the module docstring)."""
@@ -125,6 +137,8 @@ class Setting:
     min_sum_size: int = 3
     split_views: bool = True
     resist: int | None = None
+    atoms: bool = False
+    constant_updates: bool = False
 
     def policy(self, client: int) -> ClientPolicy:
         return ClientPolicy(
@@ -137,6 +151,7 @@ class Setting:
             max_reclusterings=self.max_reclusterings,
             min_sum_size=self.min_sum_size,
             verify_releases=self.verify_releases,
+            require_atoms=self.atoms,
         )
 
     def oracle(self) -> LeakOracle:
@@ -253,6 +268,10 @@ class Game:
         count = self.tape.below(s.colluders + 1)
         self.colluders = frozenset(self.tape.permutation(list(self.clients))[:count])
         self.colluders = frozenset(self.hooks.get("colluders", self.colluders))
+        if s.atoms:  # two or three atoms of 3, clusters of one or two atoms
+            self.clients = tuple(range(3 * (2 + self.tape.below(2))))
+            self.clients = tuple(self.hooks.get("clients", self.clients))
+        self.atoms = form_atoms(self.clients, 3, np.random.default_rng(len(self.data)))[0]
         self.policies = {u: s.policy(u) for u in self.clients}
         self.memories = {u: ClientMemory() for u in self.clients} if s.memory else {}
         self.enc_privates: dict[bytes, bytes] = {}  # encryption keys the server controls
@@ -266,7 +285,7 @@ class Game:
         return self.random.randbytes(n)
 
     def input_of(self, client: int, model: int) -> np.ndarray:
-        key = (client, model)
+        key = (client, 0 if self.setting.constant_updates else model)
         if key not in self.inputs:
             rng = np.random.default_rng([client, model, len(self.data)])
             self.inputs[key] = rng.integers(0, 2**BITS, self.length, dtype=np.uint32)
@@ -315,12 +334,16 @@ class Game:
                     clusterings = models[model]
                 elif kind == 1:
                     clusterings = tuple(self.moved(c) for c in models[model])
-            plan = RoundPlan(number, clusterings or self.clusterings())
-            if "rounds" in self.hooks:  # a scripted game: (round number, model, clusterings)
+            plan = self.plan(number, clusterings)
+            if "rounds" in self.hooks:  # scripted: (round number, model, clusterings[, atoms])
                 if not self.hooks["rounds"]:
                     break
-                number, model, scripted = self.hooks["rounds"].pop(0)
-                plan = RoundPlan(number, tuple(Clustering(c) for c in scripted))
+                number, model, scripted, *atoms = self.hooks["rounds"].pop(0)
+                plan = RoundPlan(
+                    number,
+                    tuple(Clustering(c) for c in scripted),
+                    Clustering(atoms[0]) if atoms else None,
+                )
             if self.trace is not None:
                 self.note(f"round {number} model {model}: {[c.clusters for c in plan.clusterings]}")
             models.setdefault(model, plan.clusterings)
@@ -336,6 +359,36 @@ class Game:
             self.masked_count,
             self.response_count,
         )
+
+    def plan(self, number: int, clusterings: tuple[Clustering, ...] | None) -> RoundPlan:
+        """The round's plan: without atoms as before; with atoms, R groupings of the
+        game's atoms, or (``atoms`` family) no atoms or re-formed ones."""
+        tape = self.tape
+        if not self.setting.atoms or tape.deviate("atoms", "a plan without atoms"):
+            return RoundPlan(number, clusterings or self.clusterings())
+        atoms = self.atoms  # the server's current partition: a re-formed one stays
+        if tape.deviate("atoms", "atoms re-formed"):
+            kind = tape.below(3)
+            groups = [list(a) for a in atoms.clusters]
+            if kind == 0 and len(groups) > 1:  # one client moved to another atom
+                client = groups[0].pop(tape.below(len(groups[0])))
+                groups[1 + tape.below(len(groups) - 1)].append(client)
+            elif kind == 1 and len(groups) > 1:  # two atoms merged
+                groups = [groups[0] + groups[1], *groups[2:]]
+            else:  # a fresh partition into threes
+                order = tape.permutation(list(self.clients))
+                groups = [order[i : i + 3] for i in range(0, len(order), 3)]
+            atoms = self.atoms = Clustering(tuple(tuple(g) for g in groups if g))
+        size = 3 * (1 + tape.below(2))
+        rng = np.random.default_rng([number, tape.byte()])
+        drawn = tuple(
+            group_atoms(atoms.clusters, size, rng)
+            for _ in range(1 + tape.below(self.setting.max_reclusterings))
+        )
+        try:
+            return RoundPlan(number, clusterings or drawn, atoms)
+        except ConfigurationError:  # replayed clusterings that cut these atoms
+            return RoundPlan(number, clusterings or drawn)
 
     def clusterings(self) -> tuple[Clustering, ...]:
         tape, n = self.tape, len(self.clients)
@@ -464,7 +517,7 @@ class Game:
         secrets = SessionSecrets(
             run=rid,
             client=u,
-            input_key=None if guard is None else (u, model),
+            input_key=None if guard is None else (u, 0 if self.setting.constant_updates else model),
             threshold=a.threshold,
             seed=b"",
             mask_private=b"",
@@ -577,6 +630,8 @@ class Game:
             accepted = self.hooks["accepted"](rid, accepted)
         if rerun and accepted:
             accepted.remove(tape.pick(accepted))
+        if plan.atoms is not None:  # the honest server leaves incomplete atoms out whole
+            accepted = list(whole_atoms(accepted, plan.atoms))
         story = self.story(sorted(masked), accepted, u2, base.threshold)
         if "story" in self.hooks:
             story = self.hooks["story"](rid, story)

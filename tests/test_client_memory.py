@@ -275,13 +275,13 @@ def test_the_guard_state_round_trips_with_its_memory():
 
 
 def test_memory_survives_a_restart(tmp_path):
-    path = memory_path(tmp_path / "state", 3, b"server identity")
-    memory = ClientMemory(path)
+    path = memory_path(tmp_path / "state", 3)
+    memory = ClientMemory(path, server=b"server identity")
     plan = plan_of(4, ONE)
     guard = ClientRound(3, plan, memory=memory, run=RUN, model_digest=MODEL)
     take_part(guard)
     memory.record_release(MODEL, plan.clusterings_digest(), (0, 0), range(5))
-    restarted = ClientMemory(path)
+    restarted = ClientMemory(path, server=b"server identity")
     assert restarted.last_round(RUN) == 4
     assert restarted.clusterings(MODEL) == plan.clusterings_digest()
     assert restarted.releases(MODEL) == {(0, 0): frozenset({frozenset(range(5))})}
@@ -295,7 +295,7 @@ def test_memory_survives_a_restart(tmp_path):
 
 
 def test_memory_file_and_directory_are_private(tmp_path):
-    path = memory_path(tmp_path / "state", 0, b"s")
+    path = memory_path(tmp_path / "state", 0)
     ClientMemory(path).record_round(RUN, 0, MODEL, b"c" * 32)
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
@@ -348,10 +348,31 @@ def test_the_oldest_models_and_runs_are_dropped_first():
         memory.check(b"\x09", 0, digests[1], b"d" * 32)
 
 
-def test_memory_path_separates_clients_and_servers(tmp_path):
-    paths = {memory_path(tmp_path, c, s) for c in (0, 1) for s in (b"a", b"b")}
-    assert len(paths) == 4 and all(p.parent == tmp_path / "memory" for p in paths)
+def test_memory_path_separates_clients_not_servers(tmp_path):
+    paths = {memory_path(tmp_path, c) for c in (0, 1)}
+    assert len(paths) == 2 and all(p.parent == tmp_path / "memory" for p in paths)
     assert not os.path.exists(tmp_path / "memory")
+
+
+def test_one_state_directory_serves_one_server_identity(tmp_path):
+    """A memory file records the server identity it serves; another identity (a new CA, a
+    new directory) is refused, never given a fresh memory: the server cannot reset it."""
+    path = memory_path(tmp_path, 0)
+    ClientMemory(path, server=b"ca one").record_round(RUN, 0, MODEL, b"c" * 32)
+    with pytest.raises(ClientMemoryError, match="one state directory serves one server"):
+        ClientMemory(path, server=b"ca two")
+    assert ClientMemory(path, server=b"ca one").last_round(RUN) == 0
+
+
+def test_a_memory_file_that_disappears_under_a_running_client_is_an_error(tmp_path):
+    path = memory_path(tmp_path, 0)
+    memory = ClientMemory(path, server=b"s")
+    memory.record_round(RUN, 0, MODEL, b"c" * 32)
+    path.unlink()
+    with pytest.raises(ClientMemoryError, match="disappeared while this client was running"):
+        memory.joined()
+    fresh = tmp_path / "other.json"  # a memory that never had a file starts empty
+    assert ClientMemory(fresh, server=b"s").joined() == 0
 
 
 # --- a real `sharefl client --keys` process, restarted ----------------------------------
@@ -451,4 +472,4 @@ def test_a_restarted_client_process_still_refuses_replays(tmp_path):
     assert replayed.refusal.reason.startswith("RoundReplayed"), replayed
     assert remodelled.refusal.reason.startswith("ModelReplayed"), remodelled
     assert rerun.HasField("advertise") and rerun.advertise.context.round == 2
-    assert len(list((keys / "memory").glob("client-0-*.json"))) == 1
+    assert (keys / "memory" / "client-0.json").is_file()

@@ -28,6 +28,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from malicious_game import Outcome, Setting, play, search
 
+import sharefl.protocol.client_round as client_round_module
 from sharefl.protocol.client import ClientSession
 from sharefl.protocol.client_round import ClientRound
 from sharefl.protocol.memory import ClientMemory
@@ -46,6 +47,27 @@ SEARCH_SETTINGS = (
 """The search's settings; the first byte of a tape picks one. Every family of deviations,
 sparse neighbour graphs included (their component sums are audited:
 test_sparse_graph_split_by_dropouts_reveals_component_sums)."""
+
+
+ATOM_SETTINGS = (
+    Setting(signed=True, atoms=True, constant_updates=True, max_rounds=4),
+    Setting(signed=False, atoms=True, constant_updates=True, max_rounds=4, split_views=False),
+    Setting(
+        signed=True, colluders=1, min_sum_size=2, atoms=True, constant_updates=True, max_rounds=4
+    ),
+    Setting(
+        signed=False,
+        colluders=1,
+        min_sum_size=2,
+        atoms=True,
+        constant_updates=True,
+        max_rounds=4,
+        split_views=False,
+    ),
+)
+"""The search across rounds: clients that require atoms, updates constant across rounds
+(the oracle then judges every round together), every family of deviations including
+re-formed atoms and drop-outs inside atoms; the first byte of a tape picks one."""
 
 
 def tape(positions: dict[int, int], length: int) -> bytes:
@@ -93,6 +115,36 @@ def test_no_leak_whatever_the_server_does(data):
 def test_no_leak_whatever_the_server_does_long(data):
     """The same search for the ``slow`` run (which deselects the default tests)."""
     judge(play_tape(data))
+
+
+def play_atom_tape(data: bytes) -> Outcome:
+    setting = ATOM_SETTINGS[data[0] % len(ATOM_SETTINGS)] if data else ATOM_SETTINGS[0]
+    return play(setting, data[1:])
+
+
+@SEARCH
+@given(data=st.binary(min_size=TAPE_BYTES, max_size=TAPE_BYTES))
+def test_no_leak_across_rounds_with_atoms(data):
+    """The multi-round property: with updates constant across rounds, whatever the server
+    plans, re-forms, drops or tells, nothing finer than atom sums is determined."""
+    judge(play_atom_tape(data))
+
+
+@pytest.mark.slow
+@SEARCH
+@given(data=st.binary(min_size=TAPE_BYTES, max_size=TAPE_BYTES))
+def test_no_leak_across_rounds_with_atoms_long(data):
+    """The same search for the ``slow`` run."""
+    judge(play_atom_tape(data))
+
+
+def test_without_atoms_even_an_honest_server_leaks_across_rounds():
+    """Why atoms exist: an honest server that reclusters every round on a new model, with
+    updates that barely change (constant here), lets the sums of a few rounds solve an
+    update — every plan audited safe on its own."""
+    setting = Setting(constant_updates=True, attacks=F(), participants=(6, 7), max_rounds=4)
+    outcome = search(setting, 40, seed=0, tape_bytes=TAPE_BYTES)
+    assert outcome is not None and not outcome.moves, "no leak without atoms"
 
 
 # --- failures the searches found, as scenarios ------------------------------------------------
@@ -304,6 +356,32 @@ DISABLED = {
         _without_memory,
         Setting(attacks=F({"replay"}), participants=(7, 7), max_reclusterings=1, rate=128),
     ),
+    # A1: the roster of a client's first atom is kept; a re-formed atom (a member moved
+    # in or out) differenced against the atom sums of earlier rounds gives one input.
+    "atom roster (A1)": (
+        _off(ClientMemory, "_check_atom", lambda self, who, atom: None),
+        Setting(atoms=True, constant_updates=True, attacks=F({"atoms"}), max_rounds=4, rate=128),
+    ),
+    # A1/A3: plans without atoms refused; accepted, fresh clusterings every round on
+    # constant updates solve inputs.
+    "atoms required (A1, A3)": (
+        lambda: [
+            (ClientMemory, "_check_atom", lambda self, who, atom: None),
+            (ClientRound, "_check_atoms", lambda self: None),
+        ],
+        Setting(atoms=True, constant_updates=True, attacks=F({"atoms"}), max_rounds=4, rate=128),
+    ),
+    # A4: survivors that cut an atom: its other members' sum, against the atom sum.
+    "atom releases (A4)": (
+        _off(client_round_module, "split_atoms", lambda *args: []),
+        Setting(
+            atoms=True,
+            constant_updates=True,
+            attacks=F({"stories", "dropouts"}),
+            max_rounds=2,
+            rate=128,
+        ),
+    ),
 }
 DISABLED_GAMES = 80
 
@@ -315,6 +393,25 @@ def test_each_invariant_switched_off_lets_the_search_find_a_leak(name, monkeypat
         monkeypatch.setattr(cls, attribute, value)
     outcome = search(setting, DISABLED_GAMES, seed=0, tape_bytes=TAPE_BYTES)
     assert outcome is not None, f"no leak in {DISABLED_GAMES} games with {name} off"
+
+
+def test_an_atom_below_the_floor_is_refused_and_without_the_check_leaks(monkeypatch):
+    """A2: a server that forms an atom of two at first contact, then groups it with
+    different atoms in two rounds, solves the two members' sum (the difference of two
+    cluster sums), below min_sum_size 3. With the floor, its members refuse both rounds."""
+    atoms = [(0, 1), (2, 3, 4, 5), (6, 7, 8)]
+    rounds = [
+        (0, 0, [[(0, 1, 6, 7, 8), (2, 3, 4, 5)]], atoms),
+        (1, 1, [[(0, 1, 2, 3, 4, 5), (6, 7, 8)]], atoms),
+    ]
+    setting = Setting(atoms=True, constant_updates=True, attacks=F())
+    outcome = scripted(setting, clients=range(9), rounds=rounds)
+    refused = [r for r in outcome.refusals if r.endswith("AtomRefused")]
+    assert sorted(refused) == ["0:AtomRefused", "0:AtomRefused", "1:AtomRefused", "1:AtomRefused"]
+    judge(outcome)
+    monkeypatch.setattr(client_round_module, "atom_floor", lambda *args: 2)
+    outcome = scripted(setting, clients=range(9), rounds=rounds)
+    assert outcome.findings, "without A2 the sum of the atom of two is determined"
 
 
 @pytest.mark.slow

@@ -64,6 +64,8 @@ VALUES: dict[str, Any] = {
     "planner": "random",
     "allow_leakage": True,
     "colluders": 0,
+    "atoms": False,
+    "atom_size": 4,
 }
 """Per key, a value other than its default that every entry point can run with
 ``CLIENTS`` clients in clusters of the default size (as a file writes it)."""

@@ -77,7 +77,7 @@ from sharefl.protocol.errors import (
     PlanRefused,
     ProtocolError,
 )
-from sharefl.protocol.memory import ClientMemory, memory_path, model_digest
+from sharefl.protocol.memory import UNAUTHENTICATED, ClientMemory, memory_path, model_digest
 from sharefl.protocol.messages import (
     ClusterAssignment,
     ConsistencySignature,
@@ -389,16 +389,18 @@ class ClientRuntime:
         self._model_length: int | None = None
         self.state_dir = state_dir
         self.memory = ClientMemory(
-            None if state_dir is None else memory_path(state_dir, client_id, self.server_identity)
+            None if state_dir is None else memory_path(state_dir, client_id),
+            server=self.server_identity,
         )
 
     @property
     def server_identity(self) -> bytes:
-        """What keys this client's memory: SHA-256 of the TLS CA it trusts, else the
-        server address (a server reached under two addresses without TLS gets two)."""
+        """The server identity this client's memory serves: SHA-256 of the TLS CA it
+        trusts, else :data:`~sharefl.protocol.memory.UNAUTHENTICATED` (never the address,
+        which the server controls: every plaintext server is one identity)."""
         if self.tls is not None:
             return hashlib.sha256(self.tls.ca).digest()
-        return self.address.encode()
+        return UNAUTHENTICATED
 
     def _channel(self) -> grpc.aio.Channel:
         options = [

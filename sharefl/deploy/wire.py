@@ -263,7 +263,8 @@ def plan_to_proto(plan: RoundPlan) -> pb.RoundPlan:
         clusterings=[
             pb.Clustering(clusters=[pb.Cluster(members=c) for c in clustering.clusters])
             for clustering in plan.clusterings
-        ]
+        ],
+        atoms=[] if plan.atoms is None else [pb.Cluster(members=a) for a in plan.atoms.clusters],
     )
 
 
@@ -280,6 +281,7 @@ def plan_from_proto(
     refused before any of it is built (the wire caps apply as well)."""
     _capped(p.clusterings, "round plan", min(max_reclusterings, MAX_RECLUSTERINGS))
     total = sum(len(c.members) for clustering in p.clusterings for c in clustering.clusters)
+    total += sum(len(a.members) for a in p.atoms)
     if total > MAX_PLAN_IDS:
         raise WireError(f"round plan lists {total} client ids; at most {MAX_PLAN_IDS}")
     if max_participants is not None and p.clusterings:
@@ -290,12 +292,18 @@ def plan_from_proto(
                 f"{max_participants}"
             )
     try:
+        atoms = (
+            Clustering(tuple(tuple(int(i) for i in a.members) for a in p.atoms))
+            if p.atoms
+            else None
+        )
         return RoundPlan(
             round_index,
             tuple(
                 Clustering(tuple(tuple(int(i) for i in c.members) for c in clustering.clusters))
                 for clustering in p.clusterings
             ),
+            atoms,
         )
     except (ClusteringError, ConfigurationError, ValueError) as exc:
         raise WireError(f"bad round plan: {exc}") from exc

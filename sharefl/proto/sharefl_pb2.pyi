@@ -82,10 +82,12 @@ class Clustering(_message.Message):
     def __init__(self, clusters: _Optional[_Iterable[_Union[Cluster, _Mapping]]] = ...) -> None: ...
 
 class RoundPlan(_message.Message):
-    __slots__ = ("clusterings",)
+    __slots__ = ("clusterings", "atoms")
     CLUSTERINGS_FIELD_NUMBER: _ClassVar[int]
+    ATOMS_FIELD_NUMBER: _ClassVar[int]
     clusterings: _containers.RepeatedCompositeFieldContainer[Clustering]
-    def __init__(self, clusterings: _Optional[_Iterable[_Union[Clustering, _Mapping]]] = ...) -> None: ...
+    atoms: _containers.RepeatedCompositeFieldContainer[Cluster]
+    def __init__(self, clusterings: _Optional[_Iterable[_Union[Clustering, _Mapping]]] = ..., atoms: _Optional[_Iterable[_Union[Cluster, _Mapping]]] = ...) -> None: ...
 
 class RoundStart(_message.Message):
     __slots__ = ("round", "model", "reclusterings", "plan", "run")

@@ -186,6 +186,15 @@ class ClientPolicy:
             enforces the same rule with full knowledge; the client's own view must assume
             that every cluster it did not see was released in full, which refuses some
             drop-outs the server's exact check lets through.
+        require_atoms: refuse a round plan without atoms (:mod:`sharefl.protocol.atoms`;
+            invariants A1–A4). A client that once joined an atom refuses plans without
+            atoms anyway (its memory keeps the atom); this also refuses them before.
+            Deployment clients (``sharefl client``, the Flower mod) set it by default.
+        max_rounds: the most rounds this client joins under one server identity
+            (:mod:`sharefl.protocol.budget`; ``None``: no limit).
+        max_epsilon: the most ε (at ``budget_delta``) of its own noise this client spends
+            under one server identity; ``None``: no limit.
+        budget_delta: the δ of ``max_epsilon``.
     """
 
     identity: IdentityKey | None = None
@@ -200,8 +209,18 @@ class ClientPolicy:
     audit_search_budget: int = DEFAULT_SEARCH_BUDGET
     min_sum_size: int | None = None
     verify_releases: bool | None = None
+    require_atoms: bool = False
+    max_rounds: int | None = None
+    max_epsilon: float | None = None
+    budget_delta: float = 1e-5
 
     def __post_init__(self) -> None:
+        if self.max_rounds is not None and self.max_rounds < 1:
+            raise ConfigurationError(f"max_rounds must be >= 1 (or None), got {self.max_rounds}")
+        if self.max_epsilon is not None and not self.max_epsilon > 0:
+            raise ConfigurationError(f"max_epsilon must be > 0 (or None), got {self.max_epsilon}")
+        if not 0 < self.budget_delta < 1:
+            raise ConfigurationError(f"budget_delta must be in (0, 1), got {self.budget_delta}")
         if self.colluders is not None and self.colluders < 0:
             raise ConfigurationError(f"colluders must be >= 0, got {self.colluders}")
         if self.min_cluster_size < 2 or self.min_neighbours < 1 or self.max_reclusterings < 1:

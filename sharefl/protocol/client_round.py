@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from sharefl.protocol import records
+from sharefl.protocol.atoms import atom_floor, split_atoms
 from sharefl.protocol.audit import (
     AuditBudgetExceeded,
     AuditError,
@@ -58,8 +59,10 @@ from sharefl.protocol.audit import (
     linked_to,
     revealed_sums,
 )
+from sharefl.protocol.budget import PrivacyCharge
 from sharefl.protocol.client import ClientPolicy, ClientSession, ClientState, default_colluders
 from sharefl.protocol.errors import (
+    AtomRefused,
     ClusterTooSmall,
     InconsistentRequest,
     OffPlan,
@@ -67,7 +70,7 @@ from sharefl.protocol.errors import (
     ReclusteringReused,
     ReleaseLeaks,
 )
-from sharefl.protocol.memory import ClientMemory
+from sharefl.protocol.memory import ClientMemory, Limits
 from sharefl.protocol.messages import ClientMessage, ClusterAssignment, ServerMessage, UnmaskRequest
 from sharefl.protocol.plan import RoundPlan
 
@@ -117,6 +120,8 @@ class ClientRound:
         model_digest: :func:`~sharefl.protocol.memory.model_digest` of the model this
             client trains on in the round; ``None``: unknown (``memory`` then checks the
             round number only).
+        charge: the privacy cost of this round's own noise, for the client's budget
+            (:mod:`sharefl.protocol.budget`; ``policy.max_epsilon`` needs it).
 
     Raises:
         PlanRefused: the plan lacks this client, has too many reclusterings, or its sums
@@ -125,6 +130,10 @@ class ClientRound:
         RoundReplayed: ``memory`` holds this round number of ``run`` or a later one (R1).
         ModelReplayed: ``memory`` holds a contribution on this model under other
             clusterings (R2).
+        AtomRefused: a plan without atoms where this client needs them, another roster
+            than the one ``memory`` keeps, or an atom below the floor (A1–A3).
+        BudgetExhausted: the round would take this client past ``policy.max_rounds`` or
+            ``policy.max_epsilon``.
     """
 
     def __init__(
@@ -136,6 +145,7 @@ class ClientRound:
         memory: ClientMemory | None = None,
         run: bytes = b"",
         model_digest: bytes | None = None,
+        charge: PrivacyCharge | None = None,
     ):
         self.id = client_id
         self.plan = plan
@@ -149,10 +159,24 @@ class ClientRound:
         # position -> the sums its accepted release revealed (revealed_sums of its survivors)
         self._released: dict[Position, tuple[frozenset[int], ...]] = {}
         self._used: dict[int, int] = {}  # reclustering -> cluster this client took part in
+        self.charge = charge
         self.colluders = plan_colluders(plan, client_id, self.policy)
         self._check_plan()
         if memory is not None:
-            memory.check(self.run, plan.round, model_digest, self.clusterings, client=self.id)
+            memory.check(
+                self.run, plan.round, model_digest, self.clusterings, **self._memory_terms()
+            )
+
+    @property
+    def atom(self) -> tuple[int, ...] | None:
+        """This client's atom in the plan (None: a plan without atoms)."""
+        atoms = self.plan.atoms
+        return None if atoms is None else atoms.cluster_of(self.id)
+
+    def _memory_terms(self) -> dict[str, Any]:
+        policy = self.policy
+        limits = Limits(policy.max_rounds, policy.max_epsilon, policy.budget_delta)
+        return {"client": self.id, "atom": self.atom, "limits": limits, "charge": self.charge}
 
     # -- the plan ---------------------------------------------------------------------------
 
@@ -185,6 +209,9 @@ class ClientRound:
                     f"reclustering {r}; the server must use clusters of at least "
                     f"{policy.min_cluster_size}"
                 )
+        if plan.atoms is not None or policy.require_atoms:
+            self._check_atoms()
+            return
         try:
             report = _plan_audit(
                 plan,
@@ -205,6 +232,26 @@ class ClientRound:
             ) from exc
         if report.leaks or not report.complete:
             raise PlanRefused(f"client {self.id}: the round plan is unsafe: {_reason(report)}")
+
+    def _check_atoms(self) -> None:
+        """A2 and A3 (:mod:`sharefl.protocol.atoms`) instead of the exact audit: the plan has
+        atoms (RoundPlan checked that they partition the participants and that no cluster
+        cuts one: A3), and this client's has at least the floor. A1 (the roster kept) is
+        the memory's. The argument needs no audit: every sum is a sum of whole atoms."""
+        atom = self.atom
+        if atom is None:
+            raise AtomRefused(
+                f"client {self.id} requires atoms (its updates must never be differenced "
+                f"across rounds); the plan of round {self.plan.round} has none: the server "
+                "must plan whole atoms (secure_aggregation.atoms)"
+            )
+        floor = atom_floor(self.policy.sum_floor, self.policy.colluders, self.policy.require_signed)
+        if len(atom) < floor:
+            raise AtomRefused(
+                f"client {self.id}: its atom {list(atom)} has {len(atom)} members; this client "
+                f"needs at least {floor} (min_sum_size {self.policy.sum_floor} honest members "
+                "after the colluders it resists): the server must form larger atoms"
+            )
 
     # -- assignments ------------------------------------------------------------------------
 
@@ -255,7 +302,7 @@ class ClientRound:
             # reclusterings of the same round belong to it. Kept if the session then fails
             # to build (conservative: a later round on this model needs the same clusterings).
             self.memory.record_round(
-                self.run, plan.round, self.model_digest, self.clusterings, client=self.id
+                self.run, plan.round, self.model_digest, self.clusterings, **self._memory_terms()
             )
             self._recorded = True
         self._used[r] = k
@@ -340,6 +387,15 @@ class ClientRound:
         empty survivor list or one naming non-members (before any audit); records nothing
         (:meth:`handle` records the release before the session answers)."""
         pieces = self.revealed(session, request)
+        if self.plan.atoms is not None:
+            # A4: every revealed sum is a union of whole atoms; nothing else to audit.
+            cut = sorted({a for piece in pieces for a in split_atoms(piece, self.plan.atoms)})
+            if cut:
+                raise AtomRefused(
+                    f"client {self.id}: the unmask request's survivors cut atoms {cut[:3]}: "
+                    "an atom is summed whole or left out whole"
+                )
+            return
         position = (session.context.reclustering, session.context.cluster)
         released = {**self._released, position: pieces}
         rows = plan_rows(self.plan, released)
@@ -396,6 +452,7 @@ class ClientRound:
         verify = self.policy.verify_releases
         if verify is None:
             verify = session.assignment.signed
+        verify = verify or self.plan.atoms is not None
         if not verify or not isinstance(message, UnmaskRequest):
             return session.handle(message)
         expected = ClientState.SIGNED if session.assignment.signed else ClientState.MASKED
@@ -406,8 +463,9 @@ class ClientRound:
         try:
             self.check_release(session, message)
             pieces = self.revealed(session, message)
-            if self.memory is not None and self.model_digest is not None:
-                # I4: the release is on record before the response that makes it leaves.
+            if self.memory is not None and self.model_digest is not None and self.atom is None:
+                # I4: the release is on record before the response that makes it leaves
+                # (with atoms the releases need no memory: each is a union of atoms).
                 for piece in pieces:
                     self.memory.record_release(
                         self.model_digest, self.clusterings, position, piece, client=self.id
@@ -489,6 +547,7 @@ class ClientRound:
             guard._released[(r, k)] = (*guard._released.get((r, k), ()), piece)
             start += size
         guard.colluders = plan_colluders(guard.plan, guard.id, guard.policy)
+        guard.charge = None  # charged when the round was recorded, before this export
         return guard
 
 

@@ -66,6 +66,7 @@ import numpy as np
 from sharefl.crypto.encoding import RingEncoding, choose_encoding, decode
 from sharefl.crypto.errors import EncodingError, SumOutOfRange
 from sharefl.protocol.assignment import plan_assignment
+from sharefl.protocol.atoms import Atoms, check_plan_atoms, group_atoms, split_atoms
 from sharefl.protocol.audit import (
     DEFAULT_SEARCH_BUDGET,
     LeakageReport,
@@ -232,8 +233,14 @@ def plan_round(
     clusterings: Sequence[Clustering] | None = None,
     *,
     suspicion: Suspicion | None = None,
+    atom_partition: Atoms | None = None,
 ) -> tuple[RoundPlan, LeakageReport]:
     """Draw (or take) the round's clusterings and audit them.
+
+    With ``atom_partition`` (a partition of ``participants``, :mod:`sharefl.protocol.atoms`) every
+    clustering groups whole atoms (:func:`~sharefl.protocol.atoms.group_atoms`; given
+    ``clusterings`` must be unions of them), and the audit is the structural one
+    (:func:`atom_audit`): whatever the clusterings, the sums are sums of whole atoms.
 
     With ``settings.planner`` :data:`Planner.ISOLATE`, ``suspicion`` (the caller's history
     of flagged clusters, updated by the caller with :meth:`Suspicion.record` after each
@@ -249,6 +256,8 @@ def plan_round(
     if len(set(ids)) != len(ids) or not ids:
         raise ConfigurationError("participants must be distinct client ids, at least one")
     m, r = settings.cluster_size, settings.reclusterings
+    if atom_partition is not None:
+        return _plan_atoms(round_index, ids, settings, rng, clusterings, atom_partition)
     # The samplers audit each draw against c colluders; c depends on the drawn cluster
     # sizes (round_colluders), so draw with a guess and redraw with the plan's c when the
     # guess was too low (a plan safe against c is safe against fewer: the audit is monotone).
@@ -300,6 +309,73 @@ def plan_round(
     return RoundPlan(round_index, tuple(plan)), report
 
 
+def _plan_atoms(
+    round_index: int,
+    ids: list[int],
+    settings: SecureAggregationSettings,
+    rng: np.random.Generator,
+    clusterings: Sequence[Clustering] | None,
+    atoms: Atoms,
+) -> tuple[RoundPlan, LeakageReport]:
+    """:func:`plan_round` over atoms: R groupings of whole atoms (or the given ones), each
+    atom at least the settings' floor."""
+    if set(atoms.members) != set(ids):
+        raise ConfigurationError("the atoms must partition exactly the round's participants")
+    floor = settings.atom_floor
+    small = [a for a in atoms.clusters if len(a) < floor]
+    if small and not settings.allow_leakage:
+        raise LeakageError(
+            f"atoms {small[:3]} have fewer than {floor} members (min_sum_size "
+            f"{settings.min_sum_size} after the colluders an atom resists): form larger atoms"
+        )
+    if clusterings is None:
+        plan = [
+            group_atoms(atoms.clusters, settings.cluster_size, rng)
+            for _ in range(settings.reclusterings)
+        ]
+    else:
+        plan = list(clusterings)
+    if len(plan) != settings.reclusterings:
+        raise ConfigurationError(
+            f"each of the {settings.reclusterings} clusterings must partition exactly the "
+            "round's participants"
+        )
+    try:
+        check_plan_atoms(plan, atoms)
+    except ConfigurationError:
+        if not settings.allow_leakage:
+            raise
+        return RoundPlan(round_index, tuple(plan)), audit(
+            plan, client_ids=ids, min_sum_size=settings.min_sum_size
+        )
+    return RoundPlan(round_index, tuple(plan), atoms), atom_audit(
+        plan, atoms, settings.min_sum_size
+    )
+
+
+def atom_audit(clusterings: Sequence[Clustering], atoms: Atoms, min_sum_size: int) -> LeakageReport:
+    """The audit of a plan whose clusters are unions of ``atoms``, by structure: every sum
+    is a sum of whole atoms, so nothing finer than an atom sum is determined, whatever the
+    clusterings and however many rounds (the argument of :mod:`sharefl.protocol.atoms`).
+    The rank is that of the cluster-by-atom incidence matrix."""
+    column = {i: k for k, atom in enumerate(atoms.clusters) for i in atom}
+    rows = {frozenset(column[i] for i in cluster) for c in clusterings for cluster in c.clusters}
+    matrix = np.zeros((len(rows), len(atoms)), dtype=np.float64)
+    for j, row in enumerate(rows):
+        matrix[j, sorted(row)] = 1.0
+    rank = int(np.linalg.matrix_rank(matrix)) if rows else 0
+    return LeakageReport(
+        client_ids=atoms.members,
+        num_equations=len(rows),
+        rank=rank,
+        recoverable_clients=(),
+        recoverable_small_sums=(),
+        min_sum_size=min_sum_size,
+        complete=True,
+        searched_up_to=0,
+    )
+
+
 class ReleaseAuditor:
     """Decides, sum by sum, whether releasing one more cluster sum stays safe.
 
@@ -326,6 +402,10 @@ class ReleaseAuditor:
     ``prior`` seeds it with the sums already released on the same model (earlier rounds,
     or a run that crashed, over the same clusterings): they count as approved, and as seen
     by their members at their positions, so every later check audits the union.
+
+    A plan with atoms is checked by structure instead (A4 of :mod:`sharefl.protocol.atoms`,
+    the rule its members apply): a sum is approved exactly when every sum its release
+    reveals is a union of the plan's atoms.
     """
 
     def __init__(
@@ -372,6 +452,15 @@ class ReleaseAuditor:
         ``neighbours`` its cluster's neighbour graph (``None``: complete)."""
         pieces = revealed_sums(members, neighbours)
         if not self._enforce:
+            self._approve(pieces)
+            return None
+        if self._plan.atoms is not None:
+            cut = sorted({a for piece in pieces for a in split_atoms(piece, self._plan.atoms)})
+            if cut:
+                return (
+                    f"withheld: releasing {_sums(pieces)} would cut atoms {cut[:3]}: a sum "
+                    "covers whole atoms only"
+                )
             self._approve(pieces)
             return None
         planned = self._unplanned == 0 and all(p in self._planned for p in pieces)
@@ -452,6 +541,10 @@ class RoundCoordinator:
             requests that release it leave :meth:`advance`) and again with its sum once
             computed (in :meth:`close_reclustering`). An exception it raises propagates:
             the release is then never requested (a transport's "persist, then release").
+        atom_partition: the round's atoms (a partition of ``participants``; :mod:`sharefl.protocol.
+            atoms`): clusters group whole atoms, the plan carries them, an atom with a
+            member missing leaves its cluster's sum whole, and releases are checked by
+            structure. ``None``: per-client clusters.
 
     Raises :class:`ConfigurationError` / :class:`LeakageError` as :func:`plan_round`.
     """
@@ -469,6 +562,7 @@ class RoundCoordinator:
         encoding: RingEncoding | None = None,
         prior_releases: Sequence[Release] = (),
         on_release: Callable[[Release], None] | None = None,
+        atom_partition: Atoms | None = None,
     ) -> None:
         if length < 0:
             raise ConfigurationError(f"length must be >= 0, got {length}")
@@ -476,7 +570,9 @@ class RoundCoordinator:
         self.length = length
         self._rng = rng
         self._directory = dict(directory or {})
-        self.plan, self.planned_audit = plan_round(round, participants, settings, rng, clusterings)
+        self.plan, self.planned_audit = plan_round(
+            round, participants, settings, rng, clusterings, atom_partition=atom_partition
+        )
         self.colluders = round_colluders(self.plan.clusterings, settings) if settings.secure else 0
         largest = max(max(c.sizes) for c in self.plan.clusterings)
         if encoding is None and settings.clip is not None:
@@ -551,7 +647,10 @@ class RoundCoordinator:
                 raise_to_floor=self.settings.raise_threshold_to_floor,
             )
             self._sessions[index] = ServerSession(
-                assignment, self._directory, self._approver((r, index), assignment.neighbours)
+                assignment,
+                self._directory,
+                self._approver((r, index), assignment.neighbours),
+                atoms=self.plan.atoms,
             )
             for cid in members:
                 self._cluster_of[cid] = index

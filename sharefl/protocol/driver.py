@@ -19,6 +19,7 @@ import numpy as np
 
 from sharefl.crypto.encoding import RingEncoding, encode
 from sharefl.crypto.signatures import IdentityKey
+from sharefl.protocol.atoms import Atoms
 from sharefl.protocol.client import ClientPolicy, ClientSession
 from sharefl.protocol.client_round import ClientRound
 from sharefl.protocol.clustering import Clustering, as_generator
@@ -292,6 +293,7 @@ def secure_sum(
     policies: Mapping[int, ClientPolicy] | None = None,
     byzantine_inputs: Mapping[int, np.ndarray] | None = None,
     suspicion: Suspicion | None = None,
+    atom_partition: Atoms | None = None,
     **keywords: Any,
 ) -> RoundResult:
     """Securely sum ``inputs`` inside random clusters, R times, in this process.
@@ -340,6 +342,10 @@ def secure_sum(
             :data:`Planner.ISOLATE` the plan spreads its suspects, and the round's outcome
             is recorded into it before this returns (``suspicion.pinned`` then names a
             client the flags point to, if any).
+        atom_partition: the round's atoms (:mod:`sharefl.protocol.atoms`), a partition of the
+            inputs' client ids that the caller keeps across rounds: every cluster groups
+            whole atoms, an atom with a drop-out leaves its cluster's sum whole, and the
+            clients check their atoms. ``None``: per-client clusters.
         keywords: the fields of :class:`SecureAggregationSettings` (without ``settings``).
 
     Returns:
@@ -379,6 +385,7 @@ def secure_sum(
         directory=directory,
         clusterings=clusterings,
         encoding=encoding,
+        atom_partition=atom_partition,
     )
     guards: dict[int, ClientRound] = {}
     plan_refusals: dict[int, str] = {}

@@ -97,6 +97,19 @@ class ModelReplayed(ClientRefusal):
     clusterings it used on that model."""
 
 
+class AtomRefused(ClientRefusal):
+    """A round plan that breaks this client's atom (:mod:`sharefl.protocol.atoms`): no atoms
+    while this client has one, another roster for it than the one it remembers, an atom
+    below the floor, a cluster that cuts an atom, or an unmask request whose survivors cut
+    one."""
+
+
+class BudgetExhausted(ClientRefusal):
+    """Joining this round would take the client past its own budget
+    (:mod:`sharefl.protocol.budget`): ``max_rounds`` rounds, or ``max_epsilon`` of the noise
+    it adds itself."""
+
+
 class RejectedMessage(ProtocolError):
     """The server rejects one client's message; it keeps serving the other clients.
 

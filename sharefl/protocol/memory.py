@@ -74,7 +74,10 @@ from typing import Any
 
 import numpy as np
 
+from sharefl.protocol import budget
 from sharefl.protocol.errors import (
+    AtomRefused,
+    BudgetExhausted,
     ConfigurationError,
     MalformedRequest,
     ModelReplayed,
@@ -89,8 +92,8 @@ except ImportError:  # pragma: no cover - not POSIX: no cross-process lock
 Position = tuple[int, int]
 """(reclustering, cluster) of one cluster of a plan."""
 
-MEMORY_VERSION = 1
-"""The ``version`` of the JSON file."""
+MEMORY_VERSION = 2
+"""The ``version`` of the JSON file (2: the server identity, the atom and the budget)."""
 DEFAULT_MAX_MODELS = 1024
 DEFAULT_MAX_RUNS = 1024
 DEFAULT_MAX_RELEASES = 256
@@ -126,22 +129,38 @@ class _Model:
         return sum(len(sets) for sets in self.releases.values())
 
 
+@dataclass(frozen=True)
+class Limits:
+    """A client's own budget (:mod:`sharefl.protocol.budget`): at most ``max_rounds``
+    rounds joined and ``max_epsilon`` at ``delta`` of its own noise (``None``: no limit)."""
+
+    max_rounds: int | None = None
+    max_epsilon: float | None = None
+    delta: float = 1e-5
+
+
 class ClientMemory:
     """What one client remembers for one server identity (see the module docstring).
 
     Args:
         path: the JSON file (created on the first record); ``None``: in memory only.
+        server: the identity of the server this memory serves (the SHA-256 of the TLS CA
+            the client trusts, of the signed directory, or :data:`UNAUTHENTICATED`); a file
+            that records another identity is refused (:class:`ClientMemoryError`: one
+            state directory serves one server identity). ``None``: not checked.
         max_models: models remembered (least recently used dropped first).
         max_runs: runs remembered (least recently used dropped first).
         max_releases: distinct survivor sets kept per model; one more is refused.
 
-    Raises :class:`ClientMemoryError` for an unreadable file or bounds below 1.
+    Raises :class:`ClientMemoryError` for an unreadable file, a file of another server
+    identity, or bounds below 1.
     """
 
     def __init__(
         self,
         path: str | os.PathLike[str] | None = None,
         *,
+        server: bytes | None = None,
         max_models: int = DEFAULT_MAX_MODELS,
         max_runs: int = DEFAULT_MAX_RUNS,
         max_releases: int = DEFAULT_MAX_RELEASES,
@@ -149,11 +168,17 @@ class ClientMemory:
         if min(max_models, max_runs, max_releases) < 1:
             raise ClientMemoryError("max_models, max_runs and max_releases must be >= 1")
         self.path = Path(path) if path is not None else None
+        self.server = None if server is None else bytes(server)
         self.max_models = max_models
         self.max_runs = max_runs
         self.max_releases = max_releases
         self._runs: dict[bytes, int] = {}
         self._models: dict[bytes, _Model] = {}
+        self._server: bytes | None = self.server
+        self._atom: tuple[int, ...] | None = None
+        self._joined = 0
+        self._rdp: tuple[float, ...] = ()
+        self._exists = False  # the file was read or written by this object
         with self._transaction(write=False):
             pass
 
@@ -180,6 +205,22 @@ class ClientMemory:
                 return {}
             return {p: frozenset(sets) for p, sets in record.releases.items()}
 
+    def atom(self) -> tuple[int, ...] | None:
+        """The roster of the atom this client joined under this server identity (A1 of
+        :mod:`sharefl.protocol.atoms`; None: none yet)."""
+        with self._transaction(write=False):
+            return self._atom
+
+    def joined(self) -> int:
+        """The rounds this client joined under this server identity (any run id)."""
+        with self._transaction(write=False):
+            return self._joined
+
+    def epsilon(self, delta: float) -> float:
+        """The ε at ``delta`` of the noise this client charged itself so far."""
+        with self._transaction(write=False):
+            return budget.epsilon(self._rdp, delta)
+
     # -- the rules --------------------------------------------------------------------------
 
     def check(
@@ -190,11 +231,19 @@ class ClientMemory:
         clusterings: bytes,
         *,
         client: int | None = None,
+        atom: tuple[int, ...] | None = None,
+        limits: Limits | None = None,
+        charge: budget.PrivacyCharge | None = None,
     ) -> None:
-        """R1 and R2 for a round about to start; records nothing. ``model=None`` (digest
-        unknown) checks R1 only. Raises :class:`RoundReplayed`, :class:`ModelReplayed`."""
+        """The rules for a round about to start; records nothing. ``atom``: this client's
+        atom in the round's plan (``None``: a plan without atoms). With an atom, A1 (the
+        roster remembered, if any) — R1 and R2 are not needed then (module docstring);
+        without one, R1 and R2 (``model=None``, digest unknown: R1 only), and a client
+        that has an atom refuses. Then the budget (``limits``, ``charge``). Raises
+        :class:`AtomRefused`, :class:`RoundReplayed`, :class:`ModelReplayed`,
+        :class:`BudgetExhausted`."""
         with self._transaction(write=False):
-            self._check(bytes(run), round, model, clusterings, client)
+            self._check(bytes(run), round, model, clusterings, client, atom, limits, charge)
 
     def record_round(
         self,
@@ -204,18 +253,27 @@ class ClientMemory:
         clusterings: bytes,
         *,
         client: int | None = None,
+        atom: tuple[int, ...] | None = None,
+        limits: Limits | None = None,
+        charge: budget.PrivacyCharge | None = None,
     ) -> None:
-        """Check R1 and R2 again (under the lock) and record that this client takes part in
-        ``round`` of ``run`` on ``model`` under ``clusterings``; persisted before it returns.
-        Raises :class:`RoundReplayed`, :class:`ModelReplayed`, ``OSError`` (not recorded)."""
+        """Check the rules again (under the lock) and record that this client takes part in
+        ``round`` of ``run`` on ``model`` under ``clusterings`` (its atom, one more round
+        joined, ``charge`` added to its ledger); persisted before it returns. Raises what
+        :meth:`check` raises, ``OSError`` (not recorded)."""
         run = bytes(run)
         with self._transaction(write=True):
-            self._check(run, round, model, clusterings, client)
-            self._runs.pop(run, None)
-            self._runs[run] = round
-            if model is not None:
-                record = self._models.pop(model, None) or _Model(clusterings)
-                self._models[model] = record
+            self._check(run, round, model, clusterings, client, atom, limits, charge)
+            if atom is not None:
+                self._atom = tuple(sorted(atom))
+            else:
+                self._runs.pop(run, None)
+                self._runs[run] = round
+                if model is not None:
+                    record = self._models.pop(model, None) or _Model(clusterings)
+                    self._models[model] = record
+            self._joined += 1
+            self._rdp = budget.add(self._rdp, charge)
             self._trim()
 
     def record_release(
@@ -253,9 +311,21 @@ class ClientMemory:
             self._trim()
 
     def _check(
-        self, run: bytes, round: int, model: bytes | None, clusterings: bytes, client: int | None
+        self,
+        run: bytes,
+        round: int,
+        model: bytes | None,
+        clusterings: bytes,
+        client: int | None,
+        atom: tuple[int, ...] | None = None,
+        limits: Limits | None = None,
+        charge: budget.PrivacyCharge | None = None,
     ) -> None:
         who = "this client" if client is None else f"client {client}"
+        self._check_budget(who, limits, charge)
+        if atom is not None or self._atom is not None:
+            self._check_atom(who, atom)
+            return
         if len(run) > MAX_RUN_BYTES:
             raise MalformedRequest(
                 f"{who}: a run id of {len(run)} bytes; the server must use at most "
@@ -278,6 +348,49 @@ class ClientMemory:
                 "or reuse the clusterings of the plan it used on this model"
             )
 
+    def _check_atom(self, who: str, atom: tuple[int, ...] | None) -> None:
+        """A1: the first atom is kept; a plan without atoms, or with another roster, is
+        refused from then on."""
+        if atom is None:
+            raise AtomRefused(
+                f"{who} belongs to atom {list(self._atom or ())} of this server; the round "
+                "plan has no atoms: the server must plan whole atoms (secure_aggregation."
+                "atoms), or this client would let it difference sums across rounds"
+            )
+        if self._atom is not None and tuple(sorted(atom)) != self._atom:
+            raise AtomRefused(
+                f"{who} belongs to atom {list(self._atom)} of this server; the round plan "
+                f"puts it in {sorted(atom)}: an atom is never re-formed (a member that left "
+                "for good retires it)"
+            )
+
+    def _check_budget(
+        self, who: str, limits: Limits | None, charge: budget.PrivacyCharge | None
+    ) -> None:
+        if limits is None:
+            return
+        if limits.max_rounds is not None and self._joined + 1 > limits.max_rounds:
+            raise BudgetExhausted(
+                f"{who} already joined {self._joined} rounds of this server, its limit "
+                f"max_rounds = {limits.max_rounds}: it takes part in no more"
+            )
+        if limits.max_epsilon is None:
+            return
+        if charge is None:
+            raise BudgetExhausted(
+                f"{who} keeps an ε budget ({limits.max_epsilon}) but this round's privacy "
+                "cost is unknown (its trainer adds no DP noise it can account): configure "
+                "DP training, or drop max_epsilon"
+            )
+        after = budget.epsilon(budget.add(self._rdp, charge), limits.delta)
+        if after > limits.max_epsilon:
+            spent = budget.epsilon(self._rdp, limits.delta)
+            raise BudgetExhausted(
+                f"{who} has spent ε = {spent:.3g} (δ = {limits.delta:g}) of its "
+                f"max_epsilon = {limits.max_epsilon:g}; this round would take it to "
+                f"{after:.3g}: it takes part in no more"
+            )
+
     def _trim(self) -> None:
         while len(self._models) > self.max_models:
             del self._models[next(iter(self._models))]
@@ -293,10 +406,11 @@ class ClientMemory:
             return json.dumps(self._to_json(), separators=(",", ":"))
 
     @classmethod
-    def from_json(cls, text: str) -> ClientMemory:
+    def from_json(cls, text: str, *, server: bytes | None = None) -> ClientMemory:
         """A memory without a file that holds what :meth:`to_json` wrote (default bounds).
-        Raises :class:`ClientMemoryError` for text that is not such a memory."""
-        memory = cls()
+        Raises :class:`ClientMemoryError` for text that is not such a memory, or of another
+        ``server`` identity."""
+        memory = cls(server=server)
         memory._parse(text, "the client memory", "")
         return memory
 
@@ -334,9 +448,16 @@ class ClientMemory:
     def _load(self) -> None:
         assert self.path is not None
         self._runs, self._models = {}, {}
+        self._server, self._atom, self._joined, self._rdp = self.server, None, 0, ()
         try:
             text = self.path.read_text(encoding="utf-8")
         except FileNotFoundError:
+            if self._exists:
+                raise ClientMemoryError(
+                    f"the client memory file {self.path} disappeared while this client was "
+                    "running; it protects the client's atom and budget: restore it from a "
+                    "backup, or restart the client with a fresh --state-dir knowingly"
+                ) from None
             return
         self._parse(
             text,
@@ -344,12 +465,15 @@ class ClientMemory:
             ": restore it, or delete it to start afresh (the client then forgets the rounds "
             "and models it took part in)",
         )
+        self._exists = True
 
     def _parse(self, text: str, what: str, remedy: str) -> None:
         """Load ``text`` (:meth:`_to_json`'s format); raises :class:`ClientMemoryError`
         naming ``what`` and ``remedy`` for text that is not a memory."""
         try:
             self._from_json(json.loads(text))
+        except ClientMemoryError:
+            raise
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             raise ClientMemoryError(
                 f"{what} is unreadable ({exc}); it protects this client against replayed "
@@ -359,6 +483,28 @@ class ClientMemory:
     def _from_json(self, data: Any) -> None:
         if not isinstance(data, dict) or data.get("version") != MEMORY_VERSION:
             raise ValueError(f"not a version {MEMORY_VERSION} client memory")
+        server = data["server"]
+        if server is not None:
+            recorded = bytes.fromhex(server)
+            if self.server is not None and recorded != self.server:
+                raise ClientMemoryError(
+                    f"the client memory {self.path or ''} serves server identity "
+                    f"{recorded.hex()[:16]}, not this server's {self.server.hex()[:16]}: one "
+                    "state directory serves one server identity (a new CA or directory is a "
+                    "new server); give this client another --state-dir for another server"
+                )
+            self._server = recorded
+        atom = data["atom"]
+        if atom is not None:
+            if not all(isinstance(i, int) and i >= 0 for i in atom):
+                raise ValueError("an atom must be client ids")
+            self._atom = tuple(sorted(atom))
+        joined, rdp = data["joined"], data["rdp"]
+        if not isinstance(joined, int) or isinstance(joined, bool) or joined < 0:
+            raise ValueError(f"joined {joined!r} is not a count of rounds")
+        if rdp and (len(rdp) != len(budget.ORDERS) or not all(float(v) >= 0 for v in rdp)):
+            raise ValueError("rdp must be one value >= 0 per order of sharefl.protocol.budget")
+        self._joined, self._rdp = joined, tuple(float(v) for v in rdp)
         for run, round in data["runs"]:
             if not isinstance(round, int) or isinstance(round, bool) or round < 0:
                 raise ValueError(f"round {round!r} is not a round number")
@@ -374,6 +520,10 @@ class ClientMemory:
     def _to_json(self) -> dict[str, Any]:
         return {
             "version": MEMORY_VERSION,
+            "server": None if self._server is None else self._server.hex(),
+            "atom": None if self._atom is None else list(self._atom),
+            "joined": self._joined,
+            "rdp": list(self._rdp),
             "runs": [[run.hex(), round] for run, round in self._runs.items()],
             "models": [
                 {
@@ -405,6 +555,7 @@ class ClientMemory:
                 handle.flush()
                 os.fsync(handle.fileno())
             os.replace(temporary, self.path)
+            self._exists = True
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(temporary)
@@ -436,9 +587,14 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def memory_path(state_dir: str | os.PathLike[str], client_id: int, server: bytes) -> Path:
-    """The memory file of client ``client_id`` for the server identity ``server`` under a
-    state directory: ``STATE_DIR/memory/client-<id>-<first 32 hex of SHA-256(server)>.json``
-    (several clients and servers can share one state directory)."""
-    name = hashlib.sha256(server).hexdigest()[:32]
-    return Path(state_dir) / "memory" / f"client-{int(client_id)}-{name}.json"
+UNAUTHENTICATED = b"sharefl/unauthenticated-server"
+"""The server identity of a client that cannot authenticate its server (no TLS, unsigned
+Flower rounds): every such server is one identity, so an address, node id or run id the
+server controls never selects a fresh memory."""
+
+
+def memory_path(state_dir: str | os.PathLike[str], client_id: int) -> Path:
+    """The memory file of client ``client_id`` under a state directory:
+    ``STATE_DIR/memory/client-<id>.json`` (several clients can share one state directory;
+    the file records the one server identity it serves)."""
+    return Path(state_dir) / "memory" / f"client-{int(client_id)}.json"

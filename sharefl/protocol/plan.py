@@ -20,11 +20,13 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from sharefl.crypto.kdf import PROTOCOL_VERSION, KeyContext
+from sharefl.protocol.atoms import Atoms, check_plan_atoms
 from sharefl.protocol.clustering import Clustering
 from sharefl.protocol.errors import ConfigurationError
 
 PLAN_TAG = b"sharefl/round-plan\x00"
 CLUSTERINGS_TAG = b"sharefl/plan-clusterings\x00"
+ATOMS_TAG = b"sharefl/plan-atoms\x00"
 
 
 @dataclass(frozen=True)
@@ -35,13 +37,16 @@ class RoundPlan:
         round: the round number.
         clusterings: one :class:`Clustering` per reclustering (R >= 1), each a partition of
             the same client ids.
+        atoms: the round's atoms (:mod:`sharefl.protocol.atoms`): a partition of the same
+            clients of which every cluster is a union; ``None``: a plan without atoms.
 
-    Raises :class:`ConfigurationError` for an empty plan or clusterings over different
-    clients.
+    Raises :class:`ConfigurationError` for an empty plan, clusterings over different
+    clients, or atoms that do not partition the participants or that a cluster cuts.
     """
 
     round: int
     clusterings: tuple[Clustering, ...]
+    atoms: Atoms | None = None
 
     def __post_init__(self) -> None:
         if not self.clusterings:
@@ -50,6 +55,8 @@ class RoundPlan:
         first = set(self.clusterings[0].members)
         if any(set(c.members) != first for c in self.clusterings[1:]):
             raise ConfigurationError("every clustering of a round plan must cover the same clients")
+        if self.atoms is not None:
+            check_plan_atoms(self.clusterings, self.atoms)
         KeyContext(round=self.round)  # range check
 
     @property
@@ -64,7 +71,7 @@ class RoundPlan:
 
     @cached_property
     def _hash(self) -> int:
-        return hash((self.round, self.clusterings))
+        return hash((self.round, self.clusterings, self.atoms))
 
     def __hash__(self) -> int:
         # Hashed once: the plan is immutable, and every client of an in-process round looks
@@ -79,11 +86,21 @@ class RoundPlan:
             h.update(struct.pack(">I", len(clustering)))
             for cluster in clustering.clusters:
                 h.update(struct.pack(f">I{len(cluster)}Q", len(cluster), *cluster))
+        self._hash_atoms(h)
         return h.digest()
+
+    def _hash_atoms(self, h: hashlib._Hash) -> None:
+        if self.atoms is not None:
+            h.update(ATOMS_TAG)
+            h.update(struct.pack(">I", len(self.atoms)))
+            for atom in self.atoms.clusters:
+                h.update(struct.pack(f">I{len(atom)}Q", len(atom), *atom))
 
     def digest(self) -> bytes:
         """SHA-256 over a canonical encoding: tag, protocol version, round, R, then per
-        clustering its number of clusters and per cluster its size and sorted member ids."""
+        clustering its number of clusters and per cluster its size and sorted member ids;
+        with atoms, then the atoms' tag, their number and each atom as a cluster (a plan
+        without atoms hashes as before atoms existed)."""
         return self._digest
 
     @cached_property
@@ -94,13 +111,15 @@ class RoundPlan:
             h.update(struct.pack(">I", len(clustering)))
             for cluster in clustering.clusters:
                 h.update(struct.pack(f">I{len(cluster)}Q", len(cluster), *cluster))
+        self._hash_atoms(h)
         return h.digest()
 
     def clusterings_digest(self) -> bytes:
         """SHA-256 over the clusterings alone (tag, protocol version, R, then each
-        clustering as in :meth:`digest`), without the round number: two plans have the same
-        clusterings digest exactly when they put the same participants in the same clusters
-        at the same positions (reclustering, cluster). A client's memory
+        clustering and the atoms as in :meth:`digest`), without the round number: two
+        plans have the same clusterings digest exactly when they put the same participants
+        in the same clusters at the same positions (reclustering, cluster) over the same
+        atoms. A client's memory
         (:mod:`sharefl.protocol.memory`) keys what it contributed on one model by it."""
         return self._clusterings_digest
 

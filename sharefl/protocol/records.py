@@ -402,6 +402,9 @@ def _plan_to(p: RoundPlan, r: Record) -> None:
     r["clusters_per_clustering"] = [len(c.clusters) for c in p.clusterings]
     r["cluster_sizes"] = [len(k) for c in p.clusterings for k in c.clusters]
     r["members"] = [int(i) for c in p.clusterings for k in c.clusters for i in k]
+    if p.atoms is not None:
+        r["atom_sizes"] = [len(a) for a in p.atoms.clusters]
+        r["atom_members"] = [int(i) for a in p.atoms.clusters for i in a]
 
 
 def _plan_from(r: Mapping[str, Any]) -> RoundPlan:
@@ -418,8 +421,21 @@ def _plan_from(r: Mapping[str, Any]) -> RoundPlan:
             i += size
         k += count
         clusterings.append(tuple(clusters))
+    atoms = None
+    if "atom_sizes" in r:
+        atom_sizes = get_ids(r, "atom_sizes", MAX_PLAN_IDS, unique=False)
+        atom_members = get_ids(r, "atom_members", MAX_PLAN_IDS, unique=False)
+        if sum(atom_sizes) != len(atom_members):
+            raise RecordError("the plan's atom sizes do not match its atom members")
+        starts = [sum(atom_sizes[:j]) for j in range(len(atom_sizes))]
+        try:
+            atoms = Clustering(
+                tuple(atom_members[a : a + n] for a, n in zip(starts, atom_sizes, strict=True))
+            )
+        except ClusteringError as exc:
+            raise RecordError(f"bad round plan atoms: {exc}") from exc
     try:
-        return RoundPlan(get_int(r, "round"), tuple(Clustering(c) for c in clusterings))
+        return RoundPlan(get_int(r, "round"), tuple(Clustering(c) for c in clusterings), atoms)
     except (ClusteringError, ConfigurationError, ValueError) as exc:
         raise RecordError(f"bad round plan: {exc}") from exc
 

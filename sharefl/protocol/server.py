@@ -58,6 +58,7 @@ from sharefl.crypto.kdf import (
 )
 from sharefl.crypto.prg import combine_masks, ring_dtype
 from sharefl.crypto.signatures import SIGNATURE_BYTES, client_list_message, verify
+from sharefl.protocol.atoms import Atoms, whole_atoms
 from sharefl.protocol.bundles import SEALED_BYTES, seed_commitment
 from sharefl.protocol.client import SURVIVORS_LABEL
 from sharefl.protocol.errors import ConfigurationError, RejectedMessage, StageError
@@ -176,6 +177,10 @@ class ServerSession:
             raises :class:`ConfigurationError` without it.
         approve: the release check, called with the final members of the sum before any
             unmask request; it returns ``None`` to go on, or the reason to withhold the sum.
+        atoms: the plan's atoms (:mod:`sharefl.protocol.atoms`): an atom with a member that
+            sent no masked input leaves the sum whole — its other members are listed as
+            dropped (their mask keys are rebuilt, never their self-mask seeds), so the sum
+            covers complete atoms only. ``None``: per-client sums.
     """
 
     def __init__(
@@ -183,6 +188,8 @@ class ServerSession:
         assignment: ClusterAssignment,
         directory: Mapping[int, bytes] | None = None,
         approve: Callable[[tuple[int, ...]], str | None] | None = None,
+        *,
+        atoms: Atoms | None = None,
     ) -> None:
         if assignment.threshold < 2 or assignment.threshold > len(assignment.members):
             raise ConfigurationError(
@@ -197,6 +204,7 @@ class ServerSession:
         self.state = ServerState.ADVERTISE
         self._directory = dict(directory or {})
         self._approve = approve
+        self._atoms = atoms
         self._excluded: tuple[int, ...] = ()
         self._dtype = ring_dtype(assignment.bits)
         self._x = {m: i + 1 for i, m in enumerate(assignment.members)}
@@ -476,7 +484,7 @@ class ServerSession:
     def _close_mask(self) -> dict[int, ServerMessage]:
         masked = set(self._got.masked)
         self._excluded = tuple(sorted(u for u in masked if self._disowned(u, masked)))
-        self._u3 = tuple(sorted(masked - set(self._excluded)))
+        self._u3 = whole_atoms(masked - set(self._excluded), self._atoms)
         if not self._enough(ServerState.MASK, self._u3, "sent masked inputs"):
             return {}
         if self._approve is not None:

@@ -95,6 +95,15 @@ class SecureAggregationSettings:
             (:func:`~sharefl.protocol.client.default_colluders` under ``signed``), taken
             at its largest over the participants
             (:func:`~sharefl.protocol.coordinator.round_colluders`).
+        atoms: draw every cluster as a union of fixed atoms of clients
+            (:mod:`sharefl.protocol.atoms`), so that across any number of rounds the server
+            learns nothing finer than atom sums. ``None``: the transport's default
+            (:meth:`atoms_on`: on in every deployment — ``sharefl serve``/``launch``
+            and Flower — off in simulations, which keep the papers' per-client
+            reclustering).
+        atom_size: the size new atoms are formed at; ``None`` (or 0 in a file): the
+            smallest safe size (:func:`~sharefl.protocol.atoms.atom_floor`). Must be at
+            least that floor.
 
     Raises :class:`SettingsError` (a :class:`ConfigurationError`) naming the first key
     whose value cannot run and what to change.
@@ -112,6 +121,8 @@ class SecureAggregationSettings:
     planner: Planner = Planner.SAFE
     allow_leakage: bool = False
     colluders: int | None = None
+    atoms: bool | None = None
+    atom_size: int | None = None
 
     def __post_init__(self) -> None:
         # Spellings a file uses for "not set" and for the planner, normalised once here so
@@ -126,7 +137,7 @@ class SecureAggregationSettings:
                 ) from None
         if not isinstance(self.planner, Planner):
             raise SettingsError("planner", f"must be a Planner, got {self.planner!r}")
-        for key in ("threshold", "neighbour_degree"):
+        for key in ("threshold", "neighbour_degree", "atom_size"):
             if getattr(self, key) == 0 and not isinstance(getattr(self, key), bool):
                 object.__setattr__(self, key, None)
         _check_types(self)
@@ -169,6 +180,35 @@ class SecureAggregationSettings:
             "colluders",
             f"must be >= 0 (omit it for the clients' default), got {self.colluders}",
         )
+        if self.atom_size is not None:
+            floor = self.atom_floor
+            _require(
+                self.atom_size >= floor,
+                "atom_size",
+                f"{self.atom_size} is below the safe floor {floor} (min_sum_size "
+                f"{self.min_sum_size} honest members after the colluders an atom resists); "
+                "omit it for the floor",
+            )
+
+    @property
+    def atom_floor(self) -> int:
+        """The fewest members an atom of these settings may have
+        (:func:`~sharefl.protocol.atoms.atom_floor`)."""
+        from sharefl.protocol.atoms import atom_floor
+
+        return atom_floor(self.min_sum_size, self.colluders, self.signed)
+
+    def atoms_on(self, deployment: bool) -> bool:
+        """Whether rounds draw atom plans: ``atoms`` when set, else ``deployment`` (on in
+        every deployment, off in simulations); never without secure aggregation."""
+        if not self.secure:
+            return False
+        return deployment if self.atoms is None else self.atoms
+
+    @property
+    def resolved_atom_size(self) -> int:
+        """``atom_size`` or, unset, :attr:`atom_floor`."""
+        return self.atom_size if self.atom_size is not None else self.atom_floor
 
     @property
     def secure(self) -> bool:
@@ -210,6 +250,8 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "min_sum_size": (int,),
     "allow_leakage": (bool,),
     "colluders": (int, type(None)),
+    "atoms": (bool, type(None)),
+    "atom_size": (int, type(None)),
 }
 
 

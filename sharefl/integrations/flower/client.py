@@ -27,7 +27,6 @@ from sharefl.protocol.updates import WeightedUpdateCodec
 
 from .common import (
     DIRECTORY_CONFIG,
-    FLOWER_SERVER,
     IDENTITY_CONFIG,
     MODEL_RECORD,
     PREFIX,
@@ -36,6 +35,7 @@ from .common import (
     FlowerIntegrationError,
     arrays_digest,
     drop_record,
+    flower_server_identity,
     get_record,
     has_record,
     put_record,
@@ -195,11 +195,12 @@ class _Client:
     def _memory(self, cid: int) -> ClientMemory:
         """Invariant I4's memory of client ``cid``: its file under :attr:`state_dir`, else
         the copy this client's ``Context`` keeps (written back by :meth:`_keep`)."""
+        server = flower_server_identity(self.policy)
         if self.state_dir is not None:
-            return ClientMemory(memory_path(self.state_dir, cid, FLOWER_SERVER))
+            return ClientMemory(memory_path(self.state_dir, cid), server=server)
         if has_record(self.ctxt.state, f"{_STATE}.memory"):
-            return ClientMemory.from_json(str(self._load("memory")["json"]))
-        return ClientMemory()
+            return ClientMemory.from_json(str(self._load("memory")["json"]), server=server)
+        return ClientMemory(server=server)
 
     def _keep(self, memory: ClientMemory) -> None:
         """Store a ``Context``-held memory back (a file memory wrote itself)."""

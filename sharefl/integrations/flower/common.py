@@ -15,6 +15,7 @@ from sharefl.crypto.errors import CryptoError
 from sharefl.crypto.kdf import KEY_BYTES
 from sharefl.crypto.signatures import IdentityKey
 from sharefl.protocol import records
+from sharefl.protocol.client import ClientPolicy
 from sharefl.protocol.errors import ConfigurationError, ProtocolError
 from sharefl.protocol.memory import model_digest
 from sharefl.protocol.plan import RoundPlan
@@ -97,8 +98,20 @@ MODEL_RECORD = f"{PREFIX}.model"
 """The record of a round's first assignment naming the digest of the model the round
 trains on (:func:`arrays_digest`): the client's memory checks it before the advert leaves."""
 FLOWER_SERVER = b"flower"
-"""The server identity a Flower client's memory file is keyed by (a mod cannot name its
-SuperLink; run ids key the round numbers within it)."""
+"""The server identity of a Flower client's memory in unsigned rounds (a mod cannot
+authenticate its SuperLink: every unsigned Flower server is one identity)."""
+
+
+def flower_server_identity(policy: ClientPolicy) -> bytes:
+    """The server identity a Flower client's memory serves: in signed mode the SHA-256 of
+    its directory (client id → Ed25519 key, sorted; the federation the client was given
+    from outside the server), else :data:`FLOWER_SERVER`. Never a node id or run id."""
+    if policy.directory is None:
+        return FLOWER_SERVER
+    h = hashlib.sha256(b"sharefl/flower-directory\x00")
+    for cid in sorted(policy.directory):
+        h.update(int(cid).to_bytes(8, "big") + bytes(policy.directory[cid]))
+    return h.digest()
 
 
 def arrays_digest(arrays: Sequence[np.ndarray]) -> bytes:

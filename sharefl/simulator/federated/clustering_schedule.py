@@ -27,6 +27,12 @@ Both fixed variants need the same participants every round (``clients.per_round 
   reach full rank from R = 4, so every update is recoverable: the protocol's release check
   refuses such a plan unless ``secure_aggregation.allow_leakage = true``.
 
+``secure_aggregation.atoms = true`` (a variant: simulations keep the paper's per-client
+reclustering by default): the participants are partitioned once, in round 1, into atoms of
+``atom_size`` (:mod:`sharefl.protocol.atoms`), and every clustering of every round groups
+whole atoms (:meth:`ClusterSchedule.round_atoms`); a fixed schedule fixes such a grouping.
+Atoms need the same participants every round (``clients.per_round = 0``).
+
 Every round's plan is audited by the protocol (:func:`~sharefl.protocol.audit`) before
 anything is released; :class:`AuditLog` keeps the verdicts for the run's results.
 """
@@ -40,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from sharefl.protocol import Clustering, LeakageReport
+from sharefl.protocol.atoms import form_atoms
 from sharefl.protocol.coordinator import plan_round
 from sharefl.simulator.config import SecureAggregationConfig, SimulationConfigError
 
@@ -55,11 +62,13 @@ class ClusterSchedule:
             and every audit use the settings' one).
         fixed: the clusterings drawn in round 1 when ``clustering`` is ``"fixed"`` (one)
             or ``"fixed_plan"`` (R).
+        atoms: the run's atoms, formed in round 1 when the settings ask for atoms.
     """
 
     settings: SecureAggregationConfig
     min_sum_size: int | None = None
     fixed: list[Clustering] | None = None
+    atoms: Clustering | None = None
 
     def __post_init__(self) -> None:
         if self.min_sum_size not in (None, self.settings.min_sum_size):
@@ -68,6 +77,31 @@ class ClusterSchedule:
                 f"secure_aggregation.min_sum_size = {self.settings.min_sum_size}: set the "
                 "key in the settings and leave min_sum_size out"
             )
+
+    def round_atoms(
+        self, participants: Sequence[int], rng: np.random.Generator
+    ) -> Clustering | None:
+        """The atoms of this round's participants (``None`` without atoms): formed at
+        random in the first round (atoms of ``atom_size`` to ``2·atom_size − 1``), the same
+        in every later one. Raises :class:`SimulationConfigError` if the participants
+        change or are fewer than one atom."""
+        if not self.settings.atoms_on(deployment=False):
+            return None
+        ids = sorted(participants)
+        if self.atoms is None:
+            atoms, left = form_atoms(ids, self.settings.resolved_atom_size, rng)
+            if left:
+                raise SimulationConfigError(
+                    f"{len(ids)} participants are fewer than one atom of "
+                    f"{self.settings.resolved_atom_size}: use more clients or atoms = false"
+                )
+            self.atoms = atoms
+        elif sorted(self.atoms.members) != ids:
+            raise SimulationConfigError(
+                "secure_aggregation.atoms needs the same participants every round: set "
+                "clients.per_round = 0"
+            )
+        return self.atoms
 
     def clusterings(
         self, participants: Sequence[int], rng: np.random.Generator
@@ -98,7 +132,7 @@ class ClusterSchedule:
         (a leaking plan without ``allow_leakage``) or
         :class:`~sharefl.protocol.errors.ConfigurationError` (no plan can be drawn), as
         the round's own audit would."""
-        plan, _ = plan_round(0, ids, self.settings.as_settings(), rng)
+        plan, _ = plan_round(0, ids, self.settings.as_settings(), rng, atom_partition=self.atoms)
         return list(plan.clusterings)
 
 
