@@ -7,11 +7,12 @@ same data partition and model; then
 
 * a client process (:class:`SimulationTrainer`, the gRPC client's trainer) trains only its
   own client — honest DP training, or its Byzantine behaviour (label flipping, or an attack
-  on its own update: an omniscient attack cannot run in a real deployment) — with its DP
-  noise (and batch sampling) drawn from a generator seeded by the operating system
-  (:func:`os_seeded_generator`), so neither the server nor another client can regenerate
-  and subtract it; the data partition and the initial model still come from the file's
-  seed, which every process shares;
+  on its own update: an omniscient attack cannot run in a real deployment) — with its
+  Gaussian DP noise drawn from an AES-256-CTR stream keyed from the operating system and
+  its batch sampling from a torch generator seeded by it (:func:`secure_client_generator`),
+  so neither the server nor another client can regenerate and subtract it; the data
+  partition and the initial model still come from the file's seed, which every process
+  shares;
 * the server (:class:`SimulationStrategy`) receives the cluster sums the protocol
   releases, aggregates them with the configured robust rule over cluster means and
   reclusterings (:meth:`Simulation.cluster_aggregate`), steps the model and evaluates it,
@@ -38,6 +39,7 @@ from sharefl.deploy.config import (
 )
 from sharefl.deploy.distributed import DistributedRingInputs
 from sharefl.deploy.server import descend
+from sharefl.privacy.secure_noise import SecureGenerator
 from sharefl.protocol.errors import ConfigurationError
 from sharefl.protocol.settings import SETTINGS_KEYS
 from sharefl.robust.hierarchical import ClusterScale, HierarchicalAggregator
@@ -257,8 +259,19 @@ def os_seeded_generator(device: torch.device | str = "cpu") -> torch.Generator:
     return generator
 
 
+def secure_client_generator(device: torch.device | str = "cpu") -> SecureGenerator:
+    """What a real client process draws its randomness from: a
+    :class:`~sharefl.privacy.secure_noise.SecureGenerator`, whose Gaussian DP noise
+    (DP-SGD, client-level shares) comes from an AES-256-CTR stream keyed from
+    ``os.urandom`` and whose torch state (batch sampling) is seeded with 64 bits from
+    ``secrets``. Nothing of it derives from the configuration, so neither the server nor
+    another client can regenerate the noise."""
+    return SecureGenerator(device)
+
+
 class SimulationTrainer:
-    """The gRPC client's trainer for client ``client_id`` of a run (see module doc)."""
+    """The gRPC client's trainer for client ``client_id`` of a run (see module doc); its
+    simulation draws from :func:`secure_client_generator` (``self.randomness``)."""
 
     def __init__(self, run: RunConfig, client_id: int) -> None:
         if not 0 <= client_id < run.clients.total:
@@ -266,7 +279,8 @@ class SimulationTrainer:
                 f"client id {client_id} is not in 0..{run.clients.total - 1}"
             )
         self.simulation = Simulation(run)
-        self.simulation.use_generator(os_seeded_generator(self.simulation.device))
+        self.randomness = secure_client_generator(self.simulation.device)
+        self.simulation.use_generator(self.randomness)
         self.client_id = client_id
         encoder = self.simulation.ring_encoder
         self.ring_inputs = (

@@ -13,6 +13,9 @@ Example level (DP-SGD on a client's data):
 Client level (FedAvg under secure aggregation): :class:`ClientDPConfig`,
 :func:`privatize_update_`, :func:`clip_update_`.
 
+Gaussian DP noise from an AES-256-CTR stream (a deployment client's):
+:class:`SecureGenerator`, :class:`SecureGaussian`.
+
 A client's own budget: :class:`ClientNoise`, :func:`round_rdp` (one round of the noise
 the client adds itself), :func:`epsilon_from_rdp`, :func:`client_noise`.
 
@@ -65,7 +68,7 @@ if TYPE_CHECKING:
         UnsupportedModuleError,
     )
     from .model_noise import ModelNoiseConfig, NoisyModelTransmitter, theorem3_epsilon
-    from .noise import add_gaussian_noise_, gaussian_
+    from .noise import add_gaussian_noise_, gaussian_, standard_normal
     from .per_example import (
         PerExampleGradients,
         check_per_example_compatible,
@@ -80,6 +83,7 @@ if TYPE_CHECKING:
         NoiseSchedule,
         StaircaseSchedule,
     )
+    from .secure_noise import SecureGaussian, SecureGenerator
     from .secure_random import SecureRandom
     from .sign import (
         SignFlip,
@@ -157,6 +161,7 @@ EXPORTS: dict[str, tuple[str, ...]] = {
     "noise": (
         "add_gaussian_noise_",
         "gaussian_",
+        "standard_normal",
     ),
     "per_example": (
         "PerExampleGradients",
@@ -175,6 +180,7 @@ EXPORTS: dict[str, tuple[str, ...]] = {
         "NoiseSchedule",
         "StaircaseSchedule",
     ),
+    "secure_noise": ("SecureGaussian", "SecureGenerator"),
     "secure_random": ("SecureRandom",),
     "sign": (
         "SignFlip",

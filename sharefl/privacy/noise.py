@@ -3,6 +3,8 @@
 Nothing here uses the global RNG: a run is reproducible from the generator's seed. The
 generator must live on the device of the tensor it fills (``torch.Generator("cuda")`` for a
 CUDA tensor); a mismatch raises :class:`PrivacyConfigError` instead of torch's opaque error.
+A :class:`~sharefl.privacy.secure_noise.SecureGenerator` (a deployment client's) makes
+every function here draw from its AES-256-CTR stream instead of torch's Mersenne Twister.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import math
 import torch
 
 from .errors import PrivacyConfigError
+from .secure_noise import SecureGenerator
 
 
 def check_generator(generator: torch.Generator, device: torch.device) -> None:
@@ -47,7 +50,24 @@ def gaussian_(out: torch.Tensor, std: float, generator: torch.Generator) -> torc
     check_generator(generator, out.device)
     if std == 0.0:
         return out.zero_()
+    if isinstance(generator, SecureGenerator):
+        return generator.gaussian.fill_(out, std)
     return out.normal_(0.0, std, generator=generator)
+
+
+def standard_normal(
+    shape: tuple[int, ...] | torch.Size,
+    generator: torch.Generator,
+    *,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """A new tensor of ``shape`` of i.i.d. N(0, 1) samples on ``device`` (default: the
+    generator's) in ``dtype`` (default: torch's default dtype): ``torch.randn`` with
+    ``generator``, or its secure stream when it is a
+    :class:`~sharefl.privacy.secure_noise.SecureGenerator`."""
+    out = torch.empty(shape, device=generator.device if device is None else device, dtype=dtype)
+    return gaussian_(out, 1.0, generator)
 
 
 def add_gaussian_noise_(

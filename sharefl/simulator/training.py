@@ -39,6 +39,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
 from sharefl.privacy.clipping import ClippingMode, Normalization
+from sharefl.privacy.noise import standard_normal
 from sharefl.privacy.schedules import NoiseSchedule
 from sharefl.simulator.errors import SimulatorError
 
@@ -427,7 +428,8 @@ class VectorizedClients:
                 (K,), mode.sensitivity(self.model.numels), dtype=summed.dtype, device=summed.device
             )
         if sigma > 0:
-            noise = torch.randn(summed.shape, generator=generator, device=summed.device)
+            # torch.randn, or a deployment client's AES-CTR stream (SecureGenerator)
+            noise = standard_normal(summed.shape, generator, device=summed.device)
             summed.add_(noise * (sigma * sens)[:, None])
         summed.div_(self.training.denominator or self.training.batch_size)
         if momentum is not None and isinstance(mode, Normalization):
