@@ -94,6 +94,9 @@ def _cmd_client(args: argparse.Namespace) -> int:
         read_timeout_s=args.read_timeout,
         insecure=args.insecure,
         state_dir=args.state_dir,
+        atoms=False if args.no_atoms else None,
+        max_rounds=args.max_rounds,
+        max_epsilon=args.max_epsilon,
     )
 
 
@@ -276,6 +279,24 @@ def _add_deployment_commands(sub) -> None:
         help="folder of the client's memory of the rounds and models it took part in, so a "
         "server cannot replay them, also across restarts (default: the --keys folder; "
         "without --keys and --state-dir the memory is lost when the client exits)",
+    )
+    client.add_argument(
+        "--no-atoms",
+        action="store_true",
+        help="accept round plans without atoms (a server with secure_aggregation.atoms = "
+        "false); across rounds the server can then difference this client's update "
+        "(docs/security.md). A client that already joined an atom refuses them anyway",
+    )
+    client.add_argument(
+        "--max-rounds",
+        type=_positive,
+        help="take part in at most this many rounds of this server, whatever its run ids",
+    )
+    client.add_argument(
+        "--max-epsilon",
+        type=float,
+        help="take part only while the ε of this client's own DP noise stays within this "
+        "(δ = 1e-5; needs --config with DP training)",
     )
     client.add_argument("--exit-before", help=argparse.SUPPRESS)  # testing: vanish at a stage
     client.set_defaults(func=_cmd_client)

@@ -216,6 +216,21 @@ def _client_trainer(config_path: str | None, trainer: str, client_id: int) -> An
     )
 
 
+def _client_atoms(config_path: str | None) -> bool:
+    """Whether a client of ``config_path`` requires atom plans: the file's
+    ``secure_aggregation.atoms`` as a deployment reads it (on unless switched off); on
+    without a file."""
+    if config_path is None:
+        return True
+    from sharefl.simulator.config import is_simulation_config
+
+    if is_simulation_config(config_path):
+        from sharefl.simulation_bridge import single_run
+
+        return single_run(config_path).secure_aggregation.atoms_on(deployment=True)
+    return load_config(config_path).secure_aggregation.atoms_on(deployment=True)
+
+
 def client_runtime(
     client_id: int,
     address: str,
@@ -229,16 +244,22 @@ def client_runtime(
     read_timeout_s: float = READ_TIMEOUT_S,
     insecure: bool = False,
     state_dir: str | None = None,
+    atoms: bool | None = None,
+    max_rounds: int | None = None,
+    max_epsilon: float | None = None,
 ) -> ClientRuntime:
     """Build a client from CLI-style arguments; ``keys`` is a ``sharefl keygen`` folder
     (its CA is required: a client with keys always uses TLS); ``config``, a simulation
     file, replaces ``trainer`` by that run's client training; ``state_dir`` holds the
     client's memory of rounds and models (default: ``keys``, so a signed client always
-    has one; without either the memory lasts as long as the process). Raises
+    has one; without either the memory lasts as long as the process); ``atoms``: require
+    atom plans (``None``: as ``config``'s ``secure_aggregation.atoms`` says for a
+    deployment, on without a file); ``max_rounds``/``max_epsilon``: the client's own
+    budget (:mod:`sharefl.protocol.budget`). Raises
     ``ValueError`` / ``OSError`` for missing keys, an unreadable memory or an insecure
     connection not asked for."""
-    identity = tls = None
-    policy = None
+    identity = tls = directory = None
+    signed = False
     if keys:
         folder = Path(keys)
         identity = load_identity(folder / f"client-{client_id}.identity")
@@ -247,8 +268,15 @@ def client_runtime(
             raise ValueError(f"{folder / 'ca.pem'} is missing: a client with keys requires TLS")
         tls = read_tls(str(folder / "ca.pem"), str(cert), str(key))
         directory = load_directory(str(folder / "directory.json"))
-        # A client with an identity and a directory never runs unsigned: no downgrade.
-        policy = ClientPolicy(identity=identity, directory=directory, require_signed=True)
+        signed = True  # a client with an identity and a directory never runs unsigned
+    policy = ClientPolicy(
+        identity=identity,
+        directory=directory,
+        require_signed=signed,
+        require_atoms=_client_atoms(config) if atoms is None else atoms,
+        max_rounds=max_rounds,
+        max_epsilon=max_epsilon,
+    )
     return ClientRuntime(
         client_id,
         address,

@@ -33,6 +33,7 @@ import grpc
 from sharefl.deploy import wire
 from sharefl.deploy.client import ClientRuntime
 from sharefl.proto import sharefl_pb2 as pb
+from sharefl.protocol.client import ClientPolicy
 
 ORDER_8_POINT = bytes.fromhex("e0eb7a7c3b41b8ae1656e3faf19fc46ada098deb9c32b1fd866205165f49b800")
 GARBAGE = b"\xff\xff\xff\xff\x0fnot a ClientMessage"
@@ -70,6 +71,8 @@ class ByzantineClient(ClientRuntime):
     def __init__(self, *args, attack: str, **kwargs) -> None:
         if attack not in ATTACKS:
             raise ValueError(f"unknown attack {attack!r}; use one of {ATTACKS}")
+        # A Byzantine client joins whatever plan it is offered, with atoms or without.
+        kwargs.setdefault("policy", ClientPolicy(require_atoms=False))
         super().__init__(*args, **kwargs)
         self.attack = attack
         self._members: tuple[int, ...] = ()
@@ -132,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--attack", required=True, choices=ATTACKS)
     parser.add_argument("--keys", default=None)
     args = parser.parse_args(argv)
-    honest = client_runtime(args.id, args.server, keys=args.keys, retries=3)
+    honest = client_runtime(args.id, args.server, keys=args.keys, retries=3, atoms=False)
     client = ByzantineClient(
         args.id,
         args.server,

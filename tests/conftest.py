@@ -56,6 +56,13 @@ def ray_backend() -> dict[str, dict[str, Any]]:
     }
 
 
+@pytest.fixture(autouse=True)
+def _private_state_dir(monkeypatch, tmp_path_factory):
+    """Every test keeps clients' default memory (``SHAREFL_STATE_DIR``) in a folder of its
+    own: never the user's home, never another test's atoms or budget."""
+    monkeypatch.setenv("SHAREFL_STATE_DIR", str(tmp_path_factory.mktemp("sharefl-state")))
+
+
 @pytest.fixture
 def flower_task_identity(monkeypatch):
     """Stamp the messages a test builds with a run id and node ids, as Flower's runtime does

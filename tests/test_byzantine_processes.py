@@ -88,7 +88,16 @@ def _attackers(plan: Plan) -> dict[int, str]:
 
 
 def _deploy(folder: Path, plan: Plan) -> Outcome:
-    sa = {"cluster_size": CLUSTER, "threshold": 3, "reproducible_seed": SEED, "signed": plan.signed}
+    # Per-client clusters (atoms off, clients --no-atoms): one attacker per planned cluster
+    # of round 0, each attack's effect on its own cluster (test_atoms.py and
+    # test_grpc_processes.py cover atoms).
+    sa = {
+        "cluster_size": CLUSTER,
+        "threshold": 3,
+        "reproducible_seed": SEED,
+        "signed": plan.signed,
+        "atoms": False,
+    }
     keys_args: list[str] = []
     tls = None
     if plan.signed:
@@ -106,7 +115,7 @@ def _deploy(folder: Path, plan: Plan) -> Outcome:
     run = Deployment(folder, config, CLIENTS)
     for cid in range(CLIENTS):
         if cid not in attackers:
-            run.client(cid, "--retries", "1", *keys_args)  # the server is listening
+            run.client(cid, "--retries", "1", "--no-atoms", *keys_args)  # server listening
             continue
         command = [sys.executable, str(HELPER), "--server", run.address, "--id", str(cid)]
         run.procs[cid] = subprocess.Popen(

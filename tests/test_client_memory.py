@@ -433,7 +433,17 @@ async def _serve_script(keys, script: Script) -> list[subprocess.CompletedProces
     pb_grpc.add_AggregationServicer_to_server(script, server)
     port = server.add_secure_port("127.0.0.1:0", credentials)
     await server.start()
-    command = [*PYTHON, "client", "--server", f"127.0.0.1:{port}", "--id", "0", "--keys", str(keys)]
+    command = [
+        *PYTHON,
+        "client",
+        "--server",
+        f"127.0.0.1:{port}",
+        "--id",
+        "0",
+        "--keys",
+        str(keys),
+        "--no-atoms",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = []
     try:
@@ -465,7 +475,9 @@ def test_a_restarted_client_process_still_refuses_replays(tmp_path):
         ]
     )
     done = asyncio.run(_serve_script(keys, script))
-    assert [d.returncode for d in done] == [0, 0], [d.stderr for d in done]
+    # The second process advertised in round 2 but sent no masked input and refused twice:
+    # it took part in no round, so it exits 9 (ROUNDS_REFUSED).
+    assert [d.returncode for d in done] == [0, 9], [d.stderr for d in done]
     (taken,) = script.replies[0]
     assert taken.HasField("advertise") and taken.advertise.context.round == 0
     replayed, remodelled, rerun = script.replies[1]

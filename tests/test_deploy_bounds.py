@@ -225,15 +225,17 @@ def test_validation_plans_the_sampled_round_not_every_client():
 
 
 def test_launch_samples_k_clients_a_round_and_the_others_sit_out(tmp_path):
+    """With atoms (the default, of 3: {0, 1, 2}, {3, 4, 5}, {6, 7, 8}) a round samples whole
+    atoms until it holds k = 6 clients: two atoms take part, the third sits out."""
     path = tmp_path / "deploy.toml"
     path.write_text(
-        "[server]\nclients = 6\nrounds = 3\nclients_per_round = 4\nconnect_timeout_s = 60\n"
+        "[server]\nclients = 9\nrounds = 3\nclients_per_round = 6\nconnect_timeout_s = 60\n"
         f'[model]\ndim = {DIM}\naggregator = "sum"\n'
-        "[secure_aggregation]\ncluster_size = 4\n"
+        "[secure_aggregation]\ncluster_size = 3\n"
     )
     out = tmp_path / "out"
     done = subprocess.run(
-        [*PYTHON, "launch", "--config", str(path), "--clients", "6", "--out", str(out)],
+        [*PYTHON, "launch", "--config", str(path), "--clients", "9", "--out", str(out)],
         capture_output=True,
         text=True,
         timeout=180,
@@ -241,18 +243,20 @@ def test_launch_samples_k_clients_a_round_and_the_others_sit_out(tmp_path):
     assert done.returncode == 0, done.stderr
     rows = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
     assert [row["round"] for row in rows] == [1, 2, 3]
+    atoms = [{0, 1, 2}, {3, 4, 5}, {6, 7, 8}]
     for row in rows:
-        assert len(row["participants"]) == 4, row
-        assert sorted(row["participants"] + row["sampled_out"]) == list(range(6))
-        assert row["failed"] == [] and row["contributors"] == 4
+        assert len(row["participants"]) == 6, row
+        assert sum(atom <= set(row["participants"]) for atom in atoms) == 2, row
+        assert sorted(row["participants"] + row["sampled_out"]) == list(range(9))
+        assert row["failed"] == [] and row["contributors"] == 6
         total = np.load(out / f"round-{row['round']}-aggregate.npy")
         expected = expected_total(row["round"] - 1, row["participants"])  # the wire's index
         np.testing.assert_array_equal(total, expected)
-    sat_out = {c: sum(c in row["sampled_out"] for row in rows) for c in range(6)}
-    for c in range(6):
+    sat_out = {c: sum(c in row["sampled_out"] for row in rows) for c in range(9)}
+    for c in range(9):
         line = f"client {c}: 3 rounds" + (f" ({sat_out[c]} not sampled)" if sat_out[c] else "")
         assert line + "," in done.stderr, (line, done.stderr)
-    assert "2 not sampled" in done.stderr  # the server's round line
+    assert "3 not sampled" in done.stderr  # the server's round line
 
 
 def test_the_server_binds_its_port_once_and_reports_the_one_it_got():

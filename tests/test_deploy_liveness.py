@@ -33,7 +33,11 @@ from sharefl.deploy.config import (
 )
 from sharefl.deploy.server import RoundReport, RunStalled, serve
 from sharefl.exit_status import ExitStatus
+from sharefl.protocol.client import ClientPolicy
 from sharefl.protocol.errors import ConfigurationError
+
+PER_CLIENT = ClientPolicy(require_atoms=False)
+"""Clients that accept plans without atoms (these tests are about per-client clusters)."""
 
 HELPER = Path(__file__).with_name("byzantine_client.py")
 ATTACKER = 3
@@ -44,7 +48,7 @@ def _config(rounds: int) -> DeploymentConfig:
     return DeploymentConfig(
         server=ServerSection(clients=4, rounds=rounds, connect_timeout_s=30, stage_timeout_s=20),
         model=ModelSection(dim=8, aggregator="sum"),
-        secure_aggregation=SecureAggregationSection(cluster_size=4, threshold=3),
+        secure_aggregation=SecureAggregationSection(cluster_size=4, threshold=3, atoms=False),
     )
 
 
@@ -66,7 +70,10 @@ def test_a_client_that_corrupts_its_cluster_once_and_leaves_ends_the_run():
         server, address = await serving(
             serve, _config(rounds=10), log=lambda _: None, on_round=on_round
         )
-        honest = [asyncio.create_task(ClientRuntime(c, address).run()) for c in range(ATTACKER)]
+        honest = [
+            asyncio.create_task(ClientRuntime(c, address, policy=PER_CLIENT).run())
+            for c in range(ATTACKER)
+        ]
         attacker.append(
             asyncio.create_task(ByzantineClient(ATTACKER, address, attack="out-of-range").run())
         )

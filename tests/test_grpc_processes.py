@@ -99,10 +99,12 @@ def test_eight_processes_two_rounds_equal_the_clear_sum(tmp_path):
 
 @pytest.mark.parametrize("stage", ["advertise", "share", "mask", "unmask"])
 def test_a_client_killed_at_any_stage_is_recovered(tmp_path, stage):
-    config = write_config(tmp_path, clients=8, secure_aggregation={"threshold": 3})
+    """Without atoms (per-client clusters): the dropped client's masks are recovered."""
+    sa = {"threshold": 3, "atoms": False}
+    config = write_config(tmp_path, clients=8, secure_aggregation=sa)
     run = Deployment(tmp_path, config, 8)
     for cid in range(8):
-        run.client(cid, *(["--exit-before", stage] if cid == 5 else []))
+        run.client(cid, "--no-atoms", *(["--exit-before", stage] if cid == 5 else []))
     status, log = run.finish()
     assert status == 0, log
     assert run.procs[5].returncode == -9  # SIGKILL, as requested
@@ -114,8 +116,33 @@ def test_a_client_killed_at_any_stage_is_recovered(tmp_path, stage):
     np.testing.assert_array_equal(run.aggregate(0), clear_sum(contributors, 0, 200))
 
 
+@pytest.mark.parametrize("stage", ["advertise", "share", "mask", "unmask"])
+def test_with_atoms_a_client_killed_at_any_stage_takes_its_atom_out_whole(tmp_path, stage):
+    """The default (atoms of 3): one cluster of three atoms; client 5 killed before its
+    masked input takes its whole atom out of the sum (its atom-mates' mask keys are
+    rebuilt, never their self masks) and the other two atoms are summed exactly; killed at
+    unmask, its input counts. A second round plans only complete atoms of live clients."""
+    sa = {"cluster_size": 9, "threshold": 3}
+    config = write_config(tmp_path, clients=9, rounds=2, secure_aggregation=sa)
+    run = Deployment(tmp_path, config, 9)
+    for cid in range(9):
+        run.client(cid, *(["--exit-before", stage] if cid == 5 else []))
+    status, log = run.finish()
+    assert status == 0, log
+    first, second = run.result()["rounds"]
+    assert first["failed"] == [] and len(first["clusters"]) == 1
+    contributors = set(first["clusters"][0]["members"])
+    if stage == "unmask":
+        assert contributors == set(range(9))
+    else:
+        assert len(contributors) == 6 and 5 not in contributors
+    np.testing.assert_array_equal(run.aggregate(0), clear_sum(contributors, 0, 200))
+    assert 5 not in second["participants"] and len(second["participants"]) == 6
+
+
 def test_cluster_below_threshold_is_reported_and_the_server_goes_on(tmp_path):
-    config = write_config(tmp_path, clients=8, rounds=2, secure_aggregation={"threshold": 3})
+    sa = {"threshold": 3, "atoms": False}
+    config = write_config(tmp_path, clients=8, rounds=2, secure_aggregation=sa)
     run = Deployment(tmp_path, config, 8)
     # Seeded clustering: find two members of one cluster by a dry run of the same seed.
     from sharefl.protocol.clustering import as_generator, random_clustering
@@ -123,7 +150,7 @@ def test_cluster_below_threshold_is_reported_and_the_server_goes_on(tmp_path):
     cluster = random_clustering(range(8), 4, as_generator(1)).clusters[0]
     doomed = set(cluster[:2])
     for cid in range(8):
-        run.client(cid, *(["--exit-before", "mask"] if cid in doomed else []))
+        run.client(cid, "--no-atoms", *(["--exit-before", "mask"] if cid in doomed else []))
     status, log = run.finish()
     assert status == 0, log
     first, second = run.result()["rounds"]

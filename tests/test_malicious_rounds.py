@@ -264,7 +264,17 @@ def rounds(tmp_path_factory):
     def start(address: str) -> None:
         procs.extend(
             subprocess.Popen(
-                [*PYTHON, "client", "--server", address, "--id", str(c), "--keys", str(keys)],
+                [
+                    *PYTHON,
+                    "client",
+                    "--server",
+                    address,
+                    "--id",
+                    str(c),
+                    "--keys",
+                    str(keys),
+                    "--no-atoms",
+                ],
                 stderr=subprocess.PIPE,
                 text=True,
                 env=env,

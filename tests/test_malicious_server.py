@@ -317,7 +317,17 @@ def attacked(tmp_path_factory):
     def start(address: str) -> list[subprocess.Popen]:
         return [
             subprocess.Popen(
-                [*PYTHON, "client", "--server", address, "--id", str(c), "--keys", str(keys)],
+                [
+                    *PYTHON,
+                    "client",
+                    "--server",
+                    address,
+                    "--id",
+                    str(c),
+                    "--keys",
+                    str(keys),
+                    "--no-atoms",
+                ],
                 stderr=subprocess.PIPE,
                 text=True,
                 env=env,
@@ -506,7 +516,17 @@ async def _oversized_model(keys: Path) -> subprocess.CompletedProcess:
     pb_grpc.add_AggregationServicer_to_server(Liar(), server)
     port = server.add_secure_port("127.0.0.1:0", credentials)
     await server.start()
-    command = [*PYTHON, "client", "--server", f"127.0.0.1:{port}", "--id", "0", "--keys", str(keys)]
+    command = [
+        *PYTHON,
+        "client",
+        "--server",
+        f"127.0.0.1:{port}",
+        "--id",
+        "0",
+        "--keys",
+        str(keys),
+        "--no-atoms",
+    ]
     try:
         proc = await asyncio.create_subprocess_exec(*command, stderr=asyncio.subprocess.PIPE)
         _, stderr = await asyncio.wait_for(proc.communicate(), 15)

@@ -46,7 +46,7 @@ from sharefl.deploy.server import ClientLink, ServerRun, serve
 from sharefl.proto import sharefl_pb2 as pb
 from sharefl.proto import sharefl_pb2_grpc as pb_grpc
 from sharefl.protocol.audit import audit
-from sharefl.protocol.client import ClientSession
+from sharefl.protocol.client import ClientPolicy, ClientSession
 from sharefl.protocol.clustering import Clustering
 from sharefl.protocol.coordinator import (
     Release,
@@ -56,6 +56,9 @@ from sharefl.protocol.coordinator import (
 )
 from sharefl.protocol.errors import ClientRefusal, RejectedMessage
 from sharefl.protocol.plan import RoundPlan
+
+PER_CLIENT = ClientPolicy(require_atoms=False)
+"""Clients that accept plans without atoms (these tests are about per-client clusters)."""
 
 LENGTH = 8
 SETTINGS = SecureAggregationSettings(cluster_size=4, min_sum_size=3)
@@ -210,7 +213,7 @@ def test_a_model_that_does_not_move_keeps_its_clusterings_and_accumulates_its_re
     config = dataclasses.replace(
         _config(clients=6, rounds=3),
         model=ModelSection(dim=LENGTH, aggregator="sum", learning_rate=0.0),
-        secure_aggregation=SecureAggregationSection(cluster_size=3),
+        secure_aggregation=SecureAggregationSection(cluster_size=3, atoms=False),
     )
     out = tmp_path / "out"
     lines: list[str] = []
@@ -220,7 +223,9 @@ def test_a_model_that_does_not_move_keeps_its_clusterings_and_accumulates_its_re
         server, address = await serving(
             serve, config, log=lines.append, on_round=writer.round, journal=writer
         )
-        clients = await asyncio.gather(*(ClientRuntime(c, address).run() for c in range(6)))
+        clients = await asyncio.gather(
+            *(ClientRuntime(c, address, policy=PER_CLIENT).run() for c in range(6))
+        )
         result = await server
         writer.finish(result.traffic)
         return clients

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import importlib
 import os
@@ -68,6 +69,7 @@ from sharefl.deploy.server import (
 from sharefl.exit_status import ExitStatus
 from sharefl.proto import sharefl_pb2 as pb
 from sharefl.proto import sharefl_pb2_grpc as pb_grpc
+from sharefl.protocol.budget import PrivacyCharge
 from sharefl.protocol.client import ClientPolicy, ClientSession
 from sharefl.protocol.client_round import ClientRound
 from sharefl.protocol.errors import (
@@ -207,6 +209,7 @@ class RoundGuard:
         policy: ClientPolicy,
         memory: ClientMemory | None = None,
         model: bytes | None = None,
+        charge: PrivacyCharge | None = None,
     ) -> RoundGuard:
         """The guard of a round from its RoundStart, checked against ``memory`` (the
         round's run ``start.run`` and ``model``, the digest of the model it came with).
@@ -235,7 +238,13 @@ class RoundGuard:
                     f"has {plan.reclusterings}"
                 )
             guard = ClientRound(
-                client_id, plan, policy, memory=memory, run=start.run, model_digest=model
+                client_id,
+                plan,
+                policy,
+                memory=memory,
+                run=start.run,
+                model_digest=model,
+                charge=charge,
             )
             return cls(guard=guard)
         except wire.WireError as exc:
@@ -373,7 +382,17 @@ class ClientRuntime:
         self.trainer = trainer
         self.ring_inputs: RingInputs | None = getattr(trainer, "ring_inputs", None)
         self.identity = identity or IdentityKey.generate()
-        self.policy = policy or ClientPolicy(identity=self.identity)
+        # A deployment client requires atoms unless its policy says otherwise: the
+        # multi-round leak needs no malicious server (sharefl.protocol.atoms).
+        self.policy = policy or ClientPolicy(identity=self.identity, require_atoms=True)
+        if self.policy.identity is None:
+            self.policy = dataclasses.replace(self.policy, identity=self.identity)
+        self.privacy_charge: Callable[[int], PrivacyCharge | None] | None = getattr(
+            trainer, "privacy_charge", None
+        )
+        """What a round's own noise costs this client (a trainer's ``privacy_charge(round)``,
+        :mod:`sharefl.protocol.budget`); ``None``: unknown (``policy.max_epsilon`` then
+        refuses every round)."""
         if self.ring_inputs is not None:
             self.policy = self.ring_inputs.tighten(self.policy)
         self.tls = tls
@@ -546,12 +565,14 @@ class ClientRuntime:
                     finished = True
                     break
                 session, started = None, True
+                charge = self.privacy_charge
                 round_guard = RoundGuard.start(
                     self.client_id,
                     envelope.round_start,
                     self.policy,
                     self.memory,
                     model_digest(model),
+                    None if charge is None else charge(envelope.round_start.round),
                 )
                 update = await self._train(model, envelope.round_start)
             elif kind == "assignment":

@@ -43,7 +43,8 @@ A TOML file with six tables; every key is optional except where noted::
     bits = 16                 # b: the noisy sum is reduced mod 2^b
     rotation = "hadamard"     # randomised Hadamard before rounding ("none")
     min_survivors = 0         # s: the fewest members a released sum holds (0: protocol's)
-    colluders = 0             # t < s members per sum that may add no noise
+    colluders = 1             # t < s members per sum that may add no noise (default: the
+                              # protocol's bound, ⌈m/3⌉ − 1 signed, secure_aggregation.colluders)
 
     [tls]
     cert = "keys/server.pem"  # all three empty: plaintext (loopback testing only)
@@ -229,7 +230,7 @@ class PrivacySection:
     bits: int = 16
     rotation: str = "hadamard"
     min_survivors: int = 0
-    colluders: int = 0
+    colluders: int | None = None
 
     def __post_init__(self) -> None:
         _require(
@@ -248,7 +249,10 @@ class PrivacySection:
         _require(2 <= self.bits <= 64, "privacy.bits must be in [2, 64]")
         _require(self.rotation in ("hadamard", "none"), 'privacy.rotation: "hadamard" or "none"')
         _require(self.min_survivors >= 0, "privacy.min_survivors must be >= 0 (0: default)")
-        _require(self.colluders >= 0, "privacy.colluders must be >= 0")
+        _require(
+            self.colluders is None or self.colluders >= 0,
+            "privacy.colluders must be >= 0 (omit it for the protocol's colluder bound)",
+        )
 
     @property
     def enabled(self) -> bool:

@@ -26,6 +26,7 @@ import numpy as np
 
 from sharefl.deploy.config import DeploymentConfig, PrivacySection, SecureAggregationSection
 from sharefl.protocol.client import ClientPolicy, default_colluders, min_released_members
+from sharefl.protocol.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from sharefl.privacy.distributed import DistributedEncoder
@@ -47,6 +48,18 @@ def deployment_encoder(config: DeploymentConfig) -> DistributedEncoder | None:
 
 
 @functools.lru_cache(maxsize=4)
+def noise_colluders(p: PrivacySection, sa: SecureAggregationSection) -> int:
+    """The members per released sum assumed to add no noise: ``privacy.colluders`` when
+    set, else ``secure_aggregation.colluders``, else the protocol's colluder bound for the
+    cluster size and mode (:func:`~sharefl.protocol.client.default_colluders`: the
+    reported ε then counts only the noise of members the protocol assumes honest)."""
+    if p.colluders is not None:
+        return p.colluders
+    if sa.colluders is not None:
+        return sa.colluders
+    return default_colluders(sa.cluster_size, sa.signed)
+
+
 def _encoder(
     p: PrivacySection, sa: SecureAggregationSection, dim: int, rounds: int
 ) -> DistributedEncoder:
@@ -62,13 +75,20 @@ def _encoder(
     survivors = p.min_survivors or min_released_members(
         m, sa.min_sum_size, default_colluders(m, sa.signed)
     )
+    colluders = noise_colluders(p, sa)
+    if colluders >= survivors:
+        raise ConfigurationError(
+            f"privacy.colluders resolves to {colluders} (the protocol's colluder bound unless "
+            f"set), which leaves no honest noise in sums of {survivors}: use larger clusters "
+            "or set privacy.min_survivors"
+        )
     dp = DistributedDPConfig(
         mechanism=p.distributed,  # type: ignore[arg-type]  # the enum's value, checked there
         clip=p.clip,
         noise_multiplier=p.noise_multiplier or 1.0,
         min_survivors=survivors,
         max_summands=m,
-        colluders=p.colluders,
+        colluders=colluders,
         bits=p.bits,
         rotation=p.rotation,  # type: ignore[arg-type]
     )

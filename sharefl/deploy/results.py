@@ -416,15 +416,17 @@ class ResultsWriter:
 
     def plan(self, model: str, plan: RoundPlan) -> None:
         """Record the committed plan of a round on ``model`` (call before its RoundStart
-        leaves). The sum files of earlier models are deleted once it is on disk."""
-        self._append(
-            {
-                "kind": "plan",
-                "round": plan.round + 1,
-                "model": model,
-                "clusterings": [[list(c) for c in k.clusters] for k in plan.clusterings],
-            }
-        )
+        leaves), with its atoms when it has them. The sum files of earlier models are
+        deleted once it is on disk."""
+        entry: dict[str, Any] = {
+            "kind": "plan",
+            "round": plan.round + 1,
+            "model": model,
+            "clusterings": [[list(c) for c in k.clusters] for k in plan.clusterings],
+        }
+        if plan.atoms is not None:
+            entry["atoms"] = [list(a) for a in plan.atoms.clusters]
+        self._append(entry)
         if self._sums_of != model:
             self._delete_sums()
             self._sums_of = model

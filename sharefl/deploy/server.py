@@ -61,6 +61,8 @@ from sharefl.exit_status import ExitStatus
 from sharefl.proto import sharefl_pb2 as pb
 from sharefl.proto import sharefl_pb2_grpc as pb_grpc
 from sharefl.protocol import messages as m
+from sharefl.protocol.atoms import chunk_atoms, complete_atoms
+from sharefl.protocol.clustering import Clustering
 from sharefl.protocol.coordinator import Exclusions, Release, RoundCoordinator, RoundResult
 from sharefl.protocol.drive import server_exchanges
 from sharefl.protocol.errors import ConfigurationError, LeakageError, RejectedMessage
@@ -448,6 +450,24 @@ def sample_participants(
     return sorted(int(c) for c in rng.choice(pool, size=per_round, replace=False))
 
 
+def sample_atoms(
+    atoms: Sequence[tuple[int, ...]], per_round: int, rng: np.random.Generator
+) -> list[tuple[int, ...]]:
+    """The atoms of a round: whole atoms drawn uniformly without replacement from ``rng``
+    until they hold at least ``per_round`` clients (all of them when ``per_round`` is 0 or
+    they hold fewer): with atoms, client sampling takes whole atoms or none."""
+    if per_round < 0:
+        raise ConfigurationError(f"per_round must be >= 0; got {per_round}")
+    if per_round == 0 or sum(len(a) for a in atoms) <= per_round:
+        return sorted(atoms)
+    chosen: list[tuple[int, ...]] = []
+    for index in rng.permutation(len(atoms)):
+        if sum(len(a) for a in chosen) >= per_round:
+            break
+        chosen.append(atoms[int(index)])
+    return sorted(chosen)
+
+
 class ServerRun:
     """The server's side of a training run over gRPC: client links and rounds.
 
@@ -495,7 +515,7 @@ class ServerRun:
         if self.encoder is not None:
             from sharefl.privacy.distributed import ReleaseLedger
 
-            self.privacy_ledger = ReleaseLedger(self.encoder, config.privacy.colluders)
+            self.privacy_ledger = ReleaseLedger(self.encoder, self.encoder.config.colluders)
         self.log = log
         self.peer_log = PeerLog(log, config.server.peer_log_lines)
         self.directory = dict(directory or {})
@@ -514,6 +534,13 @@ class ServerRun:
         self.run_id = os.urandom(RUN_ID_BYTES)
         self.current: ModelRecord | None = None
         """The plan and releases of the model the last round ran on (see the class doc)."""
+        self.atoms: Clustering | None = None
+        """The atoms of this server (``secure_aggregation.atoms``, on by default): the
+        directory's ids (or ``server.clients`` ids) cut in order (:func:`chunk_atoms`), the
+        same in every run and restart over these clients."""
+        if self.settings.atoms_on(deployment=True):
+            ids = sorted(self.directory) or range(config.server.clients)
+            self.atoms = chunk_atoms(ids, self.settings.resolved_atom_size)
         if resume is not None:
             self.start_round = resume.next_round
             self.model = np.asarray(resume.model, dtype=np.float32)
@@ -831,7 +858,18 @@ class ServerRun:
         round's participants are connected and not excluded."""
         digest = model_id(self.model)
         record = self.current if self.current and self.current.model == digest else None
-        if record is not None:
+        partition = None
+        if self.atoms is not None:
+            # Any grouping of whole atoms is safe on any model (sharefl.protocol.atoms):
+            # no plan is reused, so a cluster that failed (or a client that left) does not
+            # stall the run; only complete atoms of connected clients are planned.
+            record = None
+            chosen = sample_atoms(
+                complete_atoms(self.atoms, eligible), self.config.server.clients_per_round, self.rng
+            )
+            participants = sorted(i for atom in chosen for i in atom)
+            partition = Clustering(tuple(chosen)) if chosen else None
+        elif record is not None:
             participants = list(record.clusterings[0].members)
         else:
             participants = sample_participants(
@@ -841,6 +879,8 @@ class ServerRun:
         needed = max(2, self.settings.min_sum_size)
         if len(live) < needed:
             again = " of the model's planned clients" if record is not None else ""
+            if self.atoms is not None:
+                again = " in complete atoms"
             raise ConfigurationError(
                 f"round {round_index}: only {len(live)}{again} left (connected and not "
                 f"excluded); a round needs at least {needed}"
@@ -864,6 +904,7 @@ class ServerRun:
             clusterings=record.clusterings if record is not None else None,
             prior_releases=list(record.releases) if record is not None else (),
             on_release=released,
+            atom_partition=partition,
         )
         if record is None:
             self.current = ModelRecord(digest, rc.plan.clusterings)
@@ -1199,13 +1240,24 @@ def validate_deployment(
         raise ConfigurationError(
             f"server.clients is {wanted} but tls.directory knows only {len(ids)} identities"
         )
+    settings, rng = round_settings(config), deployment_rng(config)
+    participants, partition = ids[: config.server.sampled], None
+    if settings.atoms_on(deployment=True):
+        partition = chunk_atoms(participants, settings.resolved_atom_size)
+        if not partition.clusters:
+            raise ConfigurationError(
+                f"{len(participants)} clients a round are fewer than one atom of "
+                f"{settings.resolved_atom_size} (secure_aggregation.atom_size): use more "
+                "clients, or secure_aggregation.atoms = false (docs/security.md: what leaks then)"
+            )
     rc = RoundCoordinator(
-        round_settings(config),
+        settings,
         round=0,
-        participants=ids[: config.server.sampled],
+        participants=participants,
         length=input_length(config, encoder),
-        rng=deployment_rng(config),
+        rng=rng,
         directory=directory,
+        atom_partition=partition,
     )
     rc.open_reclustering()
     check = getattr(strategy, "check", None)

@@ -46,20 +46,20 @@ of their self-mask seeds — and their masked inputs stay hidden by PRG(b_u); th
 the complete atoms. One drop-out costs its atom, not the cluster.
 
 Membership for good. An atom is never re-formed: a client that leaves for good retires
-its atom (:class:`AtomRoster`), whose other members then take no further part under that
-server identity. Re-forming would leak by differencing: with ``s_A`` known from earlier
-rounds, a new atom ``A \\ {i} ∪ B`` and the known ``s_B`` give ``x_i``. Two whole atoms may
-merge (a coarser partition reveals less); new clients form new atoms of their own.
+its atom (it is never complete again: :func:`complete_atoms`), whose other members then
+take no further part under that server identity. Re-forming would leak by differencing:
+with ``s_A`` known from earlier rounds, a new atom ``A \\ {i} ∪ B`` and the known ``s_B``
+give ``x_i``. Two whole atoms may merge (a coarser partition reveals less); new clients
+form new atoms of their own.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from sharefl.protocol.clustering import Clustering, ClusteringError
+from sharefl.protocol.clustering import Clustering
 from sharefl.protocol.errors import ConfigurationError
 
 Atoms = Clustering
@@ -97,7 +97,7 @@ def split_atoms(members: Iterable[int], atoms: Atoms) -> list[tuple[int, ...]]:
     """The atoms that ``members`` cuts (contains some but not all of), sorted; members not
     in ``atoms`` count as atoms of their own that are cut."""
     group = set(members)
-    cut = set()
+    cut: set[tuple[int, ...]] = set()
     for i in group:
         if i not in atoms:
             cut.add((i,))
@@ -169,88 +169,28 @@ def group_atoms(
     return Clustering(tuple(tuple(c) for c in clusters))
 
 
-@dataclass
-class AtomRoster:
-    """The server's atoms for one server identity, kept across rounds and restarts.
+def chunk_atoms(clients: Iterable[int], size: int) -> Atoms:
+    """The atoms of a deployment: the sorted client ids cut into consecutive atoms of
+    ``size``, the last taking the remainder (``size`` to ``2·size − 1`` members). A
+    function of the ids alone, so every run and restart of a server over the same clients
+    forms the same atoms, and clients added with larger ids (``sharefl keygen`` numbers
+    them 0, 1, ...) form new atoms without re-forming earlier ones — except the last,
+    whose members then refuse (A1) until the new clients make an atom of their own.
+    Atoms need no secrecy: the guarantee is their structure. Fewer than ``size`` clients:
+    no atom. Raises ConfigurationError for ``size < 2``."""
+    if size < 2:
+        raise ConfigurationError(f"an atom needs at least 2 clients, got size {size}")
+    ids = sorted({int(i) for i in clients})
+    count = len(ids) // size
+    if count == 0:
+        return Clustering(())
+    groups = [ids[k * size : (k + 1) * size] for k in range(count)]
+    groups[-1] = groups[-1] + ids[count * size :]
+    return Clustering(tuple(tuple(g) for g in groups))
 
-    Clients are placed in atoms the first time enough unplaced clients are available
-    (:meth:`place`); an atom is used in a round only when all its members take part
-    (:meth:`available`); an atom whose member left for good is retired (:meth:`retire`)
-    and never re-formed (module docstring). Persist :meth:`to_json` with the run.
 
-    Attributes:
-        size: the size new atoms are formed at (>= 2; :func:`atom_floor` or larger).
-        atoms: the live atoms (sorted member tuples).
-        retired: atoms taken out of service; their members are never placed again.
-    """
-
-    size: int
-    atoms: list[tuple[int, ...]] = field(default_factory=list)
-    retired: list[tuple[int, ...]] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        if self.size < 2:
-            raise ConfigurationError(f"atoms need at least 2 clients, got size {self.size}")
-        seen: set[int] = set()
-        for atom in [*self.atoms, *self.retired]:
-            if seen & set(atom):
-                raise ConfigurationError(f"atom {atom} overlaps another atom of the roster")
-            seen |= set(atom)
-        self.atoms = [tuple(sorted(a)) for a in self.atoms]
-        self.retired = [tuple(sorted(a)) for a in self.retired]
-
-    @property
-    def placed(self) -> frozenset[int]:
-        """Every client that is or was in an atom."""
-        return frozenset(i for atom in [*self.atoms, *self.retired] for i in atom)
-
-    def place(self, clients: Iterable[int], rng: np.random.Generator) -> list[tuple[int, ...]]:
-        """Form new atoms from the ``clients`` not placed yet (random groups of ``size`` to
-        ``2·size − 1``); returns the new atoms. Fewer than ``size`` unplaced clients wait."""
-        fresh = sorted(set(int(i) for i in clients) - self.placed)
-        formed, _ = form_atoms(fresh, self.size, rng)
-        new = list(formed.clusters)
-        self.atoms.extend(new)
-        return new
-
-    def available(self, clients: Iterable[int]) -> list[tuple[int, ...]]:
-        """The live atoms all of whose members are among ``clients``."""
-        present = set(clients)
-        return [a for a in self.atoms if set(a) <= present]
-
-    def retire(self, client: int) -> tuple[int, ...] | None:
-        """Take the atom of ``client`` out of service (it left for good); returns it, or
-        None when the client is in no live atom."""
-        for atom in self.atoms:
-            if client in atom:
-                self.atoms.remove(atom)
-                self.retired.append(atom)
-                return atom
-        return None
-
-    def partition(self, atoms: Sequence[tuple[int, ...]]) -> Atoms:
-        """The atoms of one round as a partition."""
-        try:
-            return Clustering(tuple(atoms))
-        except ClusteringError as exc:  # pragma: no cover - the roster is a partition
-            raise ConfigurationError(str(exc)) from exc
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "size": self.size,
-            "atoms": [list(a) for a in self.atoms],
-            "retired": [list(a) for a in self.retired],
-        }
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, object]) -> AtomRoster:
-        """Raises ConfigurationError for data that is not a roster."""
-        try:
-            size = data["size"]
-            atoms = [tuple(int(i) for i in a) for a in data["atoms"]]  # type: ignore[union-attr]
-            retired = [tuple(int(i) for i in a) for a in data["retired"]]  # type: ignore[union-attr]
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ConfigurationError(f"not an atom roster: {exc}") from exc
-        if not isinstance(size, int):
-            raise ConfigurationError("not an atom roster: size must be an integer")
-        return cls(size, atoms, retired)
+def complete_atoms(atoms: Atoms, present: Iterable[int]) -> list[tuple[int, ...]]:
+    """The atoms all of whose members are ``present`` (the only ones a round may plan: an
+    atom with a member gone, for a round or for good, sits out whole)."""
+    here = set(present)
+    return [a for a in atoms.clusters if set(a) <= here]

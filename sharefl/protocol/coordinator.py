@@ -28,9 +28,10 @@ What the coordinator promises (the threat model of docs/security.md):
 - Byzantine clients. Every sum is decoded to its signed representative; a sum outside the
   honest range (cluster size × clip) is *corrupted*: reported with its cluster and left out,
   never an exception. A client whose message no honest client would send (malformed, bad
-  key or signature), whose secrets cannot be rebuilt from its own dealing, or whom every
-  peer disowned, is named in :attr:`RoundResult.culprits`; :class:`Exclusions` turns those
-  names into exclusion from later rounds. Nothing a client sends reaches another cluster.
+  key or signature), or whose secrets cannot be rebuilt from its own dealing, is named in
+  :attr:`RoundResult.culprits`; :class:`Exclusions` turns those names into exclusion from
+  later rounds. A client every peer disowned is left out of the sum, never named (m − 1
+  liars could disown an honest peer). Nothing a client sends reaches another cluster.
 - Curious server. A sum is released only if everything released so far *on the round's
   model* (this round's sums and the ``prior_releases`` a transport hands in, see below)
   plus this sum still reveals no individual update and no sum of fewer than
@@ -38,9 +39,12 @@ What the coordinator promises (the threat model of docs/security.md):
   is *withheld* before any unmask request goes out, so it is never computed. An audit that
   cannot finish withholds too.
 
-Across rounds and restarts. Clients compute their updates from the model the round
-broadcasts, so two rounds over one model sum the same inputs: their releases are equations
-over the same unknowns. A transport that runs several rounds keeps this invariant:
+Across rounds and restarts. With atoms (``atom_partition``, :mod:`sharefl.protocol.atoms`)
+every release is a sum of whole atoms, whatever the round, model or clusterings, so nothing
+below needs keeping: a transport may re-plan any model. Without atoms: clients compute their
+updates from the model the round broadcasts, so two rounds over one model sum the same
+inputs: their releases are equations over the same unknowns. A transport that runs several
+rounds keeps this invariant:
 
     **the server never releases sums of one model under two clusterings, and its release
     audit covers every sum released on that model, across rounds and restarts.**

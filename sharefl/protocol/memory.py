@@ -1,6 +1,20 @@
 """What a client remembers across rounds and restarts, so a server cannot replay them.
 
-A :class:`~sharefl.protocol.client_round.ClientRound` checks one round against its plan,
+What it keeps, for the one server identity it serves (the SHA-256 of the TLS CA the client
+trusts, of a signed Flower directory, or :data:`UNAUTHENTICATED`; a file of another
+identity is refused, never replaced, and a file that disappears under a running client is
+an error):
+
+- **A1 — its atom** (:mod:`sharefl.protocol.atoms`): the roster of the first atom it joins;
+  from then on a plan that lists another roster for it, or has no atoms, is refused
+  (:class:`AtomRefused`). With atoms every release is a sum of whole atoms whatever the
+  round, model or run, so R1 and R2 below are not needed and not applied.
+- **B — its budget** (:mod:`sharefl.protocol.budget`): the rounds it joined and the Rényi DP
+  of the noise it charged itself, whatever the run id; a round past ``max_rounds`` or
+  ``max_epsilon`` is refused (:class:`BudgetExhausted`).
+
+For plans without atoms (``secure_aggregation.atoms = false``): a
+:class:`~sharefl.protocol.client_round.ClientRound` checks one round against its plan,
 but a round plan says nothing about the rounds before it. Without memory a malicious server
 can send four "round 0"s with four plans, each safe on its own: the client's update depends
 only on the model it trains on, so four sets of cluster sums of the same update solve it
@@ -53,10 +67,10 @@ What it costs and what remains:
   A forgotten model can be replayed under new clusterings — but only after the client took
   part on ``max_models`` other models since; a forgotten run's round numbers can be reused,
   but R2 still holds for every remembered model.
-- Only exact replays are caught. A server that perturbs the model slightly gets nearly equal
-  updates under new clusterings; a trainer with fresh randomness per call makes the updates
-  differ too. What bounds that leakage is differential-privacy noise on the update, not this
-  memory.
+- Without atoms only exact replays are caught. A server that perturbs the model slightly
+  gets nearly equal updates under new clusterings; a trainer with fresh randomness per call
+  makes the updates differ too. Atoms (A1) are what closes this; without them only
+  differential-privacy noise on the update bounds that leakage.
 """
 
 from __future__ import annotations

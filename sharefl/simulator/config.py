@@ -632,6 +632,9 @@ class RunConfig:
             if settings[section][key] == getattr(_SHARE_DEFAULTS_BEFORE[section], key):
                 del settings[section][key]
         share = settings["secure_aggregation"]
+        for key in ("atoms", "atom_size"):  # ids of runs from before atoms: unset, left out
+            if share.get(key) is None:
+                share.pop(key, None)
         if share.get("clustering") == "fixed_plan":  # recorded as "fixed" before the split
             share["clustering"] = "fixed"
         if self.decentralized == DecentralizedConfig():  # likewise

@@ -5,9 +5,11 @@ Imports no torch (a ClientApp process starts without it unless the app itself ne
 from __future__ import annotations
 
 import functools
+import logging
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
@@ -55,6 +57,8 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     ) from exc
 
 
+log = logging.getLogger(__name__)
+
 _FITINS_PARAMS = "fitins.parameters"
 _STATE = f"{PREFIX}.state"
 
@@ -74,6 +78,7 @@ def policy_from_node_config(context: Context) -> ClientPolicy:
         identity=read_identity(str(context.node_config[IDENTITY_CONFIG])),
         directory=read_directory(str(context.node_config[DIRECTORY_CONFIG])),
         require_signed=True,
+        require_atoms=True,
     )
 
 
@@ -100,6 +105,7 @@ def make_sharefl_mod(
     privacy: DistributedDPConfig | None = None,
     single_clustering: bool = True,
     state_dir: str | Callable[[Context], str | None] | None = None,
+    ephemeral_memory: bool = False,
 ):
     """A client mod with this client's :class:`ClientPolicy` (or a function of the
     ``Context`` that returns it, e.g. :func:`policy_from_node_config`); :data:`sharefl_mod`
@@ -126,7 +132,16 @@ def make_sharefl_mod(
     (error replies), so a server cannot replay a round or a model to solve an update from
     two plans' sums. The memory is a file under ``state_dir`` (a path, or a function of the
     ``Context``; by default the node config's ``sharefl-state-dir``), kept across restarts
-    and runs; without one it lives in the client's ``Context`` (this run only).
+    and runs. Without one, signed rounds keep it under :func:`default_state_dir` (one
+    folder per federation: the directory's digest), so a new Flower run never starts from
+    an empty memory; ``ephemeral_memory=True`` keeps it in the ``Context`` instead (this
+    run only: a new run can then difference this client's updates; a warning is logged).
+    Unsigned rounds, whose ids are node ids the SuperLink assigns, keep it in the
+    ``Context``.
+
+    The default policy requires atom plans (:mod:`sharefl.protocol.atoms`, what
+    ``ShareflWorkflow`` draws by default); a policy with ``require_atoms=False`` accepts
+    plans without them (and what leaks then: docs/security.md).
     """
 
     def state_dir_of(context: Context) -> str | None:
@@ -136,7 +151,7 @@ def make_sharefl_mod(
         return chosen
 
     def policy_of(context: Context) -> ClientPolicy:
-        chosen = policy(context) if callable(policy) else policy or ClientPolicy()
+        chosen = policy(context) if callable(policy) else policy or ClientPolicy(require_atoms=True)
         if privacy is None:
             return chosen
         single = 1 if single_clustering else None
@@ -163,6 +178,7 @@ def make_sharefl_mod(
             int(msg.metadata.run_id).to_bytes(8, "big"),
             state_dir_of(ctxt),
             privacy,
+            ephemeral_memory,
         )
         if stage.get("stage") == "hello":
             out = client.hello(records.get_bytes(stage, "nonce", (HELLO_NONCE_BYTES,)))
@@ -173,6 +189,15 @@ def make_sharefl_mod(
         return Message(out, reply_to=msg)
 
     return mod
+
+
+def default_state_dir() -> Path:
+    """Where a client keeps its memory when nothing says otherwise: ``$SHAREFL_STATE_DIR``,
+    else ``$XDG_STATE_HOME/sharefl``, else ``~/.local/state/sharefl``."""
+    if os.environ.get("SHAREFL_STATE_DIR"):
+        return Path(os.environ["SHAREFL_STATE_DIR"])
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "sharefl"
 
 
 @dataclass
@@ -189,15 +214,28 @@ class _Client:
     run: bytes
     """The Flower run id (8 bytes): the memory keys round numbers by it."""
     state_dir: str | None
-    """Where the memory file lives; ``None``: in the ``Context``."""
+    """Where the memory file lives; ``None``: the default (see :func:`make_sharefl_mod`)."""
     privacy: DistributedDPConfig | None = None
+    ephemeral_memory: bool = False
 
     def _memory(self, cid: int) -> ClientMemory:
-        """Invariant I4's memory of client ``cid``: its file under :attr:`state_dir`, else
-        the copy this client's ``Context`` keeps (written back by :meth:`_keep`)."""
+        """The memory of client ``cid`` (A1, the budget, I4): its file under
+        :attr:`state_dir`; in signed rounds without one, under :func:`default_state_dir`
+        (unless :attr:`ephemeral_memory`); else the copy this client's ``Context`` keeps
+        (written back by :meth:`_keep`)."""
         server = flower_server_identity(self.policy)
-        if self.state_dir is not None:
-            return ClientMemory(memory_path(self.state_dir, cid), server=server)
+        folder = self.state_dir
+        if folder is None and self.policy.directory is not None:
+            if self.ephemeral_memory:
+                log.warning(
+                    "sharefl: client %d keeps its memory for this Flower run only "
+                    "(ephemeral_memory): a later run can difference its updates",
+                    cid,
+                )
+            else:
+                folder = str(default_state_dir() / "flower" / server.hex()[:32])
+        if folder is not None:
+            return ClientMemory(memory_path(folder, cid), server=server)
         if has_record(self.ctxt.state, f"{_STATE}.memory"):
             return ClientMemory.from_json(str(self._load("memory")["json"]), server=server)
         return ClientMemory(server=server)

@@ -16,6 +16,7 @@ from sharefl.crypto.errors import SignatureError
 from sharefl.crypto.signatures import HELLO_NONCE_BYTES, SIGNATURE_BYTES, node_hello_message, verify
 from sharefl.privacy.distributed import DistributedDPConfig, DistributedEncoder, ReleaseLedger
 from sharefl.protocol import records
+from sharefl.protocol.atoms import chunk_atoms, complete_atoms
 from sharefl.protocol.clustering import Clustering, tolerance_warning
 from sharefl.protocol.coordinator import Release, RoundCoordinator, RoundResult
 from sharefl.protocol.drive import Outgoing, server_exchanges
@@ -259,6 +260,12 @@ class ShareflWorkflow:
         self._model: ModelPlan | None = None
         """The plan of the last round's model (reused while the model stays unchanged)."""
         self._check()
+        self.atom_size: int | None = (
+            self.settings.resolved_atom_size if self.settings.atoms_on(deployment=True) else None
+        )
+        """Atoms of this size (``atoms`` setting, on by default; :mod:`sharefl.protocol.
+        atoms`): the directory's ids cut in order in signed mode (the same in every Flower
+        run), else the ids of the clients that reply in the round."""
 
     # The settings' keys, read back (``workflow.clip``...): the settings are the one record.
     @property
@@ -411,6 +418,21 @@ class ShareflWorkflow:
         digest = arrays_digest(global_arrays)
         known = self._model if self._model is not None and self._model.digest == digest else None
         participants = known.participants if known is not None else sorted(fitins)
+        partition = None
+        if self.atom_size is not None:
+            # Any grouping of whole atoms is safe on any model: no plan reuse; selected
+            # clients outside a complete atom of this round sit it out (sent nothing).
+            known = None
+            ids = sorted(self._directory) if self._directory else sorted(fitins)
+            chosen = complete_atoms(chunk_atoms(ids, self.atom_size), fitins)
+            participants = sorted(i for atom in chosen for i in atom)
+            partition = Clustering(tuple(chosen))
+            if not participants:
+                reason = (
+                    f" — no complete atom among {counted(len(fitins), 'selected client')} "
+                    f"(atoms of {self.atom_size}: select every client of an atom)"
+                )
+                return self._nothing_released(current_round, reason, failures)
         if known is not None:
             log.info(
                 "sharefl: round %d: the model is unchanged, so its clusterings are reused "
@@ -435,6 +457,7 @@ class ShareflWorkflow:
                 clusterings=known.clusterings if known is not None else None,
                 prior_releases=list(known.releases) if known is not None else (),
                 on_release=released,
+                atom_partition=partition,
             )
         except (ConfigurationError, LeakageError) as exc:
             reason = f" — no round with {counted(len(fitins), 'client')}: {exc}"
