@@ -39,11 +39,14 @@ from sharefl.deploy.config import (
 )
 from sharefl.deploy.distributed import DistributedRingInputs
 from sharefl.deploy.server import descend
+from sharefl.privacy.client_budget import round_rdp
 from sharefl.privacy.secure_noise import SecureGenerator
+from sharefl.protocol.budget import ORDERS, PrivacyCharge
 from sharefl.protocol.errors import ConfigurationError
 from sharefl.protocol.settings import SETTINGS_KEYS
 from sharefl.robust.hierarchical import ClusterScale, HierarchicalAggregator
 from sharefl.robust.registry import build_rule
+from sharefl.simulator.client_noise import run_client_noise
 from sharefl.simulator.config import RunConfig, SimulationConfigError, load_runs
 from sharefl.simulator.federated.loop import Simulation
 from sharefl.simulator.preflight import check_run
@@ -292,6 +295,19 @@ class SimulationTrainer:
                 single_clustering=run.secure_aggregation.reclusterings == 1,
             )
         )
+
+    def privacy_charge(self, round: int) -> PrivacyCharge | None:
+        """The Rényi DP of one round of the noise this client adds itself, at
+        :data:`sharefl.protocol.budget.ORDERS` (``sharefl client --max-epsilon`` charges it
+        to the client's own budget); ``None`` for a client that adds no noise."""
+        sim, run = self.simulation, self.simulation.run
+        if not run.privacy.enabled or self.client_id >= run.clients.honest:
+            return None
+        examples = len(sim.setup.honest_parts[self.client_id])
+        noise = run_client_noise(
+            run, examples, noise_multiplier=sim.setup.privacy.sigma(round), dim=sim.dim
+        )
+        return PrivacyCharge(round_rdp(noise, orders=ORDERS))
 
     def __call__(self, model: np.ndarray, *, round: int, client_id: int) -> np.ndarray:
         sim = self.simulation

@@ -1,9 +1,9 @@
 """A malicious ServerApp for Flower's deployment engine (``deploy_local.py --serverapp``;
 tests/test_flower_deployment_engine.py): round 1 is the signed example's honest round; in
-round 2 the server sends round 1's *initial* model again under freshly drawn clusterings —
-a second set of cluster sums of the same updates, the route invariant I4 closes. Every
-client must refuse it from its own memory (the SuperNode's ``sharefl-state-dir``) before it
-trains, so round 2 releases nothing.
+round 2 the server sends round 1's *initial* model again with its plan forgotten — a second
+set of cluster sums of the same updates. With atoms (the default) the new plan can only
+regroup the clients' remembered atoms, so whatever it releases is atom sums again; without
+atoms every client refuses it from its memory (I4).
 
 After round 2 it logs one line ``sharefl-replay {json}`` with what it got in each round:
 the number of released cluster sums, and the clients' error replies.

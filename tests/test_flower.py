@@ -38,7 +38,6 @@ from sharefl.integrations.flower import (
     make_sharefl_mod,
     policy_from_node_config,
     put_record,
-    sharefl_mod,
 )
 from sharefl.integrations.flower.common import MODEL_RECORD
 from sharefl.privacy.distributed import DistributedDPConfig, DistributedEncoder, epsilon_after
@@ -68,6 +67,13 @@ def updates_for(nodes, seed=0):
         nid: ([rng.uniform(-0.5, 0.5, s).astype(np.float32) for s in SHAPES], int(10 + i))
         for i, nid in enumerate(nodes)
     }
+
+
+PER_CLIENT_POLICY = ClientPolicy(require_atoms=False)
+PER_CLIENT_MOD = make_sharefl_mod(PER_CLIENT_POLICY)
+"""This module tests the protocol's mechanics inside Flower with per-client clusters: the
+workflows here set ``atoms=False`` and the clients accept plans without atoms (atoms, the
+default of both, are tested in test_flower_atoms.py)."""
 
 
 class FakeGrid:
@@ -131,7 +137,7 @@ class FakeGrid:
         if self.error_at.get(nid) == kind:
             return Message(Error(code=0, reason="lost"), reply_to=msg)
         try:
-            mod = self.mods.get(nid, sharefl_mod)
+            mod = self.mods.get(nid, PER_CLIENT_MOD)
             return mod(msg, self.contexts[nid], self.apps[nid])
         except Exception as exc:  # what Flower does with an exception in a ClientApp
             self.errors.setdefault(nid, []).append(repr(exc))
@@ -211,7 +217,7 @@ NODES[0] = 2**64 - 5  # an id above 2^63 goes through the records too
 def test_secure_aggregate_equals_fedavg_with_dropouts_at_masking_and_unmasking():
     updates = updates_for(NODES)
     global_arrays = [np.full(s, 0.25, np.float32) for s in SHAPES]
-    workflow = ShareflWorkflow(cluster_size=5, clip=1.0, seed=3, timeout=0.05)
+    workflow = ShareflWorkflow(atoms=False, cluster_size=5, clip=1.0, seed=3, timeout=0.05)
     lost_masking, lost_unmask = NODES[1], NODES[2]
     new, _ = run_round(
         workflow,
@@ -238,7 +244,7 @@ def workflow_frac_bits(result) -> int:
 def test_reclusterings_average_the_same_fedavg():
     updates = updates_for(NODES, seed=1)
     global_arrays = [np.zeros(s, np.float32) for s in SHAPES]
-    workflow = ShareflWorkflow(cluster_size=5, reclusterings=2, clip=1.0, seed=4)
+    workflow = ShareflWorkflow(atoms=False, cluster_size=5, reclusterings=2, clip=1.0, seed=4)
     new, _ = run_round(workflow, updates, global_arrays)
     assert len(workflow.last_result.reclusterings) == 2
     for got, want in zip(new, fedavg(updates, NODES), strict=True):
@@ -248,18 +254,18 @@ def test_reclusterings_average_the_same_fedavg():
 def test_byzantine_clients_and_a_robust_rule():
     global_arrays = [np.zeros(s, np.float32) for s in SHAPES]
     honest = {nid: ([np.full(s, 0.1, np.float32) for s in SHAPES], 10) for nid in NODES}
-    probe = ShareflWorkflow(cluster_size=3, clip=1.0, seed=5)
+    probe = ShareflWorkflow(atoms=False, cluster_size=3, clip=1.0, seed=5)
     run_round(probe, honest, global_arrays)
     byzantine = probe.last_result.clusters[0].members[:2]  # the same seed draws the same plan
     attacked = dict(honest)
     for nid in byzantine:
         attacked[nid] = ([np.full(s, -1.0, np.float32) for s in SHAPES], 1000)
-    robust = ShareflWorkflow(cluster_size=3, clip=1.0, seed=5, rule=Median(f=1))
+    robust = ShareflWorkflow(atoms=False, cluster_size=3, clip=1.0, seed=5, rule=Median(f=1))
     new, _ = run_round(robust, attacked, global_arrays)
     assert len(robust.last_result.clusters) == 3
     for got in new:  # the median over 3 cluster means ignores the one bad cluster
         np.testing.assert_allclose(got, 0.1, atol=1e-5)
-    plain = ShareflWorkflow(cluster_size=3, clip=1.0, seed=5)
+    plain = ShareflWorkflow(atoms=False, cluster_size=3, clip=1.0, seed=5)
     moved, _ = run_round(plain, attacked, global_arrays)
     assert float(moved[0].mean()) < -0.5  # the attack drags plain FedAvg
 
@@ -290,7 +296,7 @@ def test_the_input_leaves_the_context_after_the_rounds_last_masking():
 
     grid = Watching({nid: counting(nid) for nid in NODES})
     global_arrays = [np.zeros(s, np.float32) for s in SHAPES]
-    workflow = ShareflWorkflow(cluster_size=5, reclusterings=2, clip=1.0, seed=6)
+    workflow = ShareflWorkflow(atoms=False, cluster_size=5, reclusterings=2, clip=1.0, seed=6)
     workflow(grid, legacy_context(grid, NODES, global_arrays))
     assert len(workflow.last_result.reclusterings) == 2
     assert set(calls.values()) == {1}
@@ -309,7 +315,8 @@ def signed_mods(nodes=NODES):
     identity's entry in the directory."""
     return {
         nid: make_sharefl_mod(
-            ClientPolicy(identity=IDENTITIES[i], directory=DIRECTORY, require_signed=True)
+            ClientPolicy(identity=IDENTITIES[i], directory=DIRECTORY, require_signed=True),
+            ephemeral_memory=True,
         )
         for i, nid in enumerate(nodes)
     }
@@ -318,7 +325,9 @@ def signed_mods(nodes=NODES):
 def test_signed_round_equals_fedavg_with_a_dropout_at_the_consistency_stage():
     updates = updates_for(NODES, seed=8)
     global_arrays = [np.full(s, -0.25, np.float32) for s in SHAPES]
-    workflow = ShareflWorkflow(cluster_size=5, clip=1.0, seed=3, signed=True, directory=DIRECTORY)
+    workflow = ShareflWorkflow(
+        atoms=False, cluster_size=5, clip=1.0, seed=3, signed=True, directory=DIRECTORY
+    )
     lost = NODES[6]
     new, grid = run_round(
         workflow, updates, global_arrays, mods=signed_mods(), error_at={lost: "ConsistencyRequest"}
@@ -345,7 +354,9 @@ def test_a_node_that_trained_keeps_its_proven_id_and_skips_the_next_hello():
     did not train, or a new one, proves itself again; every round equals FedAvg on the
     model the last one left."""
     global_arrays = [np.zeros(s, np.float32) for s in SHAPES]
-    workflow = ShareflWorkflow(cluster_size=5, clip=1.0, seed=5, signed=True, directory=DIRECTORY)
+    workflow = ShareflWorkflow(
+        atoms=False, cluster_size=5, clip=1.0, seed=5, signed=True, directory=DIRECTORY
+    )
     hellos, routes = [], []
     lost = NODES[3]
     for round_index, error_at in enumerate([{}, {lost: "MaskingRequest"}, {}]):
@@ -390,11 +401,11 @@ def test_a_model_replayed_under_other_clusterings_is_refused_by_every_client():
     before it trains, and nothing is released."""
     grid, _ = replay_grid()
     global_arrays = [np.zeros(s, np.float32) for s in SHAPES]
-    honest = ShareflWorkflow(cluster_size=5, clip=1.0, seed=1)
+    honest = ShareflWorkflow(atoms=False, cluster_size=5, clip=1.0, seed=1)
     play(honest, grid, global_arrays, 1)
     assert len(honest.last_result.clusters) == 2
     first = {tuple(c.members) for c in honest.last_result.clusters}
-    hostile = ShareflWorkflow(cluster_size=5, clip=1.0, seed=2, max_empty_rounds=None)
+    hostile = ShareflWorkflow(atoms=False, cluster_size=5, clip=1.0, seed=2, max_empty_rounds=None)
     new = play(hostile, grid, global_arrays, 2)
     assert {tuple(c) for c in hostile.last_result.plan.clusterings[0].clusters} != first
     assert set(grid.errors) == set(NODES)
@@ -416,7 +427,7 @@ def test_a_masking_request_on_another_model_than_the_assignment_named_is_refused
     monkeypatch.setattr(workflow_module, "arrays_digest", lambda arrays: bytes(32))
     grid, _ = replay_grid()
     arrays = [np.zeros(s, np.float32) for s in SHAPES]
-    workflow = ShareflWorkflow(cluster_size=5, clip=1.0, seed=1, max_empty_rounds=None)
+    workflow = ShareflWorkflow(atoms=False, cluster_size=5, clip=1.0, seed=1, max_empty_rounds=None)
     play(workflow, grid, arrays, 1)
     assert set(grid.errors) == set(NODES)
     assert all("not the one the round's assignment named" in e[-1] for e in grid.errors.values())
@@ -429,11 +440,11 @@ def test_an_assignment_that_names_no_model_is_refused_before_any_key_leaves():
 
     def stripping(msg, ctxt, call_next):
         msg.content.pop(MODEL_RECORD, None)
-        return sharefl_mod(msg, ctxt, call_next)
+        return PER_CLIENT_MOD(msg, ctxt, call_next)
 
     grid, _ = replay_grid(mods=dict.fromkeys(NODES, stripping))
     arrays = [np.zeros(s, np.float32) for s in SHAPES]
-    workflow = ShareflWorkflow(cluster_size=5, clip=1.0, seed=1, max_empty_rounds=None)
+    workflow = ShareflWorkflow(atoms=False, cluster_size=5, clip=1.0, seed=1, max_empty_rounds=None)
     play(workflow, grid, arrays, 1)
     assert set(grid.errors) == set(NODES)
     assert all("names no model digest" in e[-1] for e in grid.errors.values())
@@ -443,9 +454,9 @@ def test_an_assignment_that_names_no_model_is_refused_before_any_key_leaves():
 def test_a_round_number_that_does_not_increase_is_refused():
     grid, _ = replay_grid()
     arrays = [np.zeros(s, np.float32) for s in SHAPES]
-    play(ShareflWorkflow(cluster_size=5, clip=1.0, seed=1), grid, arrays, 3)
+    play(ShareflWorkflow(atoms=False, cluster_size=5, clip=1.0, seed=1), grid, arrays, 3)
     moved = [a + 1 for a in arrays]  # a new model: only the round number is replayed
-    replay = ShareflWorkflow(cluster_size=5, clip=1.0, seed=1, max_empty_rounds=None)
+    replay = ShareflWorkflow(atoms=False, cluster_size=5, clip=1.0, seed=1, max_empty_rounds=None)
     play(replay, grid, moved, 3)
     assert set(grid.errors) == set(NODES)
     assert all("RoundReplayed" in e[-1] for e in grid.errors.values())
@@ -456,7 +467,7 @@ def test_an_unchanged_model_is_planned_again_with_its_clusterings_and_completes(
     it was, so the next round reuses that model's clusterings (the clients accept them)."""
     grid, updates = replay_grid(error_at=dict.fromkeys(NODES, "UnmaskRequest"))
     global_arrays = [np.zeros(s, np.float32) for s in SHAPES]
-    workflow = ShareflWorkflow(cluster_size=5, clip=1.0, seed=1, timeout=0.05)
+    workflow = ShareflWorkflow(atoms=False, cluster_size=5, clip=1.0, seed=1, timeout=0.05)
     unchanged = play(workflow, grid, global_arrays, 1)
     assert workflow.last_update is None  # no unmask answer in either cluster
     planned = workflow.last_result.plan.clusterings
@@ -474,11 +485,11 @@ def test_a_state_dir_keeps_the_memory_across_a_restart(tmp_path):
     configs = {nid: {"sharefl-state-dir": str(tmp_path / str(i))} for i, nid in enumerate(NODES)}
     grid, _ = replay_grid(node_configs=configs)
     arrays = [np.zeros(s, np.float32) for s in SHAPES]
-    play(ShareflWorkflow(cluster_size=5, clip=1.0, seed=1), grid, arrays, 1)
+    play(ShareflWorkflow(atoms=False, cluster_size=5, clip=1.0, seed=1), grid, arrays, 1)
     assert list((tmp_path / "0" / "memory").glob("client-*.json"))
     restarted, _ = replay_grid(node_configs=configs)  # new Contexts
     play(
-        ShareflWorkflow(cluster_size=5, clip=1.0, seed=2, max_empty_rounds=None),
+        ShareflWorkflow(atoms=False, cluster_size=5, clip=1.0, seed=2, max_empty_rounds=None),
         restarted,
         arrays,
         2,
@@ -491,6 +502,7 @@ def searched_workflow(cluster_size: int, seed: int) -> ShareflWorkflow:
     """The signed workflow the searches drive: it never stops the run on empty rounds and
     counts a silent node as dropped after 50 ms."""
     return ShareflWorkflow(
+        atoms=False,
         cluster_size=cluster_size,
         clip=1.0,
         seed=seed,
@@ -610,7 +622,8 @@ def test_the_kept_hello_routes_only_proven_holders_and_asks_exactly_the_others(r
             nid = node_of[i]
             holder[nid] = i
             mods[nid] = make_sharefl_mod(
-                ClientPolicy(identity=IDENTITIES[i], directory=DIRECTORY, require_signed=True)
+                ClientPolicy(identity=IDENTITIES[i], directory=DIRECTORY, require_signed=True),
+                ephemeral_memory=True,
             )
             if event.startswith("error:"):
                 error_at[nid] = event.removeprefix("error:")
@@ -629,6 +642,7 @@ def test_the_kept_hello_routes_only_proven_holders_and_asks_exactly_the_others(r
                         require_signed=True,
                     ),
                     client_id=claimed,
+                    ephemeral_memory=True,
                 )
             else:
                 mods[bad] = replaying(node_of[claimed], claimed)
@@ -675,15 +689,22 @@ def test_an_impostor_node_is_refused_at_hello_and_the_others_round_completes():
     wrong = IdentityKey.from_private(b"\xee" * 32)
     # Claims to be client 4 (on NODES[4] too) with a key that is not client 4's.
     mods[impostor] = make_sharefl_mod(
-        ClientPolicy(identity=wrong, directory=DIRECTORY, require_signed=True), client_id=4
+        ClientPolicy(identity=wrong, directory=DIRECTORY, require_signed=True),
+        client_id=4,
+        ephemeral_memory=True,
     )
     # A client id the directory does not list.
     mods[stranger] = make_sharefl_mod(
-        ClientPolicy(identity=wrong, directory={**DIRECTORY, 99: wrong.public}, require_signed=True)
+        ClientPolicy(
+            identity=wrong, directory={**DIRECTORY, 99: wrong.public}, require_signed=True
+        ),
+        ephemeral_memory=True,
     )
     mods[replayer] = replaying(NODES[5], 5)  # client 5's signature, bound to another node
     global_arrays = [np.zeros(s, np.float32) for s in SHAPES]
-    workflow = ShareflWorkflow(cluster_size=5, clip=1.0, seed=4, signed=True, directory=DIRECTORY)
+    workflow = ShareflWorkflow(
+        atoms=False, cluster_size=5, clip=1.0, seed=4, signed=True, directory=DIRECTORY
+    )
     new, grid = run_round(workflow, updates, global_arrays, mods=mods)
     culprits = workflow.last_node_culprits
     assert set(culprits) == {impostor, stranger, replayer}
@@ -720,7 +741,9 @@ def test_a_client_whose_advert_signature_does_not_verify_is_named_and_left_out()
     bad = 2
     mods[NODES[bad]] = corrupt_advert_signature(mods[NODES[bad]])
     global_arrays = [np.zeros(s, np.float32) for s in SHAPES]
-    workflow = ShareflWorkflow(cluster_size=5, clip=1.0, seed=5, signed=True, directory=DIRECTORY)
+    workflow = ShareflWorkflow(
+        atoms=False, cluster_size=5, clip=1.0, seed=5, signed=True, directory=DIRECTORY
+    )
     new, _ = run_round(workflow, updates, global_arrays, mods=mods)
     result = workflow.last_result
     assert set(result.culprits) == {bad} and "signature" in result.culprits[bad].lower()
@@ -735,7 +758,7 @@ def test_a_client_whose_advert_signature_does_not_verify_is_named_and_left_out()
 def test_clients_that_require_signed_mode_refuse_an_unsigned_workflow():
     updates = updates_for(NODES, seed=11)
     global_arrays = [np.full(s, 0.5, np.float32) for s in SHAPES]
-    workflow = ShareflWorkflow(cluster_size=5, clip=1.0, seed=6)  # no downgrade
+    workflow = ShareflWorkflow(atoms=False, cluster_size=5, clip=1.0, seed=6)  # no downgrade
     new, grid = run_round(workflow, updates, global_arrays, mods=signed_mods())
     assert set(grid.errors) == set(NODES)
     assert all("requires signed mode" in e[0] for e in grid.errors.values())
@@ -749,7 +772,9 @@ def test_clients_that_require_signed_mode_refuse_an_unsigned_workflow():
 def test_a_signed_workflow_runs_no_round_with_unsigned_clients():
     updates = updates_for(NODES, seed=12)
     global_arrays = [np.full(s, 0.5, np.float32) for s in SHAPES]
-    workflow = ShareflWorkflow(cluster_size=5, clip=1.0, seed=7, signed=True, directory=DIRECTORY)
+    workflow = ShareflWorkflow(
+        atoms=False, cluster_size=5, clip=1.0, seed=7, signed=True, directory=DIRECTORY
+    )
     new, grid = run_round(workflow, updates, global_arrays)  # sharefl_mod: no identity
     assert set(grid.errors) == set(NODES) and set(grid.sent) == {"hello"}
     assert not workflow.last_route.nodes and workflow.last_result is None
@@ -759,18 +784,22 @@ def test_a_signed_workflow_runs_no_round_with_unsigned_clients():
 
 def test_signed_mode_and_the_directory_come_together(tmp_path):
     with pytest.raises(ConfigurationError):
-        ShareflWorkflow(cluster_size=5, clip=1.0, signed=True)
+        ShareflWorkflow(atoms=False, cluster_size=5, clip=1.0, signed=True)
     with pytest.raises(ConfigurationError):
-        ShareflWorkflow(cluster_size=5, clip=1.0, directory=DIRECTORY)
+        ShareflWorkflow(atoms=False, cluster_size=5, clip=1.0, directory=DIRECTORY)
     with pytest.raises(ConfigurationError, match="one public key for two clients"):
         ShareflWorkflow(
-            cluster_size=5, clip=1.0, signed=True, directory={**DIRECTORY, 50: DIRECTORY[0]}
+            atoms=False,
+            cluster_size=5,
+            clip=1.0,
+            signed=True,
+            directory={**DIRECTORY, 50: DIRECTORY[0]},
         )
     path = tmp_path / "directory.json"
     path.write_text(json.dumps({"identities": {str(i): k.hex() for i, k in DIRECTORY.items()}}))
-    assert ShareflWorkflow(cluster_size=5, clip=1.0, signed=True, directory=path)._directory == (
-        DIRECTORY
-    )
+    assert ShareflWorkflow(
+        atoms=False, cluster_size=5, clip=1.0, signed=True, directory=path
+    )._directory == (DIRECTORY)
 
 
 def test_a_signed_round_from_sharefl_keygen_files_and_node_configs(tmp_path):
@@ -839,8 +868,8 @@ def test_with_privacy_the_round_is_the_mean_of_clipped_updates_and_the_ledger_ch
     sums of 5 members, as charged by the server's ledger."""
     updates = updates_for(NODES, seed=21)
     global_arrays = [np.full(s, 0.25, np.float32) for s in SHAPES]
-    workflow = ShareflWorkflow(cluster_size=5, clip=1.0, seed=3, privacy=ddg(1e-4))
-    mod = make_sharefl_mod(privacy=ddg(1e-4))
+    workflow = ShareflWorkflow(atoms=False, cluster_size=5, clip=1.0, seed=3, privacy=ddg(1e-4))
+    mod = make_sharefl_mod(PER_CLIENT_POLICY, privacy=ddg(1e-4))
     new, grid = run_round(workflow, updates, global_arrays, mods=dict.fromkeys(NODES, mod))
     assert not grid.errors and len(workflow.last_result.clusters) == 2
     assert workflow.last_result.encoding is None  # no float encoding was proposed
@@ -858,9 +887,9 @@ def test_a_private_client_refuses_a_float_round_and_a_float_client_a_private_one
     a round that proposes none."""
     updates = updates_for(NODES, seed=22)
     global_arrays = [np.full(s, 0.5, np.float32) for s in SHAPES]
-    mod = make_sharefl_mod(privacy=ddg(1.0))
+    mod = make_sharefl_mod(PER_CLIENT_POLICY, privacy=ddg(1.0))
     _, grid = run_round(
-        ShareflWorkflow(cluster_size=5, clip=1.0, seed=4),
+        ShareflWorkflow(atoms=False, cluster_size=5, clip=1.0, seed=4),
         updates,
         global_arrays,
         mods=dict.fromkeys(NODES, mod),
@@ -868,7 +897,7 @@ def test_a_private_client_refuses_a_float_round_and_a_float_client_a_private_one
     assert set(grid.errors) == set(NODES) and set(grid.sent) == {"assign"}
     assert all("proposed a float encoding" in e[0] for e in grid.errors.values())
     _, grid = run_round(
-        ShareflWorkflow(cluster_size=5, clip=1.0, seed=4, privacy=ddg(1.0)),
+        ShareflWorkflow(atoms=False, cluster_size=5, clip=1.0, seed=4, privacy=ddg(1.0)),
         updates,
         global_arrays,
     )
@@ -883,7 +912,7 @@ def test_a_round_that_releases_nothing_says_why_in_the_servers_log(caplog):
     global_arrays = [np.full(s, 0.5, np.float32) for s in SHAPES]
     with caplog.at_level("ERROR"):
         run_round(
-            ShareflWorkflow(cluster_size=5, clip=1.0, seed=5),
+            ShareflWorkflow(atoms=False, cluster_size=5, clip=1.0, seed=5),
             updates,
             global_arrays,
             mods=signed_mods(),
@@ -905,7 +934,7 @@ def test_the_first_round_warns_when_the_rule_cannot_withstand_the_named_byzantin
     for byzantine, warned in ((2, True), (1, False)):
         caplog.clear()
         workflow = ShareflWorkflow(
-            cluster_size=3, clip=1.0, seed=5, rule=Median(f=1), byzantine=byzantine
+            atoms=False, cluster_size=3, clip=1.0, seed=5, rule=Median(f=1), byzantine=byzantine
         )
         with caplog.at_level("WARNING"):
             run_round(workflow, updates, global_arrays)
@@ -915,7 +944,7 @@ def test_the_first_round_warns_when_the_rule_cannot_withstand_the_named_byzantin
         if warned:
             assert "2 Byzantine clients among 10" in lines[0] and "0.73" in lines[0]
     with pytest.raises(ConfigurationError, match="byzantine"):
-        ShareflWorkflow(cluster_size=3, clip=1.0, byzantine=-1)
+        ShareflWorkflow(atoms=False, cluster_size=3, clip=1.0, byzantine=-1)
 
 
 def test_a_silent_client_costs_the_idle_timeout_not_the_round():
@@ -923,7 +952,7 @@ def test_a_silent_client_costs_the_idle_timeout_not_the_round():
     seconds without a new reply (not a hung round); the others' FedAvg is exact."""
     updates = updates_for(NODES)
     global_arrays = [np.zeros(s, np.float32) for s in SHAPES]
-    workflow = ShareflWorkflow(cluster_size=5, clip=1.0, seed=3, timeout=0.2)
+    workflow = ShareflWorkflow(atoms=False, cluster_size=5, clip=1.0, seed=3, timeout=0.2)
     hung = NODES[4]
     started = time.monotonic()
     new, _ = run_round(workflow, updates, global_arrays, silent_at={hung: "MaskingRequest"})

@@ -24,6 +24,10 @@ from sharefl.robust.coordinate import Median
 __all__ = ["task_identity"]  # the fixture that stamps the server app's run id
 
 
+# Per-client clusters, as in test_flower.py (whose grid's clients accept them); atoms, the
+# default, are tested in test_flower_atoms.py.
+
+
 class MessageGrid(FakeGrid):
     """The in-process grid, with the node list a Message-API strategy samples from."""
 
@@ -62,7 +66,9 @@ def start(strategy, apps, global_arrays, rounds=1, **grid_kwargs):
 def test_the_message_api_round_equals_fedavg_and_keeps_the_clients_metrics():
     updates = updates_for(NODES, seed=5)
     global_arrays = [np.full(s, 0.25, np.float32) for s in SHAPES]
-    strategy = ShareflStrategy(fedavg_strategy(len(NODES)), cluster_size=5, clip=1.0, seed=3)
+    strategy = ShareflStrategy(
+        fedavg_strategy(len(NODES)), atoms=False, cluster_size=5, clip=1.0, seed=3
+    )
     lost = NODES[1]
     apps = {nid: train_app(*updates[nid]) for nid in NODES}
     result, grid = start(strategy, apps, global_arrays, error_at={lost: "MaskingRequest"})
@@ -82,14 +88,16 @@ def test_the_message_api_round_equals_fedavg_and_keeps_the_clients_metrics():
 def test_a_robust_rule_over_cluster_sums_through_the_message_api():
     global_arrays = [np.zeros(s, np.float32) for s in SHAPES]
     honest = {nid: ([np.full(s, 0.1, np.float32) for s in SHAPES], 10) for nid in NODES}
-    probe = ShareflStrategy(fedavg_strategy(len(NODES)), cluster_size=3, clip=1.0, seed=5)
+    probe = ShareflStrategy(
+        fedavg_strategy(len(NODES)), atoms=False, cluster_size=3, clip=1.0, seed=5
+    )
     start(probe, {nid: train_app(*honest[nid]) for nid in NODES}, global_arrays)
     byzantine = probe.secure.last_result.clusters[0].members[:2]  # the same seed, same plan
     apps = {nid: train_app(*honest[nid]) for nid in NODES}
     for nid in byzantine:
         apps[nid] = train_app([np.full(s, -1.0, np.float32) for s in SHAPES], 1000)
     robust = ShareflStrategy(
-        fedavg_strategy(len(NODES)), cluster_size=3, clip=1.0, seed=5, rule=Median(f=1)
+        fedavg_strategy(len(NODES)), atoms=False, cluster_size=3, clip=1.0, seed=5, rule=Median(f=1)
     )
     result, _ = start(robust, apps, global_arrays)
     for got in result.arrays.to_numpy_ndarrays():
@@ -99,7 +107,9 @@ def test_a_robust_rule_over_cluster_sums_through_the_message_api():
 def test_a_client_without_num_examples_is_a_named_dropout_and_the_round_goes_on():
     updates = updates_for(NODES, seed=6)
     global_arrays = [np.zeros(s, np.float32) for s in SHAPES]
-    strategy = ShareflStrategy(fedavg_strategy(len(NODES)), cluster_size=5, clip=1.0, seed=3)
+    strategy = ShareflStrategy(
+        fedavg_strategy(len(NODES)), atoms=False, cluster_size=5, clip=1.0, seed=3
+    )
     careless = NODES[3]
     apps = {nid: train_app(*updates[nid], metrics=nid != careless) for nid in NODES}
     result, grid = start(strategy, apps, global_arrays)
@@ -113,14 +123,18 @@ def test_a_client_without_num_examples_is_a_named_dropout_and_the_round_goes_on(
 def test_rounds_chain_and_a_round_that_releases_nothing_keeps_the_arrays():
     updates = updates_for(NODES, seed=7)
     global_arrays = [np.zeros(s, np.float32) for s in SHAPES]
-    strategy = ShareflStrategy(fedavg_strategy(len(NODES)), cluster_size=5, clip=1.0, seed=3)
+    strategy = ShareflStrategy(
+        fedavg_strategy(len(NODES)), atoms=False, cluster_size=5, clip=1.0, seed=3
+    )
     apps = {nid: train_app(*updates[nid]) for nid in NODES}
     result, _ = start(strategy, apps, global_arrays, rounds=2)
     step = fedavg(updates, NODES)
     for got, want in zip(result.arrays.to_numpy_ndarrays(), step, strict=True):
         np.testing.assert_allclose(got, 2 * want, atol=1e-5)  # the same update twice
 
-    silent = ShareflStrategy(fedavg_strategy(len(NODES)), cluster_size=5, clip=1.0, seed=3)
+    silent = ShareflStrategy(
+        fedavg_strategy(len(NODES)), atoms=False, cluster_size=5, clip=1.0, seed=3
+    )
     everyone = dict.fromkeys(NODES, "MaskingRequest")
     result, _ = start(silent, apps, global_arrays, error_at=everyone)
     assert silent.secure.last_update is None
@@ -135,7 +149,12 @@ def test_rounds_that_release_nothing_stop_the_run_with_their_reason():
     apps = {nid: train_app(*updates[nid]) for nid in NODES}
     refusing = dict.fromkeys(NODES, "MaskingRequest")
     strategy = ShareflStrategy(
-        fedavg_strategy(len(NODES)), cluster_size=5, clip=1.0, seed=3, max_empty_rounds=2
+        fedavg_strategy(len(NODES)),
+        atoms=False,
+        cluster_size=5,
+        clip=1.0,
+        seed=3,
+        max_empty_rounds=2,
     )
     start(strategy, apps, global_arrays, error_at=refusing)
     assert strategy.secure.empty_rounds == 1
@@ -144,4 +163,6 @@ def test_rounds_that_release_nothing_stop_the_run_with_their_reason():
     with pytest.raises(NothingReleased, match=r"2 rounds in a row .* client error replies"):
         start(strategy, apps, global_arrays, rounds=2, error_at=refusing)
     with pytest.raises(ConfigurationError, match="max_empty_rounds must be >= 1"):
-        ShareflStrategy(fedavg_strategy(2), cluster_size=3, clip=1.0, max_empty_rounds=0)
+        ShareflStrategy(
+            fedavg_strategy(2), atoms=False, cluster_size=3, clip=1.0, max_empty_rounds=0
+        )

@@ -140,6 +140,25 @@ def test_with_atoms_a_client_killed_at_any_stage_takes_its_atom_out_whole(tmp_pa
     assert 5 not in second["participants"] and len(second["participants"]) == 6
 
 
+def test_a_client_refuses_rounds_past_its_own_budget(tmp_path):
+    """``sharefl client --max-rounds 2``: the client counts the rounds it joins in its
+    memory and refuses the third with a named refusal, before any key leaves it."""
+    config = write_config(tmp_path, clients=3, rounds=3, secure_aggregation={"cluster_size": 3})
+    run = Deployment(tmp_path, config, 3)
+    for cid in range(3):
+        run.client(cid, "--max-rounds", "2", "--state-dir", str(tmp_path / f"state-{cid}"))
+    status, log = run.finish()
+    assert status == 0, log
+    rounds = run.result()["rounds"]
+    assert [len(r["clusters"]) for r in rounds] == [1, 1, 0], rounds
+    assert "BudgetExhausted" in log and "max_rounds = 2" in log, log
+    for cid in range(3):
+        memory = json.loads(
+            (tmp_path / f"state-{cid}" / "memory" / f"client-{cid}.json").read_text()
+        )
+        assert memory["joined"] == 2 and memory["atom"] == [0, 1, 2]
+
+
 def test_cluster_below_threshold_is_reported_and_the_server_goes_on(tmp_path):
     sa = {"threshold": 3, "atoms": False}
     config = write_config(tmp_path, clients=8, rounds=2, secure_aggregation=sa)

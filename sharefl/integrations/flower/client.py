@@ -19,6 +19,7 @@ from sharefl.crypto.signatures import HELLO_NONCE_BYTES, node_hello_message
 from sharefl.privacy.distributed import DistributedDPConfig, DistributedEncoder
 from sharefl.privacy.secure_random import SecureRandom
 from sharefl.protocol import records
+from sharefl.protocol.budget import PrivacyCharge
 from sharefl.protocol.client import ClientPolicy, ClientSession
 from sharefl.protocol.client_round import ClientRound
 from sharefl.protocol.errors import ConfigurationError, InconsistentRequest
@@ -106,6 +107,7 @@ def make_sharefl_mod(
     single_clustering: bool = True,
     state_dir: str | Callable[[Context], str | None] | None = None,
     ephemeral_memory: bool = False,
+    privacy_charge: Callable[[Context], PrivacyCharge | None] | None = None,
 ):
     """A client mod with this client's :class:`ClientPolicy` (or a function of the
     ``Context`` that returns it, e.g. :func:`policy_from_node_config`); :data:`sharefl_mod`
@@ -142,6 +144,13 @@ def make_sharefl_mod(
     The default policy requires atom plans (:mod:`sharefl.protocol.atoms`, what
     ``ShareflWorkflow`` draws by default); a policy with ``require_atoms=False`` accepts
     plans without them (and what leaks then: docs/security.md).
+
+    The client's own budget (:mod:`sharefl.protocol.budget`) is its policy's
+    ``max_rounds`` / ``max_epsilon``, kept in the memory: a round past either is refused
+    (an error reply, before any key leaves). ``privacy_charge(context)`` tells the Rényi DP
+    of one round of the noise the client app adds itself
+    (:func:`sharefl.privacy.client_budget.round_rdp` at :data:`sharefl.protocol.budget.
+    ORDERS`); ``max_epsilon`` refuses every round without it.
     """
 
     def state_dir_of(context: Context) -> str | None:
@@ -179,6 +188,7 @@ def make_sharefl_mod(
             state_dir_of(ctxt),
             privacy,
             ephemeral_memory,
+            None if privacy_charge is None else privacy_charge(ctxt),
         )
         if stage.get("stage") == "hello":
             out = client.hello(records.get_bytes(stage, "nonce", (HELLO_NONCE_BYTES,)))
@@ -217,6 +227,7 @@ class _Client:
     """Where the memory file lives; ``None``: the default (see :func:`make_sharefl_mod`)."""
     privacy: DistributedDPConfig | None = None
     ephemeral_memory: bool = False
+    charge: PrivacyCharge | None = None
 
     def _memory(self, cid: int) -> ClientMemory:
         """The memory of client ``cid`` (A1, the budget, I4): its file under
@@ -313,7 +324,13 @@ class _Client:
             # I4: a round number of this run that does not increase, or this model under
             # other clusterings, is refused here; the masking request's model must match.
             guard = ClientRound(
-                cid, plan, self.policy, memory=memory, run=self.run, model_digest=model
+                cid,
+                plan,
+                self.policy,
+                memory=memory,
+                run=self.run,
+                model_digest=model,
+                charge=self.charge,
             )
             if encoding is not None:
                 self._save("encoding", {**records.to_record(encoding), "max_weight": max_weight})
