@@ -151,3 +151,14 @@ def test_nothing_finer_than_atom_sums_is_determined_across_the_runs(played):
     assert small_sums_determined(rows, list(CLIENTS), 3) == []
     memory = (keys / "memory" / "client-0.json").read_text()
     assert '"atom":[0,1,2]' in memory
+
+
+def test_an_unsigned_client_that_requires_atoms_refuses_a_round_without_a_plan():
+    """Without a plan nothing could be checked (a plaintext client trusts the server with
+    the key exchange, not with its atom): the round is refused before any key leaves."""
+    from sharefl.deploy.client import RoundGuard
+    from sharefl.protocol.client import ClientPolicy
+
+    refused = RoundGuard.start(0, pb.RoundStart(round=4), ClientPolicy(require_atoms=True))
+    assert refused.refusal is not None and "requires atoms" in str(refused.refusal)
+    assert RoundGuard.start(0, pb.RoundStart(round=4), ClientPolicy()).refusal is None

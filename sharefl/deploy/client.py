@@ -217,11 +217,12 @@ class RoundGuard:
         (``OSError``, :class:`~sharefl.protocol.memory.ClientMemoryError`): the client
         then stops rather than take part without its memory."""
         if not start.plan.clusterings:
-            if policy.require_signed:
+            if policy.require_signed or policy.require_atoms:
+                needs = "in signed mode" if policy.require_signed else "that requires atoms"
                 return cls(
                     refusal=PlanRefused(
                         f"round {start.round} comes without a committed plan (RoundStart.plan "
-                        "is empty); a client in signed mode needs one: the server must send it"
+                        f"is empty); a client {needs} needs one: the server must send it"
                     )
                 )
             return cls()
