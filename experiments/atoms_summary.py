@@ -2,7 +2,7 @@
 
 Reads (paths relative to the repository root, or ``--root``):
 
-- ``docs/results/atoms/runs/``: the runs of ``experiments/share_mnist_atoms.toml`` (atoms
+- ``docs/results/atoms/runs-200/``: the runs of ``experiments/share_mnist_atoms.toml`` (atoms
   and this session's per-client twins; labels end in "atoms" / "per-client");
 - ``docs/results/share/runs-200/figure2`` and ``.../figure9``: the committed per-client
   runs of the same cells (and Figure 9's fixed clusters), matched by label and seed; the
@@ -102,7 +102,7 @@ def walls(runs: list[dict]) -> str:
 
 
 def simulator_table(root: Path, out: dict) -> list[str]:
-    mine = read_runs(root / "docs/results/atoms/runs")
+    mine = read_runs(root / "docs/results/atoms/runs-200")
     committed = {
         "figure2": read_runs(root / "docs/results/share/runs-200/figure2"),
         "figure9": read_runs(root / "docs/results/share/runs-200/figure9"),
