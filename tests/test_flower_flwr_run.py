@@ -62,7 +62,8 @@ def flwr_env(tmp_path_factory):
     if _port_in_use(LOCAL_SUPERLINK_HTTP_API_PORT):
         pytest.fail(
             f"a local Flower SuperLink already listens on port {LOCAL_SUPERLINK_HTTP_API_PORT}: "
-            "stop it (pkill -f flower-superlink) and run this module again"
+            "stop it (kill $(lsof -t -iTCP:"
+            f"{LOCAL_SUPERLINK_HTTP_API_PORT} -sTCP:LISTEN)) and run this module again"
         )
     home = tmp_path_factory.mktemp("flwr-home")
     env = {

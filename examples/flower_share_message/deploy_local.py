@@ -29,7 +29,15 @@ What it does, in order (every step as Flower 1.42 documents it, on loopback):
    ClientApp processes Flower starts for it — one per message — and the peak of their
    summed RSS), and the same for the SuperLink and its ServerApp.
 7. Stops every process it started (SuperNodes, SuperLink, and the SuperExec, ServerApp and
-   ClientApp processes under them), also on Ctrl-C, SIGTERM or an error.
+   ClientApp processes under them), also on Ctrl-C, SIGTERM or an error: each process it
+   starts leads a process group of its own, and it signals those groups (SIGTERM, then
+   SIGKILL after 10 s) and nothing else — never a process chosen by its command line, so
+   a wrapper around it (``timeout``, ``sh -c``) or another user's process naming the same
+   port or folder is left alone. (A SIGKILL gives it no chance to: then stop each group
+   by hand, ``kill -- -PGID``.)
+8. Without ``--work`` it works in a new temporary folder (keys included) and removes it at
+   exit — unless the deployment or the run failed: then it keeps the folder for its logs
+   and prints its path (remove it when done).
 
 Exit status: 0 the run finished with its accuracy, 1 the run failed (the reason is printed
 last), 2 the deployment did not come up, 130 interrupted. ``--json FILE`` writes the
@@ -105,9 +113,23 @@ def _status(pid: int) -> dict[str, int]:
     return out
 
 
-def _children() -> dict[int, list[int]]:
-    """ppid → pids of every process now."""
-    tree: dict[int, list[int]] = {}
+@dataclass(frozen=True)
+class Proc:
+    """One line of ``/proc/PID/stat``: what identifies a process and its place."""
+
+    pid: int
+    ppid: int
+    pgid: int
+    state: str
+    """``Z``: a zombie (exited, not yet waited for)."""
+    start: int
+    """Its start time (clock ticks after boot): ``(pid, start)`` names one process for
+    good, where a pid alone may be reused."""
+
+
+def _processes() -> dict[int, Proc]:
+    """Every process now, by pid (read from ``/proc/PID/stat``; never its command line)."""
+    found = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -115,8 +137,17 @@ def _children() -> dict[int, list[int]]:
             stat = (entry / "stat").read_text()
         except OSError:
             continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        tree.setdefault(ppid, []).append(int(entry.name))
+        fields = stat.rsplit(")", 1)[1].split()
+        pid = int(entry.name)
+        found[pid] = Proc(pid, int(fields[1]), int(fields[2]), fields[0], int(fields[19]))
+    return found
+
+
+def _children(procs: dict[int, Proc] | None = None) -> dict[int, list[int]]:
+    """ppid → pids of every process now (or in ``procs``)."""
+    tree: dict[int, list[int]] = {}
+    for proc in (procs if procs is not None else _processes()).values():
+        tree.setdefault(proc.ppid, []).append(proc.pid)
     return tree
 
 
@@ -248,11 +279,31 @@ def free_ports(count: int) -> list[int]:
             s.close()
 
 
+def exit_status(process: subprocess.Popen) -> int | None:
+    """``process``'s exit status (minus the signal that ended it), or None while it runs.
+    Unlike ``Popen.poll`` it does not reap the process: until :meth:`Deployment.stop`
+    waits for it, its pid — the id of the process group it leads — cannot be reused, so
+    signalling that group can only reach processes of ours."""
+    if process.returncode is not None:
+        return process.returncode
+    flags = os.WEXITED | os.WNOHANG | os.WNOWAIT
+    try:
+        info = os.waitid(os.P_PID, process.pid, flags)
+    except ChildProcessError:  # already waited for
+        return process.poll()
+    if info is None:
+        return None
+    return -info.si_status if info.si_code in (os.CLD_KILLED, os.CLD_DUMPED) else info.si_status
+
+
 def wait_for_port(port: int, process: subprocess.Popen, timeout: float) -> None:
+    """Return once 127.0.0.1:``port`` accepts connections; raises
+    :class:`DeploymentError` when ``process`` exits or ``timeout`` s pass first."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise DeploymentError(f"the SuperLink exited with status {process.returncode}")
+        status = exit_status(process)
+        if status is not None:
+            raise DeploymentError(f"the SuperLink exited with status {status}")
         with socket.socket() as s:
             if s.connect_ex(("127.0.0.1", port)) == 0:
                 return
@@ -260,61 +311,97 @@ def wait_for_port(port: int, process: subprocess.Popen, timeout: float) -> None:
     raise DeploymentError(f"the SuperLink did not listen on 127.0.0.1:{port} in {timeout:.0f} s")
 
 
+def _signal_group(pgid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signum)
+
+
 @dataclass
 class Deployment:
-    """The processes of one local deployment, and how to stop them all."""
+    """The processes of one local deployment, and how to stop them — and only them.
+
+    Each process it starts leads a process group of its own (a new session), which the
+    processes it starts in turn inherit (a SuperNode's SuperExec and ClientApps, even
+    those that outlive their parent). Flower starts the SuperLink's SuperExec in a new
+    session of its own: that group is found under the SuperLink (by parent pid) and
+    remembered by (pid, start time). Stopping signals these groups and nothing else: no
+    process is ever chosen by its command line."""
 
     work: Path
     env: dict[str, str]
     ports: list[int]
     processes: list[subprocess.Popen] = field(default_factory=list)
     logs: list[Path] = field(default_factory=list)
+    _found: dict[int, int] = field(default_factory=dict, repr=False)
+    """Groups led by processes under ours: leader pid → its start time."""
 
     def start(self, name: str, command: list[str]) -> subprocess.Popen:
+        """Start ``command`` in a process group of its own, its output to
+        ``logs/NAME.log`` under the work folder."""
         log = self.work / "logs" / f"{name}.log"
         log.parent.mkdir(exist_ok=True)
         with log.open("wb") as out:
             process = subprocess.Popen(
-                command, env=self.env, stdout=out, stderr=subprocess.STDOUT, cwd=self.work
+                command,
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=self.work,
+                start_new_session=True,
             )
         self.processes.append(process)
         self.logs.append(log)
         return process
 
-    def ours(self) -> set[int]:
-        """Every live process we started or that runs under one of them, and any process
-        whose command line names one of our ports or the work folder (a SuperExec's
-        ClientApp that outlived its parent)."""
-        tree = _children()
-        pids = set()
+    def groups(self, procs: dict[int, Proc]) -> set[int]:
+        """The process groups that are ours: one per started process, and those led by a
+        process under one of them (found now or before, and still the same process)."""
+        tree = _children(procs)
         for process in self.processes:
-            if process.poll() is None:
-                pids.add(process.pid)
-            pids.update(_descendants(process.pid, tree))
-        marks = [f"127.0.0.1:{p}" for p in self.ports] + [str(self.work)]
-        for pid in (p for children in tree.values() for p in children):
-            line = _cmdline(pid)
-            if any(mark in line for mark in marks) and pid != os.getpid():
-                pids.add(pid)
-        return pids
+            for pid in _descendants(process.pid, tree):
+                proc = procs[pid]
+                if proc.pgid == pid:
+                    self._found.setdefault(pid, proc.start)
+        for leader, start in list(self._found.items()):
+            if leader in procs and procs[leader].start != start:
+                del self._found[leader]  # gone, and its pid now names another process
+        return {p.pid for p in self.processes} | set(self._found)
+
+    def alive(self) -> list[int]:
+        """The pids of our process groups' members that have not exited."""
+        procs = _processes()
+        ours = self.groups(procs)
+        return sorted(p.pid for p in procs.values() if p.pgid in ours and p.state != "Z")
+
+    def signal(self, signum: int) -> None:
+        """Send ``signum`` to every process group of ours."""
+        for pgid in self.groups(_processes()):
+            _signal_group(pgid, signum)
 
     def stop(self, grace: float = 10.0) -> list[int]:
-        """SIGTERM every process of ours, SIGKILL what is left after ``grace`` s; returns
-        the pids still alive after that (none, unless the kernel refuses)."""
-        for pid in self.ours():
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        while self.ours() and time.monotonic() < deadline:
-            time.sleep(0.25)
-        for pid in self.ours():
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
+        """SIGTERM our process groups, SIGKILL them when members are left after
+        ``grace`` s, then wait for the processes it started; returns the pids of our
+        groups still alive after that (none, unless the kernel refuses)."""
+        self.signal(signal.SIGTERM)
+        if not self._gone_within(grace):
+            self.signal(signal.SIGKILL)
+            self._gone_within(5.0)
+        left = self.alive()
         for process in self.processes:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(timeout=5)
-        time.sleep(0.5)
-        return sorted(self.ours())
+            if exit_status(process) is not None:
+                process.wait()
+        self.processes.clear()  # waited for: their pids may name other processes now
+        self._found.clear()
+        return left
+
+    def _gone_within(self, seconds: float) -> bool:
+        """Whether every member of our groups exits within ``seconds``."""
+        deadline = time.monotonic() + seconds
+        while self.alive():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.1)
+        return True
 
 
 def stage_app(work: Path, directory: Path, signed: bool, serverapp: Path | None = None) -> Path:
@@ -471,15 +558,13 @@ def flower_env(work: Path) -> dict[str, str]:
     }
 
 
-def deploy(options: Options) -> dict:
-    """Run the deployment; returns the summary. Raises :class:`DeploymentError`,
-    :class:`RunFailed`, ``KeyboardInterrupt`` and :class:`Interrupted`; stops every
-    process it started before returning or raising."""
+def deploy(options: Options, work: Path) -> dict:
+    """Run the deployment in the folder ``work`` (it exists); returns the summary.
+    Raises :class:`DeploymentError`, :class:`RunFailed`, ``KeyboardInterrupt`` and
+    :class:`Interrupted`; stops every process it started before returning or raising."""
     from sharefl.deploy.keygen import keygen
 
     n = options.supernodes
-    work = options.work or Path(tempfile.mkdtemp(prefix="sharefl-flwr-deploy-"))
-    work.mkdir(parents=True, exist_ok=True)
     work = work.resolve()
     bin_dir = Path(sys.executable).parent
     flwr = str(bin_dir / "flwr")
@@ -586,8 +671,8 @@ def deploy(options: Options) -> dict:
             deadline = time.monotonic() + options.startup_timeout
             online = 0
             while online < n:
-                dead = [i for i, p in enumerate(supernodes) if p.poll() is not None]
-                if dead or superlink.poll() is not None:
+                dead = [i for i, p in enumerate(supernodes) if exit_status(p) is not None]
+                if dead or exit_status(superlink) is not None:
                     raise DeploymentError(
                         f"SuperNodes {dead} exited (logs in {work / 'logs'})"
                         if dead
@@ -689,7 +774,13 @@ def memory_table(summary: dict) -> str:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> Options:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog=Path(__file__).name,
+        description=" ".join(__doc__.split("\n\n")[0].split()),
+        epilog="Exit status: 0 the run finished with its accuracy, 1 the run failed, 2 the "
+        "deployment did not come up (or a bad option), 130 interrupted. It stops exactly the "
+        "processes it started. See the module's docstring for every step.",
+    )
     parser.add_argument("--supernodes", "-n", type=int, default=20, help="N (at least 10)")
     parser.add_argument(
         "--rounds", type=int, default=None, help="num-server-rounds (default: the app's)"
@@ -702,7 +793,13 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         "--startup-timeout", type=float, default=600, help="seconds for the SuperNodes to register"
     )
     parser.add_argument("--sample", type=float, default=0.25, help="memory sampling period, s")
-    parser.add_argument("--work", type=Path, default=None, help="work folder (default: a temp)")
+    parser.add_argument(
+        "--work",
+        type=Path,
+        default=None,
+        help="work folder, kept (default: a temporary folder, removed at exit unless the run "
+        "failed)",
+    )
     parser.add_argument("--run-config", action="append", default=[], help="more run config")
     parser.add_argument("--quiet", action="store_true", help="do not echo the run's log")
     parser.add_argument("--json", type=Path, default=None, help="write the summary here")
@@ -745,6 +842,27 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
 
 
 @contextlib.contextmanager
+def work_folder(given: Path | None) -> Iterator[Path]:
+    """``given`` (``--work``: created if missing, always kept), or a new temporary folder
+    that is removed on leaving — unless :class:`DeploymentError` or :class:`RunFailed`
+    leaves: then it is kept for its logs, and its path (it holds throwaway keys) printed."""
+    if given is not None:
+        given.mkdir(parents=True, exist_ok=True)
+        yield given
+        return
+    work = Path(tempfile.mkdtemp(prefix="sharefl-flwr-deploy-"))
+    try:
+        yield work
+    except (DeploymentError, RunFailed):
+        print(f"deploy_local: logs (and throwaway keys) kept in {work}", file=sys.stderr)
+        raise
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    shutil.rmtree(work, ignore_errors=True)
+
+
+@contextlib.contextmanager
 def sigterm_interrupts() -> Iterator[None]:
     def handler(signum, frame):
         raise Interrupted
@@ -762,8 +880,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary: dict = {}
     status = 0
     try:
-        with sigterm_interrupts():
-            summary = deploy(options)
+        with sigterm_interrupts(), work_folder(options.work) as work:
+            summary = deploy(options, work)
     except DeploymentError as exc:
         print(f"deploy_local: the deployment did not come up: {exc}", file=sys.stderr)
         summary, status = {"ok": False, "error": str(exc)}, 2
