@@ -14,6 +14,7 @@ import dataclasses
 import os
 import subprocess
 import sys
+import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,11 @@ def ray_backend() -> dict[str, dict[str, Any]]:
         "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
         "init_args": {"num_cpus": 2, "num_gpus": 0, "include_dashboard": False},
     }
+
+
+# Clients' default memory (SHAREFL_STATE_DIR) never lands in the user's home, also for
+# module-scoped fixtures and the processes (Ray workers, clients) the tests start.
+os.environ.setdefault("SHAREFL_STATE_DIR", tempfile.mkdtemp(prefix="sharefl-test-state-"))
 
 
 @pytest.fixture(autouse=True)

@@ -184,17 +184,24 @@ class Run:
 def runs() -> dict[str, Run]:
     """Five one-round runs in one ``run_simulation`` (one Ray start): the drop-out and
     Byzantine scenarios with Flower's FedAvg and with sharefl, and a signed sharefl round;
-    the clients keep their node ids and contexts."""
+    the clients keep their node ids and contexts. Per-client clusters (``atoms=False``;
+    the clients' policy accepts them): these are the protocol's mechanics in a real Flower
+    simulation; atoms are test_flower_atoms.py's and the example's."""
     runs = {
         "dropout/fedavg": Run("dropout", None),
-        "dropout/sharefl": Run("dropout", ShareflWorkflow(cluster_size=5, clip=1.0, seed=11)),
+        "dropout/sharefl": Run(
+            "dropout", ShareflWorkflow(atoms=False, cluster_size=5, clip=1.0, seed=11)
+        ),
         "byzantine/fedavg": Run("byzantine", None),
         "byzantine/sharefl": Run(
-            "byzantine", ShareflWorkflow(cluster_size=3, clip=1.0, seed=12, rule=Median(f=1))
+            "byzantine",
+            ShareflWorkflow(atoms=False, cluster_size=3, clip=1.0, seed=12, rule=Median(f=1)),
         ),
         "signed/sharefl": Run(
             "signed",
-            ShareflWorkflow(cluster_size=5, clip=1.0, seed=13, signed=True, directory=DIRECTORY),
+            ShareflWorkflow(
+                atoms=False, cluster_size=5, clip=1.0, seed=13, signed=True, directory=DIRECTORY
+            ),
         ),
     }
     server = ServerApp()

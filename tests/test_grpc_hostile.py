@@ -27,7 +27,7 @@ from sharefl.deploy.server import AggregationService, ClientLink, ServerRun, Str
 from sharefl.deploy.wire import printable
 from sharefl.proto import sharefl_pb2 as pb
 from sharefl.proto import sharefl_pb2_grpc as pb_grpc
-from sharefl.protocol.client import ClientSession
+from sharefl.protocol.client import ClientPolicy, ClientSession
 from sharefl.protocol.coordinator import RoundCoordinator
 from sharefl.protocol.messages import ClusterAssignment
 from sharefl.protocol.server import ServerSession
@@ -52,14 +52,19 @@ def config(clients: int = 4) -> DeploymentConfig:
             address="127.0.0.1:0", clients=clients, connect_timeout_s=20, stage_timeout_s=10
         ),
         model=ModelSection(dim=DIM, aggregator="sum"),
-        secure_aggregation=SecureAggregationSection(cluster_size=4, threshold=3),
+        secure_aggregation=SecureAggregationSection(cluster_size=4, threshold=3, atoms=False),
     )
+
+
+PER_CLIENT = ClientPolicy(require_atoms=False)
+"""This module tests hostile messages against per-client clusters (atoms off on both sides:
+with 4 clients, one atom, a thrown-out attacker would take every sum with it)."""
 
 
 async def run_with_attacker(mutate):
     server, address = await serving(serve, config(), log=lambda _: None)
-    honest = [ClientRuntime(cid, address) for cid in range(3)]
-    attacker = HostileClient(3, address, mutate=mutate, retries=1)
+    honest = [ClientRuntime(cid, address, policy=PER_CLIENT) for cid in range(3)]
+    attacker = HostileClient(3, address, mutate=mutate, retries=1, policy=PER_CLIENT)
     results = await asyncio.gather(
         *(c.run() for c in honest), attacker.run(), return_exceptions=True
     )
@@ -277,7 +282,7 @@ def test_hostile_server_cannot_get_both_secrets_of_a_peer():
         pb_grpc.add_AggregationServicer_to_server(servicer, server)
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
-        client = ClientRuntime(7, f"127.0.0.1:{port}", retries=1)
+        client = ClientRuntime(7, f"127.0.0.1:{port}", retries=1, policy=PER_CLIENT)
         report = await client.run()
         await servicer.done.wait()
         await server.stop(0)
@@ -298,7 +303,11 @@ def test_a_leaking_reclustering_plan_is_refused_before_the_server_listens():
     cfg = dataclasses.replace(
         config(clients=6),
         secure_aggregation=SecureAggregationSection(
-            cluster_size=3, reclusterings=10, planner="random", reproducible_seed=0
+            cluster_size=3,
+            reclusterings=10,
+            planner="random",
+            reproducible_seed=0,
+            atoms=False,  # with atoms every plan is safe by structure
         ),
     )
     bound: list[str] = []
@@ -330,7 +339,7 @@ async def _serve_with(coordinator: ServerRun, attacker: ClientRuntime, honest: i
     attacker.address = address
     run = asyncio.create_task(coordinator.run())
     outcomes = await asyncio.gather(
-        *(ClientRuntime(cid, address).run() for cid in range(honest)),
+        *(ClientRuntime(cid, address, policy=PER_CLIENT).run() for cid in range(honest)),
         attacker.run(),
         return_exceptions=True,
     )
@@ -377,7 +386,9 @@ class _Exploding(ServerRun):
 def test_an_unexpected_exception_in_handling_ends_only_that_clients_stream():
     lines: list[str] = []
     coordinator = _Exploding(config(), log=lines.append)
-    reports, outcomes = asyncio.run(_serve_with(coordinator, ClientRuntime(3, "", retries=1)))
+    reports, outcomes = asyncio.run(
+        _serve_with(coordinator, ClientRuntime(3, "", retries=1, policy=PER_CLIENT))
+    )
     error = outcomes[-1]
     assert isinstance(error, grpc.aio.AioRpcError)
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "RuntimeError" in error.details()
@@ -400,7 +411,9 @@ class _Refuser(ClientRuntime):
 def test_a_refusal_reason_is_logged_escaped_and_truncated():
     lines: list[str] = []
     coordinator = ServerRun(config(), log=lines.append)
-    _, outcomes = asyncio.run(_serve_with(coordinator, _Refuser(3, "", retries=1)))
+    _, outcomes = asyncio.run(
+        _serve_with(coordinator, _Refuser(3, "", retries=1, policy=PER_CLIENT))
+    )
     refusals = [line for line in lines if "refused" in line]
     assert len(refusals) == 1 and len(refusals[0]) <= 230
     assert "x\\nround 1/1: 9 clients, forged\\n" in refusals[0]
@@ -439,7 +452,7 @@ def test_malformed_hellos_get_invalid_argument_and_the_server_serves_on(hello, w
         await server.start()
         raw = hello if isinstance(hello, bytes) else pb.ClientMessage(hello=hello)
         error = await _raw_session(port, raw if isinstance(raw, bytes) else raw.SerializeToString())
-        honest = ClientRuntime(5, f"127.0.0.1:{port}", retries=1)
+        honest = ClientRuntime(5, f"127.0.0.1:{port}", retries=1, policy=PER_CLIENT)
         task = asyncio.create_task(honest.run())
 
         async def registered() -> None:
