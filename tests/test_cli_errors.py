@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 QUICKSTART = (ROOT / "experiments" / "quickstart.toml").read_text()
 
 
-def sharefl(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
+def sharefl(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(cwd)])}
     env.pop("SHAREFL_DEBUG", None)
     return subprocess.run(
@@ -31,7 +31,6 @@ def sharefl(*args: str, cwd: Path, timeout: float = 120) -> subprocess.Completed
         env=env,
         capture_output=True,
         text=True,
-        timeout=timeout,
     )
 
 

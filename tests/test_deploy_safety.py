@@ -595,12 +595,11 @@ def test_sigterm_to_simulate_exits_130(tmp_path):
     sim = subprocess.Popen(
         [*PYTHON, "simulate", str(config), "--out", str(out)], stderr=subprocess.PIPE, text=True
     )
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline and not list(out.rglob("*.json*")):
+    while sim.poll() is None and not list(out.rglob("*.json*")):  # bounded by its work
         time.sleep(0.2)
     time.sleep(1)
     sim.send_signal(signal.SIGTERM)
-    code = sim.wait(timeout=60)
+    code = sim.wait(timeout=600)  # a run deaf to SIGTERM is the failure: a generous bound
     err = sim.stderr.read()
     assert code == 130, err[-3000:]  # -2 seen twice under CI load: the traceback says where
     assert "interrupted" in err

@@ -182,7 +182,6 @@ def test_the_script_refuses_fewer_supernodes_than_the_app_needs():
         [sys.executable, str(SCRIPT), "--supernodes", "5"],
         capture_output=True,
         text=True,
-        timeout=120,
     )
     assert done.returncode == 2
     assert "at least 10 SuperNodes" in done.stderr
@@ -194,7 +193,6 @@ def test_the_script_refuses_a_serverapp_file_that_does_not_exist(tmp_path):
         [sys.executable, str(SCRIPT), "--supernodes", "10", "--serverapp", str(missing)],
         capture_output=True,
         text=True,
-        timeout=120,
     )
     assert done.returncode == 2
     assert f"--serverapp {missing}: no such file" in done.stderr

@@ -74,7 +74,7 @@ def flwr_env(tmp_path_factory):
     }
     command = [FLWR, "federation", "simulation-config", "@none/default", "local"]
     done = subprocess.run(
-        [*command, "--num-supernodes", "10"], env=env, capture_output=True, text=True, timeout=120
+        [*command, "--num-supernodes", "10"], env=env, capture_output=True, text=True
     )
     try:
         assert done.returncode == 0, done.stdout + done.stderr
@@ -97,7 +97,6 @@ def test_flwr_run_runs_the_example_as_its_readme_says(example, flwr_env, tmp_pat
         env=flwr_env,
         capture_output=True,
         text=True,
-        timeout=300,
     )
     log = done.stdout + done.stderr
     assert "Exit Code:" not in log, log[-3000:]
