@@ -135,7 +135,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 def _simulate(args: argparse.Namespace) -> int:
     from sharefl.simulator.config import SimulationConfigError, load_runs
     from sharefl.simulator.preflight import check_runs
-    from sharefl.simulator.runner import Progress, run_grid
+    from sharefl.simulator.runner import Progress, refuse_unfinished, run_grid
 
     _check_out(args.out)
     as_written = load_runs(args.config)  # a bad value is an error even where a flag replaces it
@@ -151,6 +151,8 @@ def _simulate(args: argparse.Namespace) -> int:
         runs = [r for r in runs if args.match in r.label]
     if not runs:
         raise SimulationConfigError("no run of the file matches --seeds/--match")
+    if not (args.resume or args.restart):
+        refuse_unfinished(runs, Path(args.out))  # a checkpoint is never discarded unasked
     check_runs(runs, args.device)  # every name and option, before any data loads
     outcomes = run_grid(
         runs,
@@ -160,6 +162,7 @@ def _simulate(args: argparse.Namespace) -> int:
         file_rounds=file_rounds,
         resume=args.resume,
         checkpoint_every=args.checkpoint_every,
+        restart=args.restart,
     )
     for outcome in outcomes:
         s = outcome.summary
@@ -189,11 +192,17 @@ def _add_simulation_commands(sub) -> None:
     )
     simulate.add_argument("--seeds", type=int, nargs="+", help="only the runs with these seeds")
     simulate.add_argument("--match", help="only the runs whose label contains this text")
-    simulate.add_argument(
+    unfinished = simulate.add_mutually_exclusive_group()
+    unfinished.add_argument(
         "--resume",
         action="store_true",
-        help="continue each unfinished run of --out from its last checkpoint (without it an "
-        "unfinished run starts again)",
+        help="continue each unfinished run of --out from its last checkpoint (without "
+        "--resume or --restart, a checkpoint in --out stops the command: exit status 2)",
+    )
+    unfinished.add_argument(
+        "--restart",
+        action="store_true",
+        help="discard the checkpoints of the unfinished runs of --out and start them again",
     )
     simulate.add_argument(
         "--checkpoint-every",

@@ -33,7 +33,7 @@ from sharefl.simulator.checkpoint import CHECKPOINT_FILE, CheckpointError, LoopC
 from sharefl.simulator.config import expand
 from sharefl.simulator.loops import build_loop
 from sharefl.simulator.results import MODEL_FILE, ROUNDS_CSV_FILE, ROUNDS_FILE, SUMMARY_FILE
-from sharefl.simulator.runner import Progress, run_one
+from sharefl.simulator.runner import Progress, UnfinishedRunError, run_grid, run_one
 
 # Every part whose state a round changes: DP-SGD with normalisation and momentum (the
 # accountant, the clients' momentum), label flippers, sampled participants, secure
@@ -132,7 +132,7 @@ def test_a_checkpoint_of_another_run_or_a_damaged_file_is_refused(tmp_path):
     with pytest.raises(CheckpointError, match="belongs to run other-run"):
         LoopCheckpoint.read(tmp_path, "this-run")
     (tmp_path / CHECKPOINT_FILE).write_bytes(b"\x80\x05 truncated")
-    with pytest.raises(CheckpointError, match="delete it to start the run again"):
+    with pytest.raises(CheckpointError, match=r"delete it \(or give --restart\) to start"):
         LoopCheckpoint.read(tmp_path, "this-run")
     assert LoopCheckpoint.read(tmp_path / "absent", "this-run") is None
     with pytest.raises(CheckpointError, match="resume it with --device cuda:0"):
@@ -229,16 +229,27 @@ def test_periodic_checkpoints_resume_from_the_last_one_and_rewrite_later_rows(tm
     _assert_same_folder(folder, tmp_path / "straight" / run.run_id)
 
 
-def test_without_resume_an_unfinished_run_starts_again_and_says_so(tmp_path):
+def test_an_unfinished_run_is_refused_unless_resume_or_restart_says_what_to_do(tmp_path):
+    """Neither flag: the checkpoint stays and the error names both; ``restart``: the run
+    starts again (a line says so) and ends without a checkpoint."""
     (run,) = expand(FEDERATED)
     with pytest.raises(KeyboardInterrupt):
         run_one(run, tmp_path, simulation_factory=_factory(signal_in=2))
-    assert (tmp_path / run.run_id / CHECKPOINT_FILE).is_file()
+    checkpoint = tmp_path / run.run_id / CHECKPOINT_FILE
+    saved = checkpoint.read_bytes()
+
+    with pytest.raises(UnfinishedRunError, match="--resume to continue it, or --restart"):
+        run_one(run, tmp_path, simulation_factory=_factory())
+    with pytest.raises(UnfinishedRunError, match=run.run_id):
+        run_grid([run], tmp_path)
+    assert checkpoint.read_bytes() == saved
+    with pytest.raises(ValueError, match="not both"):
+        run_one(run, tmp_path, resume=True, restart=True)
 
     stream = io.StringIO()
-    run_one(run, tmp_path, progress=Progress(stream), simulation_factory=_factory())
-    assert "starting again (--resume continues a checkpoint)" in stream.getvalue()
-    assert not (tmp_path / run.run_id / CHECKPOINT_FILE).exists()
+    run_one(run, tmp_path, progress=Progress(stream), simulation_factory=_factory(), restart=True)
+    assert "starting again (--restart discarded its checkpoint)" in stream.getvalue()
+    assert not checkpoint.exists()
 
 
 def test_a_second_signal_stops_at_once():
@@ -270,6 +281,15 @@ def test_simulate_stopped_by_sigterm_resumes_as_documented(tmp_path):
     (folder,) = stopped.iterdir()
     saved = LoopCheckpoint.read(folder, folder.name)
     assert saved is not None and 20 <= saved.round < 300
+    checkpoint = (folder / CHECKPOINT_FILE).read_bytes()
+    forgot = subprocess.run([*command, "--out", str(stopped)], capture_output=True, text=True)
+    assert forgot.returncode == 2, forgot.stderr[-3000:]
+    (line,) = forgot.stderr.strip().splitlines()  # one line, naming both choices
+    assert "unfinished run with a checkpoint" in line and folder.name in line
+    assert "add --resume to continue it, or --restart to discard the checkpoint" in line
+    assert (folder / CHECKPOINT_FILE).read_bytes() == checkpoint  # it survived
+    both = [*command, "--out", str(stopped), "--resume", "--restart"]
+    assert subprocess.run(both, capture_output=True).returncode == 2  # one or the other
     done = subprocess.run(
         [*command, "--out", str(stopped), "--resume"], capture_output=True, text=True
     )
@@ -284,4 +304,11 @@ def test_simulate_stopped_by_sigterm_resumes_as_documented(tmp_path):
         [*command, "--out", str(stopped), "--resume"], capture_output=True, text=True
     )
     assert refused.returncode == 2, refused.stderr[-3000:]
-    assert "cannot be read" in refused.stderr and "delete it" in refused.stderr
+    assert "cannot be read" in refused.stderr and "--restart" in refused.stderr
+    restarted = subprocess.run(
+        [*command, "--out", str(stopped), "--restart"], capture_output=True, text=True
+    )
+    assert restarted.returncode == 0, restarted.stderr[-3000:]
+    assert "starting again (--restart discarded its checkpoint)" in restarted.stderr
+    assert not (folder / CHECKPOINT_FILE).exists()
+    _assert_same_folder(folder, straight / folder.name)

@@ -127,8 +127,8 @@ class LoopCheckpoint:
             checkpoint = pickle.loads(path.read_bytes())
         except Exception as exc:  # truncated or foreign file: say which and what to do
             raise CheckpointError(
-                f"{path} cannot be read ({type(exc).__name__}: {exc}); delete it to start "
-                "the run again"
+                f"{path} cannot be read ({type(exc).__name__}: {exc}); delete it (or give "
+                "--restart) to start the run again"
             ) from exc
         if not isinstance(checkpoint, LoopCheckpoint) or checkpoint.format != FORMAT:
             raise CheckpointError(f"{path} is not a checkpoint of this sharefl; delete it")

@@ -6,13 +6,14 @@ Output, one folder per run under ``out`` (``config.json``, ``rounds.jsonl`` and
 format of :mod:`sharefl.simulator.results`.
 
 A run whose ``summary.json`` exists is skipped (nothing of it is rewritten but a changed
-paper value in its summary). An unfinished one starts again, or, with ``resume``, goes on
-from its ``checkpoint.pkl`` (:mod:`~sharefl.simulator.checkpoint`): written atomically after
-the first round that ends ``checkpoint_every`` seconds after the last one, and after the
-round that is running when SIGINT or SIGTERM arrives (the run then stops with
-``KeyboardInterrupt``; a second signal stops it at once, keeping the last checkpoint). The
-resumed run is the uninterrupted one: the same rounds, records and model, bit for bit
-(only the wall-clock ``seconds`` differ). A finished run deletes its checkpoint.
+paper value in its summary). An unfinished one with a checkpoint is refused
+(:class:`UnfinishedRunError`) unless ``restart`` discards the checkpoint to start it again
+or ``resume`` goes on from its ``checkpoint.pkl`` (:mod:`~sharefl.simulator.checkpoint`):
+written atomically after the first round that ends ``checkpoint_every`` seconds after the
+last one, and after the round that is running when SIGINT or SIGTERM arrives (the run then
+stops with ``KeyboardInterrupt``; a second signal stops it at once, keeping the last
+checkpoint). The resumed run is the uninterrupted one: the same rounds, records and model,
+bit for bit (only the wall-clock ``seconds`` differ). A finished run deletes its checkpoint.
 
 A run whose rounds the command line changed (``sharefl simulate --rounds N``) and whose σ
 is calibrated to a target ε says so before its first round (:func:`rounds_override_note`):
@@ -33,7 +34,12 @@ from typing import Any, TextIO
 from sharefl.machine import StopRequest, stop_at_a_safe_point
 from sharefl.privacy.calibration import calibrate_noise
 from sharefl.privacy.errors import CalibrationError
-from sharefl.simulator.checkpoint import CHECKPOINT_FILE, LoopCheckpoint, LoopState
+from sharefl.simulator.checkpoint import (
+    CHECKPOINT_FILE,
+    CheckpointError,
+    LoopCheckpoint,
+    LoopState,
+)
 from sharefl.simulator.config import RunConfig
 from sharefl.simulator.federated.loop import Simulation
 from sharefl.simulator.federated.share import distributed_encoder
@@ -154,6 +160,28 @@ def rounds_override_note(sim: Loop, file_rounds: int) -> str | None:
     return f"{head}: {before:.3g} → {after}"
 
 
+class UnfinishedRunError(CheckpointError):
+    """A run's folder holds a checkpoint, and neither ``resume`` nor ``restart`` said what
+    to do with it (exit status 2: the command line must choose)."""
+
+
+def refuse_unfinished(runs: Sequence[RunConfig], out: Path) -> None:
+    """Raise :class:`UnfinishedRunError`, naming ``--resume`` and ``--restart``, when a
+    run of ``runs`` is unfinished under ``out`` with a checkpoint (no ``summary.json``, a
+    ``checkpoint.pkl``); return otherwise. Reads no checkpoint."""
+    held = [
+        out / run.run_id
+        for run in runs
+        if (out / run.run_id / CHECKPOINT_FILE).is_file() and read_summary(out / run.run_id) is None
+    ]
+    if held:
+        more = f" and {counted(len(held) - 1, 'other')}" if len(held) > 1 else ""
+        raise UnfinishedRunError(
+            f"--out {out} holds an unfinished run with a checkpoint ({held[0].name}{more}): "
+            "add --resume to continue it, or --restart to discard the checkpoint and start again"
+        )
+
+
 def run_one(
     run: RunConfig,
     out: Path,
@@ -165,6 +193,7 @@ def run_one(
     file_rounds: int | None = None,
     resume: bool = False,
     checkpoint_every: float = 60.0,
+    restart: bool = False,
 ) -> RunOutcome:
     """Run (or skip, if finished) one configuration, writing its folder under ``out``.
 
@@ -172,14 +201,19 @@ def run_one(
     part of the run's identity (:attr:`RunConfig.run_id`). ``file_rounds``: the rounds the
     file gave this run before the command line replaced them (``None``: not replaced);
     when that changed σ, ``progress`` gets one line saying so (:func:`rounds_override_note`).
-    ``resume``: go on from the folder's checkpoint if it has one; otherwise an unfinished
-    run starts again. ``checkpoint_every``: seconds between checkpoints (0: every round).
+    ``resume``: go on from the folder's checkpoint if it has one; ``restart``: delete it
+    and start again; neither: a checkpoint is refused (not both: ``ValueError``).
+    ``checkpoint_every``: seconds between checkpoints (0: every round).
 
     Raises:
         KeyboardInterrupt: SIGINT or SIGTERM (after checkpointing the round that ran).
         CheckpointError: ``resume`` and the folder's checkpoint is unreadable or another
             run's.
+        UnfinishedRunError: neither ``resume`` nor ``restart``, and the unfinished run
+            has a checkpoint (it is left as it was).
     """
+    if resume and restart:
+        raise ValueError("resume or restart, not both")
     folder = out / run.run_id
     writer = RunWriter(folder)
     summary = read_summary(folder)
@@ -192,7 +226,10 @@ def run_one(
     say = _final_lines(progress)
     checkpoint = LoopCheckpoint.read(folder, run.run_id) if resume else None
     if checkpoint is None and (folder / CHECKPOINT_FILE).is_file():
-        say(f"{label}: starting again (--resume continues a checkpoint)")
+        if not restart:
+            refuse_unfinished([run], out)
+        (folder / CHECKPOINT_FILE).unlink()
+        say(f"{label}: starting again (--restart discarded its checkpoint)")
     sim = _build(run, writer, fresh=checkpoint is None, factory=simulation_factory, device=device)
     state = LoopState(sim)  # the fresh build: the baseline a checkpoint is relative to
     if checkpoint is not None:
@@ -310,10 +347,15 @@ def run_grid(
     file_rounds: Mapping[str, int] | None = None,
     resume: bool = False,
     checkpoint_every: float = 60.0,
+    restart: bool = False,
 ) -> list[RunOutcome]:
     """Run every configuration in order, skipping finished ones. ``file_rounds`` maps the
     :attr:`~RunConfig.run_id` of a run whose rounds the command line replaced to the
-    file's rounds; ``resume`` and ``checkpoint_every`` as in :func:`run_one`."""
+    file's rounds; ``resume``, ``restart`` and ``checkpoint_every`` as in :func:`run_one`
+    (without ``resume`` or ``restart`` a checkpoint of any run is refused before the first
+    run starts)."""
+    if not (resume or restart):
+        refuse_unfinished(runs, Path(out))
     out = Path(out)
     outcomes = []
     for i, run in enumerate(runs):
@@ -327,6 +369,7 @@ def run_grid(
             file_rounds=(file_rounds or {}).get(run.run_id),
             resume=resume,
             checkpoint_every=checkpoint_every,
+            restart=restart,
         )
         if outcome.skipped and progress is not None:
             progress.update(
