@@ -223,23 +223,31 @@ async def _drain(link: Link, seconds: float) -> list[pb.ClientMessage]:
         return extra
 
 
+def start_round(
+    double: Double, round_index: int, model: np.ndarray, plan: RoundPlan | None, run: bytes
+) -> None:
+    """Send every client a RoundStart of ``run`` (with ``plan`` committed, if any) and the
+    model's chunks."""
+    header, chunks = wire.vector_to_proto(model)
+    chunks = list(chunks)
+    start = pb.RoundStart(round=round_index, model=header, run=run)
+    if plan is not None:
+        start.reclusterings = plan.reclusterings
+        start.plan.CopyFrom(wire.plan_to_proto(plan))
+    for cid in CLIENTS:
+        double.links[cid].outbox.put_nowait(pb.ServerMessage(round_start=start))
+        for chunk in chunks:
+            double.links[cid].outbox.put_nowait(pb.ServerMessage(chunk=chunk))
+
+
 async def _play(double: Double) -> dict[str, dict[int, list[pb.ClientMessage]]]:
     await asyncio.wait_for(double.connected.wait(), 60)
     seen: dict[str, dict[int, list[pb.ClientMessage]]] = {}
     for index, attack in enumerate(ATTACKS):
         round_index = index if attack.number is None else attack.number
         model = model_of(index if attack.model is None else attack.model)
-        header, chunks = wire.vector_to_proto(model)
-        chunks = list(chunks)
         plan = attack.plan(round_index)
-        start = pb.RoundStart(round=round_index, model=header, run=RUN)
-        if plan is not None:
-            start.reclusterings = plan.reclusterings
-            start.plan.CopyFrom(wire.plan_to_proto(plan))
-        for cid in CLIENTS:
-            double.links[cid].outbox.put_nowait(pb.ServerMessage(round_start=start))
-            for chunk in chunks:
-                double.links[cid].outbox.put_nowait(pb.ServerMessage(chunk=chunk))
+        start_round(double, round_index, model, plan, RUN)
         sent = {cid: 0 for cid in CLIENTS}
         for cid, assignment in attack.assignments(plan):
             proto = (

@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 from conftest import PYTHON
 from test_atoms import small_sums_determined
-from test_malicious_server import CLIENTS, DIM, ENCODING, assign, serve_double
+from test_malicious_server import CLIENTS, DIM, ENCODING, assign, serve_double, start_round
 
 from sharefl.deploy import wire
 from sharefl.deploy.keygen import keygen
@@ -57,15 +57,7 @@ async def _play(double, plans: dict[str, RoundPlan], first_step: int) -> dict[st
     await asyncio.wait_for(double.connected.wait(), 60)
     seen: dict[str, dict[int, list[pb.ClientMessage]]] = {}
     for step, (name, plan) in enumerate(plans.items(), first_step):
-        header, chunks = wire.vector_to_proto(ulp_model(step))
-        chunks = list(chunks)
-        start = pb.RoundStart(round=0, model=header, run=os.urandom(16))  # a new run id
-        start.reclusterings = plan.reclusterings
-        start.plan.CopyFrom(wire.plan_to_proto(plan))
-        for cid in CLIENTS:
-            double.links[cid].outbox.put_nowait(pb.ServerMessage(round_start=start))
-            for chunk in chunks:
-                double.links[cid].outbox.put_nowait(pb.ServerMessage(chunk=chunk))
+        start_round(double, 0, ulp_model(step), plan, os.urandom(16))  # a new run id
         for k, members in enumerate(plan.clusterings[0].clusters):
             a = wire.assignment_to_proto(assign(plan, 0, k), ENCODING)
             for cid in members:

@@ -89,8 +89,7 @@ def atom_floor(min_sum_size: int, colluders: int | None, signed: bool) -> int:
 
 def is_union_of_atoms(members: Iterable[int], atoms: Atoms) -> bool:
     """Whether ``members`` is a union of whole atoms (every member in ``atoms``)."""
-    group = set(members)
-    return all(i in atoms and set(atoms.cluster_of(i)) <= group for i in group)
+    return not split_atoms(members, atoms)
 
 
 def split_atoms(members: Iterable[int], atoms: Atoms) -> list[tuple[int, ...]]:
@@ -112,7 +111,7 @@ def whole_atoms(members: Iterable[int], atoms: Atoms | None) -> tuple[int, ...]:
     group = set(members)
     if atoms is None:
         return tuple(sorted(group))
-    return tuple(sorted(i for i in group if i in atoms and set(atoms.cluster_of(i)) <= group))
+    return tuple(sorted(i for atom in complete_atoms(atoms, group) for i in atom))
 
 
 def check_plan_atoms(clusterings: Sequence[Clustering], atoms: Atoms) -> None:
