@@ -279,6 +279,36 @@ def test_round_plans_are_capped_in_clusterings_and_ids():
         wire.plan_from_proto(0, huge)
 
 
+@pytest.mark.parametrize(
+    "atoms,match",
+    [
+        ([[0, 1, 2], [3, 4]], "partition exactly"),  # client 5 in no atom
+        ([[0, 1, 2], [2, 3, 4, 5]], "more than one place"),  # overlapping atoms
+        ([[0, 1, 3], [2, 4, 5]], "cuts atoms"),  # a cluster cuts an atom
+        ([[0, 1, 2], [3, 4, 5, 9]], "partition exactly"),  # a client outside the round
+        ([[0, 1, 2], []], "non-empty"),  # an empty atom
+    ],
+)
+def test_a_plan_with_hostile_atoms_is_refused_as_malformed(atoms, match):
+    """The atoms field of a RoundPlan is hostile input like the rest: anything but a
+    partition of the participants into atoms that every cluster respects is a WireError
+    (the client then refuses the round), never a crash or a silently repaired plan."""
+    plan = pb.RoundPlan(
+        clusterings=[
+            pb.Clustering(clusters=[pb.Cluster(members=[0, 1, 2]), pb.Cluster(members=[3, 4, 5])])
+        ],
+        atoms=[pb.Cluster(members=a) for a in atoms],
+    )
+    with pytest.raises(wire.WireError, match=match):
+        wire.plan_from_proto(0, plan)
+    huge = pb.RoundPlan(
+        clusterings=[pb.Clustering(clusters=[pb.Cluster(members=[0, 1, 2])])],
+        atoms=[pb.Cluster(members=range(wire.MAX_PLAN_IDS))],
+    )
+    with pytest.raises(wire.WireError, match="at most"):  # counted before anything is built
+        wire.plan_from_proto(0, huge)
+
+
 def test_refusal_reasons_are_printable_and_capped():
     nasty = "\x1b[2Jcleared\n\x00" + "é" * 2000
     sent = wire.refusal_to_proto(CTX, nasty)
