@@ -48,6 +48,21 @@ PYTHON = [sys.executable, "-m", "sharefl.cli"]
 LOOPBACK_ANY_PORT = "127.0.0.1:0"
 
 
+def keyed_client(address: str, client_id: int, keys, *extra: str) -> list[str]:
+    """The command line of ``sharefl client`` with its ``sharefl keygen`` folder."""
+    return [
+        *PYTHON,
+        "client",
+        "--server",
+        address,
+        "--id",
+        str(client_id),
+        "--keys",
+        str(keys),
+        *extra,
+    ]
+
+
 def ray_backend() -> dict[str, dict[str, Any]]:
     """The backend config of a Flower simulation in the tests: 2 CPUs, one per client, no
     dashboard (a fresh dict each time: Flower edits it in place)."""

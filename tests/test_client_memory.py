@@ -15,7 +15,7 @@ import subprocess
 import grpc
 import numpy as np
 import pytest
-from conftest import PYTHON
+from conftest import keyed_client
 
 from sharefl.crypto.encoding import choose_encoding
 from sharefl.deploy import wire
@@ -433,17 +433,7 @@ async def _serve_script(keys, script: Script) -> list[subprocess.CompletedProces
     pb_grpc.add_AggregationServicer_to_server(script, server)
     port = server.add_secure_port("127.0.0.1:0", credentials)
     await server.start()
-    command = [
-        *PYTHON,
-        "client",
-        "--server",
-        f"127.0.0.1:{port}",
-        "--id",
-        "0",
-        "--keys",
-        str(keys),
-        "--no-atoms",
-    ]
+    command = keyed_client(f"127.0.0.1:{port}", 0, keys, "--no-atoms")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = []
     try:

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import PYTHON
+from conftest import keyed_client
 from test_malicious_server import (
     CLIENTS,
     DIM,
@@ -264,17 +264,7 @@ def rounds(tmp_path_factory):
     def start(address: str) -> None:
         procs.extend(
             subprocess.Popen(
-                [
-                    *PYTHON,
-                    "client",
-                    "--server",
-                    address,
-                    "--id",
-                    str(c),
-                    "--keys",
-                    str(keys),
-                    "--no-atoms",
-                ],
+                keyed_client(address, c, keys, "--no-atoms"),
                 stderr=subprocess.PIPE,
                 text=True,
                 env=env,

@@ -23,7 +23,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-from conftest import PYTHON
+from conftest import keyed_client
 
 from sharefl.crypto.encoding import choose_encoding
 from sharefl.crypto.kdf import KeyContext
@@ -240,6 +240,18 @@ def start_round(
             double.links[cid].outbox.put_nowait(pb.ServerMessage(chunk=chunk))
 
 
+def finish_run(double: Double, model: np.ndarray) -> None:
+    """Send every client ``Finished`` with ``model``, then end its stream."""
+    header, chunks = wire.vector_to_proto(model)
+    chunks = list(chunks)
+    for cid in CLIENTS:
+        link = double.links[cid]
+        link.outbox.put_nowait(pb.ServerMessage(finished=pb.Finished(model=header)))
+        for chunk in chunks:
+            link.outbox.put_nowait(pb.ServerMessage(chunk=chunk))
+        link.outbox.put_nowait(None)
+
+
 async def _play(double: Double) -> dict[str, dict[int, list[pb.ClientMessage]]]:
     await asyncio.wait_for(double.connected.wait(), 60)
     seen: dict[str, dict[int, list[pb.ClientMessage]]] = {}
@@ -277,14 +289,7 @@ async def _play(double: Double) -> dict[str, dict[int, list[pb.ClientMessage]]]:
         for cid in CLIENTS:
             end = pb.RoundEnd(round=round_index)
             double.links[cid].outbox.put_nowait(pb.ServerMessage(round_end=end))
-    header, chunks = wire.vector_to_proto(model_of(len(ATTACKS)))
-    chunks = list(chunks)
-    for cid in CLIENTS:
-        link = double.links[cid]
-        link.outbox.put_nowait(pb.ServerMessage(finished=pb.Finished(model=header)))
-        for chunk in chunks:
-            link.outbox.put_nowait(pb.ServerMessage(chunk=chunk))
-        link.outbox.put_nowait(None)
+    finish_run(double, model_of(len(ATTACKS)))
     return seen
 
 
@@ -325,17 +330,7 @@ def attacked(tmp_path_factory):
     def start(address: str) -> list[subprocess.Popen]:
         return [
             subprocess.Popen(
-                [
-                    *PYTHON,
-                    "client",
-                    "--server",
-                    address,
-                    "--id",
-                    str(c),
-                    "--keys",
-                    str(keys),
-                    "--no-atoms",
-                ],
+                keyed_client(address, c, keys, "--no-atoms"),
                 stderr=subprocess.PIPE,
                 text=True,
                 env=env,
@@ -524,17 +519,7 @@ async def _oversized_model(keys: Path) -> subprocess.CompletedProcess:
     pb_grpc.add_AggregationServicer_to_server(Liar(), server)
     port = server.add_secure_port("127.0.0.1:0", credentials)
     await server.start()
-    command = [
-        *PYTHON,
-        "client",
-        "--server",
-        f"127.0.0.1:{port}",
-        "--id",
-        "0",
-        "--keys",
-        str(keys),
-        "--no-atoms",
-    ]
+    command = keyed_client(f"127.0.0.1:{port}", 0, keys, "--no-atoms")
     try:
         proc = await asyncio.create_subprocess_exec(*command, stderr=asyncio.subprocess.PIPE)
         _, stderr = await asyncio.wait_for(proc.communicate(), 15)

@@ -24,9 +24,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import PYTHON
+from conftest import keyed_client
 from test_atoms import small_sums_determined
-from test_malicious_server import CLIENTS, DIM, ENCODING, assign, serve_double, start_round
+from test_malicious_server import (
+    CLIENTS,
+    DIM,
+    ENCODING,
+    assign,
+    finish_run,
+    serve_double,
+    start_round,
+)
 
 from sharefl.deploy import wire
 from sharefl.deploy.keygen import keygen
@@ -68,13 +76,7 @@ async def _play(double, plans: dict[str, RoundPlan], first_step: int) -> dict[st
         seen[name] = replies
         for cid in CLIENTS:
             double.links[cid].outbox.put_nowait(pb.ServerMessage(round_end=pb.RoundEnd(round=0)))
-    for cid in CLIENTS:
-        header, chunks = wire.vector_to_proto(ulp_model(0))
-        link = double.links[cid]
-        link.outbox.put_nowait(pb.ServerMessage(finished=pb.Finished(model=header)))
-        for chunk in chunks:
-            link.outbox.put_nowait(pb.ServerMessage(chunk=chunk))
-        link.outbox.put_nowait(None)
+    finish_run(double, ulp_model(0))
     return seen
 
 
@@ -82,9 +84,10 @@ def _session(keys: Path, plans: dict[str, RoundPlan], first_step: int) -> dict[s
     async def main():
         server, double, address = await serve_double(keys)
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        command = [*PYTHON, "client", "--server", address, "--keys", str(keys), "--id"]
         procs = [
-            subprocess.Popen([*command, str(c)], stderr=subprocess.PIPE, text=True, env=env)
+            subprocess.Popen(
+                keyed_client(address, c, keys), stderr=subprocess.PIPE, text=True, env=env
+            )
             for c in CLIENTS
         ]
         try:
