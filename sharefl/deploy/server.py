@@ -461,10 +461,12 @@ def sample_atoms(
     if per_round == 0 or sum(len(a) for a in atoms) <= per_round:
         return sorted(atoms)
     chosen: list[tuple[int, ...]] = []
+    held = 0
     for index in rng.permutation(len(atoms)):
-        if sum(len(a) for a in chosen) >= per_round:
+        if held >= per_round:
             break
         chosen.append(atoms[int(index)])
+        held += len(chosen[-1])
     return sorted(chosen)
 
 
