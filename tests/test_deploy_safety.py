@@ -164,10 +164,13 @@ def test_a_client_with_keys_requires_tls_and_plaintext_off_loopback_needs_insecu
     policy = ClientPolicy(identity=identity, require_signed=True)
     with pytest.raises(ValueError, match="no TLS"):
         ClientRuntime(0, "127.0.0.1:1", identity=identity, policy=policy)
+    # Not loopback to the check, yet on this machine: were the refusal to regress, the
+    # client would dial its own port 1 (where nothing listens), never another host.
+    off_loopback = "0.0.0.0:1"
     with pytest.raises(ValueError, match="refusing plaintext"):
-        asyncio.run(ClientRuntime(0, "10.1.2.3:50051").run())
+        asyncio.run(ClientRuntime(0, off_loopback).run())
     done = subprocess.run(
-        [*PYTHON, "client", "--server", "10.1.2.3:50051", "--id", "0"],
+        [*PYTHON, "client", "--server", off_loopback, "--id", "0"],
         capture_output=True,
         text=True,
         timeout=60,
