@@ -20,6 +20,7 @@ from typing import NoReturn
 from sharefl import __version__
 from sharefl.errors import ShareflError, UserError
 from sharefl.exit_status import ExitStatus, epilog
+from sharefl.install_hint import install_command, missing_module_hint
 from sharefl.machine import forget_caught_interrupt, machine_info
 from sharefl.wording import counted
 
@@ -29,7 +30,7 @@ def _torch_info() -> dict[str, str | bool]:
     try:
         import torch
     except ModuleNotFoundError:
-        return {"torch": 'not installed (pip install "sharefl[sim]")'}
+        return {"torch": f"not installed ({install_command('sim')})"}
     cuda = torch.cuda.is_available()
     info: dict[str, str | bool] = {
         "torch": torch.__version__,
@@ -395,19 +396,6 @@ class _Parser(argparse.ArgumentParser):
         self.exit(ExitStatus.CONFIG, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
-EXTRA_OF_MODULE = {
-    "grpc": "grpc",
-    "google": "grpc",
-    "torch": "sim",
-    "scipy": "sim",
-    "dp_accounting": "sim",
-    "matplotlib": "sim",
-    "PIL": "sim",
-    "flwr": "flower",
-}
-"""Top-level module → the extra of ``pyproject.toml`` that installs it."""
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``sharefl`` console script; returns the process exit status
     (:class:`~sharefl.exit_status.ExitStatus`). A user-caused error prints one line (the
@@ -429,13 +417,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return status
     except ModuleNotFoundError as exc:
         error = exc
-        extra = EXTRA_OF_MODULE.get((exc.name or "").split(".")[0])
-        if extra is None:
+        hint = missing_module_hint(exc.name)
+        if hint is None:
             raise
-        message = (
-            f"needs {exc.name}, which is not installed: "
-            f'pip install "sharefl[{extra}]" (or "sharefl[all]")'
-        )
+        message = hint
         status = ExitStatus.CONFIG
     except Exception as exc:
         error = exc

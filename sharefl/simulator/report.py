@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sharefl.install_hint import install_command
 from sharefl.simulator.results import (
     ResultsError,
     RoundRecord,
@@ -304,7 +305,7 @@ def _matplotlib() -> tuple[Any, Any, Any]:
         from matplotlib.ticker import MaxNLocator
     except ImportError as e:
         raise ReportError(
-            "plotting needs matplotlib, which is not installed: pip install matplotlib"
+            f"plotting needs matplotlib, which is not installed: {install_command('sim')}"
         ) from e
     return Figure, FigureCanvasAgg, MaxNLocator
 
@@ -586,7 +587,7 @@ def write_report(
     experiment (accuracy and ε; name made file-system safe by :func:`sanitize_filename`,
     de-duplicated) and ``<name>_loss.png`` (test loss) beside it.
     Without matplotlib the tables and JSON are still written and the report says the plots
-    need ``pip install matplotlib``. Overwrites earlier outputs.
+    need it (and the command that installs it). Overwrites earlier outputs.
 
     Raises :class:`ReportError` when ``directory`` holds no runs (``"no runs under DIR; run
     `sharefl simulate ...` first"``) or a run file is malformed (see :func:`load_runs`).

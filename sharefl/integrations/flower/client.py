@@ -16,6 +16,7 @@ import numpy as np
 
 from sharefl.crypto.encoding import RingEncoding, encode
 from sharefl.crypto.signatures import HELLO_NONCE_BYTES, node_hello_message
+from sharefl.install_hint import install_command
 from sharefl.privacy.distributed import DistributedDPConfig, DistributedEncoder
 from sharefl.privacy.secure_random import SecureRandom
 from sharefl.protocol import records
@@ -54,7 +55,7 @@ try:  # flwr is the [flower] extra
     from flwr.common import parameters_to_ndarrays
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
-        'sharefl.integrations.flower needs flwr: pip install "sharefl[flower]"'
+        f"sharefl.integrations.flower needs flwr: {install_command('flower')}"
     ) from exc
 
 

@@ -14,6 +14,7 @@ import numpy as np
 from sharefl.crypto.errors import CryptoError
 from sharefl.crypto.kdf import KEY_BYTES
 from sharefl.crypto.signatures import IdentityKey
+from sharefl.install_hint import install_command
 from sharefl.protocol import records
 from sharefl.protocol.client import ClientPolicy
 from sharefl.protocol.errors import ConfigurationError, ProtocolError
@@ -24,7 +25,7 @@ try:  # flwr is the [flower] extra
     from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
-        'sharefl.integrations.flower needs flwr: pip install "sharefl[flower]"'
+        f"sharefl.integrations.flower needs flwr: {install_command('flower')}"
     ) from exc
 
 
