@@ -237,6 +237,26 @@ def test_secure_aggregate_equals_fedavg_with_dropouts_at_masking_and_unmasking()
         np.testing.assert_allclose(got - g, want, atol=bound + 1e-6)
 
 
+def test_the_legacy_round_keeps_the_secure_aggregate_applied_bit_for_bit():
+    """Through ``__call__`` the kept parameters are the released update added to the
+    received ones, bit for bit, under weights whose FedAvg of identical float32 arrays
+    (what the inner ``aggregate_fit`` computes) moves some of their last bits."""
+    rng = np.random.default_rng(11)
+    shapes = [(50, 80), (1000,)]
+    global_arrays = [rng.uniform(-1, 1, s).astype(np.float32) for s in shapes]
+    updates = {
+        nid: ([rng.uniform(-0.5, 0.5, s).astype(np.float32) for s in shapes], w)
+        for nid, w in zip(NODES, (3, 5, 7, 11, 13), strict=False)
+    }
+    workflow = ShareflWorkflow(atoms=False, cluster_size=5, seed=3)
+    new, _ = run_round(workflow, updates, global_arrays)
+    assert workflow.last_update is not None
+    for got, g, u in zip(new, global_arrays, workflow.last_update, strict=True):
+        want = (g + u).astype(g.dtype, copy=False)
+        assert got.dtype == want.dtype == np.float32
+        assert got.tobytes() == want.tobytes()
+
+
 def workflow_frac_bits(result) -> int:
     return result.encoding.frac_bits - 10  # generous: rounding of 10 clients, weights
 

@@ -166,3 +166,38 @@ def test_rounds_that_release_nothing_stop_the_run_with_their_reason():
         ShareflStrategy(
             fedavg_strategy(2), atoms=False, cluster_size=3, clip=1.0, max_empty_rounds=0
         )
+
+
+UNEQUAL_WEIGHTS = (3, 5, 7, 11, 13)
+"""Weights under which a weighted average of identical float32 arrays is not the identity
+(of 5,000 elements, thousands move in their last bits)."""
+
+
+def unequal_apps(seed: int) -> tuple[list[np.ndarray], dict]:
+    """The float32 global arrays (5,000 elements) and five clients, weighted
+    :data:`UNEQUAL_WEIGHTS`, whose updates are uniform in ±0.5."""
+    rng = np.random.default_rng(seed)
+    shapes = [(50, 80), (1000,)]
+    global_arrays = [rng.uniform(-1, 1, s).astype(np.float32) for s in shapes]
+    apps = {
+        nid: train_app([rng.uniform(-0.5, 0.5, s).astype(np.float32) for s in shapes], w)
+        for nid, w in zip(NODES, UNEQUAL_WEIGHTS, strict=False)
+    }
+    return global_arrays, apps
+
+
+def test_the_kept_arrays_are_the_secure_aggregate_applied_bit_for_bit():
+    """``aggregate_train`` returns the released update added to the arrays the clients
+    received, bit for bit; the inner strategy aggregates only the metrics (its weighted
+    average of five copies of the new arrays would move some of their last bits)."""
+    global_arrays, apps = unequal_apps(seed=11)
+    strategy = ShareflStrategy(fedavg_strategy(len(apps)), atoms=False, cluster_size=5, seed=3)
+    result, _ = start(strategy, apps, global_arrays)
+    update = strategy.secure.last_update
+    assert update is not None
+    want = [(g + u).astype(g.dtype, copy=False) for g, u in zip(global_arrays, update, strict=True)]
+    got = result.arrays.to_numpy_ndarrays()
+    for a, b in zip(got, want, strict=True):
+        assert a.dtype == b.dtype == np.float32
+        assert a.tobytes() == b.tobytes()
+    assert result.train_metrics_clientapp[1]["train-loss"] == pytest.approx(0.5)

@@ -346,7 +346,10 @@ class ShareflWorkflow:
     # -- one round --------------------------------------------------------------------------
 
     def __call__(self, grid, context: Context) -> None:
-        """Run one fit round (the ``fit_workflow`` contract of ``DefaultWorkflow``)."""
+        """Run one fit round (the ``fit_workflow`` contract of ``DefaultWorkflow``): the
+        strategy's ``configure_fit`` samples the clients and writes their instructions; the
+        kept parameters are the secure aggregate applied, bit for bit (the arrays of
+        :meth:`secure_round`); the strategy's ``aggregate_fit`` aggregates the metrics only."""
         if not isinstance(context, LegacyContext):
             raise TypeError(f"Expect a LegacyContext, but get {type(context).__name__}.")
         cfg = context.state.config_records[MAIN_CONFIGS_RECORD]
@@ -375,14 +378,13 @@ class ShareflWorkflow:
             fitres = compat.recorddict_to_fitres(reply.content, keep_input=True)
             fitres.parameters = new_parameters
             results.append((proxies[node_id], fitres))
-        aggregated, metrics = context.strategy.aggregate_fit(
-            current_round, results, outcome.failures
+        # The strategy aggregates the metrics only: the kept model is the secure aggregate
+        # itself (its weighted average of identical float32 copies would move last bits).
+        _, metrics = context.strategy.aggregate_fit(current_round, results, outcome.failures)
+        context.state.array_records[MAIN_PARAMS_RECORD] = compat.parameters_to_arrayrecord(
+            new_parameters, True
         )
-        if aggregated:
-            context.state.array_records[MAIN_PARAMS_RECORD] = compat.parameters_to_arrayrecord(
-                aggregated, True
-            )
-            context.history.add_metrics_distributed_fit(server_round=current_round, metrics=metrics)
+        context.history.add_metrics_distributed_fit(server_round=current_round, metrics=metrics)
 
     def secure_round(
         self,
@@ -734,18 +736,22 @@ class ShareflStrategy(Strategy):
     through the grid (:meth:`ShareflWorkflow.secure_round`): the clients' ``@app.train()``
     functions run on those instructions when the first masking request reaches them, behind
     :func:`make_sharefl_mod`, and reply with a ``MetricRecord`` holding ``"num-examples"``.
-    It returns no message for ``start`` to send: :meth:`aggregate_train` hands the inner
-    strategy one reply per trained client, each carrying the new arrays (the rule's
-    aggregate of the released cluster sums) and that client's metrics, so the inner
-    strategy's metric aggregation and bookkeeping run unchanged. A round that released
-    nothing leaves the arrays as they were (``aggregate_train`` returns ``None`` for them).
-    Evaluation is the inner strategy's.
+    It returns no message for ``start`` to send. :meth:`aggregate_train` returns the
+    secure aggregate itself: the received arrays plus the rule's aggregate of the released
+    cluster sums (``secure.last_update``), bit for bit; it hands the inner strategy one
+    reply per trained client (the new arrays and that client's metrics) for its metric
+    aggregation and bookkeeping only, and discards the arrays it computes. The inner
+    strategy thus supplies the sampling, the instructions and the metrics; a server-side
+    optimiser of its own does not act on the model (docs/embedding.md). A round that
+    released nothing leaves the arrays as they were (``aggregate_train`` returns ``None``
+    for them). Evaluation is the inner strategy's.
     """
 
     def __init__(self, strategy: Strategy, **options: Any) -> None:
         self.strategy = strategy
         self.secure = ShareflWorkflow(**options)
         self._replies: list[Message] = []
+        self._arrays: ArrayRecord | None = None
 
     def summary(self) -> None:
         log.info("ShareflStrategy: %s, around:", self.secure.settings)
@@ -756,12 +762,14 @@ class ShareflStrategy(Strategy):
     ) -> Iterable[Message]:
         messages = list(self.strategy.configure_train(server_round, arrays, config, grid))
         self._replies = []
+        self._arrays = None
         if not messages:
             return []
         contents = {m.metadata.dst_node_id: m.content for m in messages}
         outcome = self.secure.secure_round(grid, server_round, contents, arrays.to_numpy_ndarrays())
         if outcome.arrays is not None:
             new = ArrayRecord(dict(zip(arrays.keys(), map(Array, outcome.arrays), strict=True)))
+            self._arrays = new
             for reply in outcome.train_replies.values():
                 metrics = {k: v for k, v in reply.content.items() if isinstance(v, MetricRecord)}
                 reply.content = RecordDict({"arrays": new, **metrics})
@@ -771,9 +779,13 @@ class ShareflStrategy(Strategy):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        if not self._replies:
+        """The secure aggregate applied (the arrays :meth:`configure_train`'s round
+        released, bit for bit; ``None`` when it released nothing) and the inner strategy's
+        aggregate of the trained clients' metrics (its arrays are not used)."""
+        if self._arrays is None:
             return None, None
-        return self.strategy.aggregate_train(server_round, self._replies)
+        _, metrics = self.strategy.aggregate_train(server_round, self._replies)
+        return self._arrays, metrics
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid
