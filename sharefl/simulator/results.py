@@ -14,7 +14,9 @@ A run's folder (``sharefl simulate``, ``sharefl launch``; read by ``sharefl repo
     <run>/summary.json   written when the run finished:
                          {"run_id", "name", "label", "seed", "final_accuracy", "best_accuracy",
                           "epsilon", "delta", "rounds", "wall_seconds", "device", "paper",
-                          "privacy", "config"}
+                          "privacy", "config", "plot_metrics", "environment"}
+                         ("environment": the commit, command, threads, CPU kernels and
+                         BLAS, :mod:`sharefl.simulator.provenance`)
 
 :class:`RoundRecord` is a round's outcome in memory and on disk (a loop's extra values, e.g.
 the RSA loop's ``disagreement``, travel in ``extra`` and come back from the reader);
@@ -44,6 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from sharefl.simulator.errors import SimulatorError
+from sharefl.simulator.provenance import run_environment
 
 if TYPE_CHECKING:
     import numpy as np
@@ -164,6 +167,7 @@ def run_summary(
         "config": run.to_dict(),
         "plot_metrics": list(getattr(loop, "plot_metrics", ())),  # a loop's extra curves
         **(loop.extra_summary() if hasattr(loop, "extra_summary") else {}),  # SHARE's audit
+        "environment": run_environment(),  # commit, command, threads, kernels, BLAS
     }
 
 
