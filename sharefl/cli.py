@@ -134,11 +134,11 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def _simulate(args: argparse.Namespace) -> int:
+    """Read and check the file (no torch yet: a bad file fails at once), then run it."""
     from sharefl.simulator.config import SimulationConfigError, load_runs
-    from sharefl.simulator.preflight import check_runs
-    from sharefl.simulator.runner import Progress, refuse_unfinished, run_grid
 
     _check_out(args.out)
+    _refuse_deployment_file(args.config)
     as_written = load_runs(args.config)  # a bad value is an error even where a flag replaces it
     runs = as_written
     file_rounds: dict[str, int] = {}  # run id -> the file's rounds, where --rounds changed them
@@ -152,6 +152,9 @@ def _simulate(args: argparse.Namespace) -> int:
         runs = [r for r in runs if args.match in r.label]
     if not runs:
         raise SimulationConfigError("no run of the file matches --seeds/--match")
+    from sharefl.simulator.preflight import check_runs  # torch from here on
+    from sharefl.simulator.runner import Progress, refuse_unfinished, run_grid
+
     if not (args.resume or args.restart):
         refuse_unfinished(runs, Path(args.out))  # a checkpoint is never discarded unasked
     check_runs(runs, args.device)  # every name and option, before any data loads
@@ -170,6 +173,28 @@ def _simulate(args: argparse.Namespace) -> int:
         line = {k: s[k] for k in ("label", "seed", "final_accuracy", "epsilon", "wall_seconds")}
         print(json.dumps(line | {"folder": str(outcome.folder)}, ensure_ascii=False))
     return 0
+
+
+def _refuse_deployment_file(path: str) -> None:
+    """Raise :class:`UserError` naming ``launch`` and ``serve`` when ``path`` is a valid
+    deployment file and not a simulation file (one without ``[data]`` and ``[clients]``,
+    the test ``launch`` uses); return otherwise, leaving every other problem to the
+    simulation file's own checks."""
+    from sharefl.deploy.config import load_config
+    from sharefl.protocol.errors import ConfigurationError
+    from sharefl.simulator.config import is_simulation_config
+
+    if is_simulation_config(path):
+        return
+    try:
+        load_config(path)
+    except ConfigurationError:
+        return
+    raise UserError(
+        f"{path} is a deployment file, not a simulation file (no [data] or [clients] "
+        f"table): run it with sharefl launch {path}, or sharefl serve --config {path} and "
+        "sharefl client"
+    )
 
 
 def _cmd_report(args: argparse.Namespace) -> int:

@@ -261,11 +261,9 @@ def client_runtime(
     identity = tls = directory = None
     signed = False
     if keys:
-        folder = Path(keys)
+        folder = keys_folder(keys, client_id)
         identity = load_identity(folder / f"client-{client_id}.identity")
         cert, key = folder / f"client-{client_id}.pem", folder / f"client-{client_id}.key"
-        if not (folder / "ca.pem").is_file():
-            raise ValueError(f"{folder / 'ca.pem'} is missing: a client with keys requires TLS")
         tls = read_tls(str(folder / "ca.pem"), str(cert), str(key))
         directory = load_directory(str(folder / "directory.json"))
         signed = True  # a client with an identity and a directory never runs unsigned
@@ -291,6 +289,26 @@ def client_runtime(
         insecure=insecure,
         state_dir=state_dir if state_dir is not None else keys or None,
     )
+
+
+def keys_folder(keys: str, client_id: int) -> Path:
+    """``--keys`` as a folder holding what client ``client_id`` needs from ``sharefl
+    keygen`` (the CA, its certificate and key, its identity, the directory: with keys a
+    client always uses TLS and signs); ``ValueError`` naming ``--keys`` otherwise."""
+    folder = Path(keys)
+    if not folder.is_dir():
+        raise ValueError(
+            f"--keys {keys} is not a folder: give the folder sharefl keygen --out wrote"
+        )
+    needed = ["ca.pem", *(f"client-{client_id}.{x}" for x in ("pem", "key", "identity"))]
+    missing = [name for name in [*needed, "directory.json"] if not (folder / name).is_file()]
+    if missing:
+        raise ValueError(
+            f"--keys {keys} has no {', '.join(missing)}: give the folder sharefl keygen "
+            f"--out wrote, with keys for client {client_id} (keygen --clients N covers ids "
+            "0..N-1)"
+        )
+    return folder
 
 
 def run_client(client_id: int, address: str, **kwargs: Any) -> int:

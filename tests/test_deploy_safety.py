@@ -279,7 +279,8 @@ def test_a_certificate_must_name_the_client_id_of_the_hello(tmp_path):
     )
     server, address = serve_process(config, tmp_path)
     try:
-        wait_for_line(tmp_path / "server.log", "listening")
+        log = wait_for_line(tmp_path / "server.log", "listening")
+        assert f"listening on {address} (TLS)" in log  # TLS without signed mode
         ca = (keys / "ca.pem").read_bytes()
 
         def cert(cid: int):
@@ -321,7 +322,8 @@ def test_a_client_refused_for_its_certificate_says_so(tmp_path):
     )
     server, address = serve_process(config, tmp_path)
     try:
-        wait_for_line(tmp_path / "server.log", "listening")
+        log = wait_for_line(tmp_path / "server.log", "listening")
+        assert f"listening on {address} (TLS, signed)" in log  # an operator sees the mode
         runtime = ClientRuntime(
             0,
             address,
