@@ -807,7 +807,7 @@ def test_signed_mode_and_the_directory_come_together(tmp_path):
         ShareflWorkflow(atoms=False, cluster_size=5, clip=1.0, signed=True)
     with pytest.raises(ConfigurationError):
         ShareflWorkflow(atoms=False, cluster_size=5, clip=1.0, directory=DIRECTORY)
-    with pytest.raises(ConfigurationError, match="one public key for two clients"):
+    with pytest.raises(ConfigurationError, match="one public key under clients"):
         ShareflWorkflow(
             atoms=False,
             cluster_size=5,

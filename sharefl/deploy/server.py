@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import secrets
 import sys
@@ -66,6 +65,7 @@ from sharefl.protocol.clustering import Clustering
 from sharefl.protocol.coordinator import Exclusions, Release, RoundCoordinator, RoundResult
 from sharefl.protocol.drive import server_exchanges
 from sharefl.protocol.errors import ConfigurationError, LeakageError, RejectedMessage
+from sharefl.protocol.keyfiles import read_directory
 from sharefl.protocol.model_step import descend  # the one model step; re-exported here
 from sharefl.protocol.plan import RoundPlan
 from sharefl.protocol.server import ClusterSum
@@ -1290,18 +1290,10 @@ def check_hello(hello: pb.Hello) -> None:
 
 
 def load_directory(path: str) -> dict[int, bytes] | None:
-    """``{client id: Ed25519 public key}`` from a keygen ``directory.json`` (None if unset).
-    Raises :class:`ConfigurationError` for a file that cannot be read or parsed."""
-    if not path:
-        return None
-    try:
-        data = json.loads(Path(path).read_text())
-        return {int(cid): bytes.fromhex(key) for cid, key in data["identities"].items()}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise ConfigurationError(
-            f"cannot read the identity directory {path}: {exc!r}; use the directory.json "
-            "written by sharefl keygen"
-        ) from exc
+    """``{client id: Ed25519 public key}`` from a keygen ``directory.json`` (None if unset),
+    read by :func:`~sharefl.protocol.keyfiles.read_directory` (raises its
+    :class:`~sharefl.protocol.keyfiles.KeyFileError`)."""
+    return read_directory(path) if path else None
 
 
 def server_credentials(config: DeploymentConfig) -> grpc.ServerCredentials | None:

@@ -4,20 +4,20 @@ errors, the identity and directory files, and the round's public seed. Imports n
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from sharefl.crypto.errors import CryptoError
-from sharefl.crypto.kdf import KEY_BYTES
-from sharefl.crypto.signatures import IdentityKey
 from sharefl.install_hint import install_command
 from sharefl.protocol import records
 from sharefl.protocol.client import ClientPolicy
-from sharefl.protocol.errors import ConfigurationError, ProtocolError
+from sharefl.protocol.errors import ProtocolError
+
+# The one checked reader of keygen files, re-exported (sharefl.protocol.keyfiles).
+from sharefl.protocol.keyfiles import checked_directory as checked_directory
+from sharefl.protocol.keyfiles import read_directory as read_directory
+from sharefl.protocol.keyfiles import read_identity as read_identity
 from sharefl.protocol.memory import model_digest
 from sharefl.protocol.plan import RoundPlan
 
@@ -121,43 +121,6 @@ def arrays_digest(arrays: Sequence[np.ndarray]) -> bytes:
     workflow to tell an unchanged model (whose clusterings it must reuse)."""
     flat = [np.asarray(a, dtype=np.float32).reshape(-1) for a in arrays]
     return model_digest(np.concatenate(flat) if flat else np.zeros(0, np.float32))
-
-
-def checked_directory(directory: Mapping[int, bytes]) -> dict[int, bytes]:
-    """``directory`` as a ``{client id: 32-byte Ed25519 public key}`` dict, checked: ids in
-    [0, 2^64), keys of 32 bytes, no key listed twice (a client's id is the entry of its
-    key). Raises :class:`ConfigurationError`."""
-    result: dict[int, bytes] = {}
-    for cid, key in directory.items():
-        if isinstance(cid, bool) or not isinstance(cid, int) or not 0 <= cid < 2**64:
-            raise ConfigurationError(f"directory ids are ints in [0, 2^64), got {cid!r}")
-        if not isinstance(key, bytes | bytearray) or len(key) != KEY_BYTES:
-            raise ConfigurationError(f"the directory key of client {cid} is not {KEY_BYTES} bytes")
-        result[cid] = bytes(key)
-    if len(set(result.values())) != len(result):
-        raise ConfigurationError("the directory lists one public key for two clients")
-    return result
-
-
-def read_directory(path: str | Path) -> dict[int, bytes]:
-    """The directory in a ``sharefl keygen`` ``directory.json`` (``{"identities": {id:
-    public key hex}}``), checked by :func:`checked_directory`. Raises ``OSError`` and
-    :class:`ConfigurationError` (not JSON, not that shape, bad ids or keys)."""
-    try:
-        entries = json.loads(Path(path).read_text())["identities"]
-        directory = {int(cid): bytes.fromhex(key) for cid, key in entries.items()}
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise ConfigurationError(f"{path}: not a directory.json ({exc})") from exc
-    return checked_directory(directory)
-
-
-def read_identity(path: str | Path) -> IdentityKey:
-    """The identity in a ``sharefl keygen`` ``client-<id>.identity`` file (hex of the raw
-    32-byte Ed25519 private key). Raises ``OSError`` and :class:`ConfigurationError`."""
-    try:
-        return IdentityKey.from_private(bytes.fromhex(Path(path).read_text().strip()))
-    except (ValueError, CryptoError) as exc:
-        raise ConfigurationError(f"{path}: not an identity file ({exc})") from exc
 
 
 ROUND_SEED_TAG = b"sharefl/flower-round-seed/v1"
