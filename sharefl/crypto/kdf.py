@@ -24,6 +24,12 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from sharefl.crypto.errors import CryptoParameterError, InvalidKeyError
 
 PROTOCOL_VERSION = 2
+"""The four-exchange round (keys per round and cluster; Bonawitz et al. 2017)."""
+TWO_EXCHANGE_VERSION = 3
+"""The two-exchange round (keys set up once per client and scope; shares travel with the
+masked input: :mod:`sharefl.protocol.keys`)."""
+SPOKEN_VERSIONS = (PROTOCOL_VERSION, TWO_EXCHANGE_VERSION)
+"""The protocol versions this code speaks; a client refuses any other with a named reason."""
 KEY_BYTES = 32
 PLAN_DIGEST_BYTES = 32
 _U64_MAX = 2**64 - 1

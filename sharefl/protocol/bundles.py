@@ -67,3 +67,57 @@ def seed_commitment(context: KeyContext, client_id: int, seed: bytes) -> bytes:
     return hashlib.sha256(
         b"sharefl/commit\x00" + context.to_bytes() + struct.pack(">Q", client_id) + seed
     ).digest()
+
+
+def pair_commitment(context: KeyContext, a: int, b: int, seed: bytes) -> bytes:
+    """SHA-256 commitment to the pair seed s_ab of one context (hiding: s_ab is a PRF
+    output). Symmetric in ``a`` and ``b``: both ends of a pair commit to the same value."""
+    lo, hi = sorted((a, b))
+    return hashlib.sha256(
+        b"sharefl/pair-commit\x00" + context.to_bytes() + struct.pack(">QQ", lo, hi) + seed
+    ).digest()
+
+
+def dealt_bytes(peers: int) -> int:
+    """Sealed size of a two-exchange bundle of a dealer with ``peers`` neighbours."""
+    return 16 + (1 + peers) * SHARE_BYTES + OVERHEAD_BYTES
+
+
+@dataclass(frozen=True)
+class DealtShares:
+    """Two-exchange round: what dealer u gives holder h — h's share of b_u and of the pair
+    seed s_uv of every neighbour v of u (``pairs``, keyed by v).
+
+    Plaintext: ``dealer u64 ‖ holder u64 ‖ seed share ‖ pair shares in ascending v``; the
+    neighbour list comes from the assignment, so the plaintext names no peer."""
+
+    seed_share: Share
+    pairs: dict[int, Share]
+
+    def to_plaintext(self, dealer: int, holder: int) -> bytes:
+        return (
+            struct.pack(">QQ", dealer, holder)
+            + self.seed_share.to_bytes()
+            + b"".join(self.pairs[v].to_bytes() for v in sorted(self.pairs))
+        )
+
+    @classmethod
+    def from_plaintext(
+        cls, data: bytes, dealer: int, holder: int, peers: tuple[int, ...]
+    ) -> DealtShares:
+        """Parse a plaintext of ``dealer``, whose neighbours are ``peers`` (sorted); raises
+        :class:`BundleError` if it is malformed or addressed to somebody else."""
+        want = 16 + (1 + len(peers)) * SHARE_BYTES
+        if len(data) != want:
+            raise BundleError(f"bundle plaintext is {len(data)} bytes, want {want}")
+        got = struct.unpack(">QQ", data[:16])
+        if got != (dealer, holder):
+            raise BundleError(f"bundle names {got}, expected ({dealer}, {holder})")
+        try:
+            shares = [
+                Share.from_bytes(data[16 + i * SHARE_BYTES : 16 + (i + 1) * SHARE_BYTES])
+                for i in range(1 + len(peers))
+            ]
+        except ShamirError as exc:
+            raise BundleError(f"bundle holds a malformed share: {exc}") from exc
+        return cls(shares[0], dict(zip(peers, shares[1:], strict=True)))

@@ -47,7 +47,14 @@ import numpy as np
 
 from sharefl.crypto import aead, shamir
 from sharefl.crypto.errors import CryptoError, DecryptionError, SignatureError
-from sharefl.crypto.kdf import KEY_BYTES, Purpose, X25519KeyPair, pairwise_key
+from sharefl.crypto.kdf import (
+    KEY_BYTES,
+    SPOKEN_VERSIONS,
+    TWO_EXCHANGE_VERSION,
+    Purpose,
+    X25519KeyPair,
+    pairwise_key,
+)
 from sharefl.crypto.prg import combine_masks, ring_dtype
 from sharefl.crypto.shamir import SHARE_BYTES
 from sharefl.crypto.signatures import (
@@ -58,7 +65,14 @@ from sharefl.crypto.signatures import (
 )
 from sharefl.protocol import records
 from sharefl.protocol.audit import DEFAULT_SEARCH_BUDGET
-from sharefl.protocol.bundles import COMMITMENT_BYTES, BundleError, SharePair, seed_commitment
+from sharefl.protocol.bundles import (
+    COMMITMENT_BYTES,
+    BundleError,
+    DealtShares,
+    SharePair,
+    pair_commitment,
+    seed_commitment,
+)
 from sharefl.protocol.errors import (
     BadAdvertisement,
     ClientRefusal,
@@ -69,6 +83,13 @@ from sharefl.protocol.errors import (
     MalformedRequest,
     StageError,
     ThresholdTooLow,
+    VersionRefused,
+)
+from sharefl.protocol.keys import (
+    ClientKeys,
+    adverts_by_sender,
+    check_distinct_keys,
+    check_key_advert,
 )
 from sharefl.protocol.messages import (
     AdvertiseKeys,
@@ -79,6 +100,7 @@ from sharefl.protocol.messages import (
     EncryptedShares,
     KeysBroadcast,
     MaskedInput,
+    MaskedShares,
     MaskingRequest,
     ServerMessage,
     UnmaskRequest,
@@ -281,9 +303,12 @@ class ClientSession:
             to the input once it has sent the masked input.
         policy: the client's own requirements.
         randbytes: source of secret randomness (keys, seeds, Shamir coefficients).
+        keys: this client's long-term keys (:mod:`sharefl.protocol.keys`); required by
+            the two-exchange round, unused by the four-exchange one.
 
     Raises:
         ThresholdTooLow, InconsistentRequest: the assignment violates the policy.
+        VersionRefused: the assignment's protocol version is not one this code speaks.
         ConfigurationError: the input does not match the assignment.
     """
 
@@ -295,8 +320,10 @@ class ClientSession:
         policy: ClientPolicy | None = None,
         *,
         randbytes: Callable[[int], bytes] = os.urandom,
+        keys: ClientKeys | None = None,
     ) -> None:
         self.id = client_id
+        self.keys = keys
         self.assignment = assignment
         self.policy = policy or ClientPolicy()
         self.context = assignment.context
@@ -312,6 +339,9 @@ class ClientSession:
         self._signed_survivors: tuple[int, ...] | None = None
         self._held: dict[int, SharePair] = {}
         self._complaints: frozenset[int] = frozenset()
+        self._dealt: DealtShares | None = None
+        self._share_keys: dict[int, bytes] = {}
+        self._mask_seeds: dict[int, bytes] = {}
 
     # -- the input ------------------------------------------------------------------------
 
@@ -349,8 +379,19 @@ class ClientSession:
 
     # -- validation helpers ---------------------------------------------------------------
 
+    @property
+    def two_exchange(self) -> bool:
+        """Whether this session runs the two-exchange round (keys set up once)."""
+        return self.context.version == TWO_EXCHANGE_VERSION
+
     def _check_assignment(self) -> None:
         a, p = self.assignment, self.policy
+        if a.context.version not in SPOKEN_VERSIONS:
+            raise VersionRefused(
+                f"client {self.id}: the server asks for protocol version {a.context.version}; "
+                f"this client speaks versions {list(SPOKEN_VERSIONS)}: upgrade the client, "
+                "or run the server at a version it speaks"
+            )
         if self.id not in a.members:
             raise InconsistentRequest(f"client {self.id} is not a member of {a.members}")
         if len(set(a.members)) != len(a.members):
@@ -380,6 +421,50 @@ class ClientSession:
             )
         if a.signed and (p.identity is None or p.directory is None):
             raise ConfigurationError("signed mode needs policy.identity and policy.directory")
+        if self.two_exchange:
+            self._check_keys()
+        elif a.keys:
+            raise InconsistentRequest("a four-exchange assignment carries no long-term keys")
+
+    def _check_keys(self) -> None:
+        """Two-exchange round: one well-formed advert per member, all of this client's
+        scope, no key repeated, this client's own advert its own keys, and (signed) every
+        advert signed by its owner's identity in ``policy.directory``."""
+        if self.keys is None:
+            raise ConfigurationError(
+                f"client {self.id}: the two-exchange round needs this client's long-term "
+                "keys (ClientKeys): pass keys="
+            )
+        if self.keys.client_id != self.id:
+            raise ConfigurationError(f"client {self.id}: keys of client {self.keys.client_id}")
+        adverts = adverts_by_sender(self.assignment.keys)
+        if set(adverts) != set(self.assignment.members):
+            raise BadAdvertisement(
+                f"client {self.id}: the assignment must carry one key advert per member; "
+                f"missing {sorted(set(self.assignment.members) - set(adverts))}, extra "
+                f"{sorted(set(adverts) - set(self.assignment.members))}"
+            )
+        directory = self.policy.directory or {}
+        for advert in adverts.values():
+            if advert.scope != self.keys.scope:
+                raise BadAdvertisement(
+                    f"client {advert.sender}'s key advert is for another scope than this "
+                    "client's keys"
+                )
+            identity = None
+            if self.assignment.signed:
+                if advert.sender not in directory:
+                    raise BadAdvertisement(f"no identity key known for client {advert.sender}")
+                identity = directory[advert.sender]
+            check_key_advert(advert, identity)
+        check_distinct_keys(adverts.values())
+        own = adverts[self.id]
+        if (own.encryption_public, own.mask_public) != (
+            self.keys.encryption.public,
+            self.keys.mask.public,
+        ):
+            raise BadAdvertisement(f"the server relayed other keys for client {self.id}")
+        self._long_term = adverts
 
     def _check_context(self, message: ServerMessage) -> None:
         if message.context != self.context:
@@ -406,8 +491,11 @@ class ClientSession:
     # -- transitions ----------------------------------------------------------------------
 
     def advertise(self) -> AdvertiseKeys:
-        """Stage 1: fresh key pairs and seed; returns the (signed) advertisement."""
+        """Stage 1: fresh key pairs and seed; returns the (signed) advertisement. The
+        two-exchange round has no such stage (:meth:`start`)."""
         self._expect(ClientState.NEW)
+        if self.two_exchange:
+            raise StageError(f"client {self.id}: a two-exchange session starts with start()")
         self._enc = X25519KeyPair.from_private(self._randbytes(KEY_BYTES))
         self._mask = X25519KeyPair.from_private(self._randbytes(KEY_BYTES))
         self._seed = self._randbytes(KEY_BYTES)
@@ -421,6 +509,82 @@ class ClientSession:
         self._advert = advert
         self.state = ClientState.ADVERTISED
         return self._advert
+
+    def start(self) -> AdvertiseKeys | MaskedShares:
+        """The reply to the assignment: the advertisement (four-exchange round) or the
+        masked input with its dealt shares (two-exchange round, which needs the input:
+        :class:`StageError` without it, the session unchanged)."""
+        if not self.two_exchange:
+            return self.advertise()
+        self._expect(ClientState.NEW)
+        if self._vector is None:
+            raise StageError(
+                f"client {self.id}: call set_input(vector) before starting a two-exchange "
+                "session (the session stays as it is)"
+            )
+        try:
+            return self._mask_and_deal()
+        except ClientRefusal:
+            self._abort()
+            raise
+
+    def _mask_and_deal(self) -> MaskedShares:
+        """Two-exchange round, invariant I1: y_u carries the self mask and a pair mask with
+        *every* neighbour of the assignment (at least ``colluders + 1`` of them, so one pair
+        mask is shared with an honest peer), and nothing is revealed but encrypted shares:
+        of b_u and of each pair seed s_uv, t-of-(neighbours + 1), one bundle per neighbour
+        (this client keeps its own share). The shares of s_uv are what lets the server
+        remove the pair mask of a neighbour v that drops before sending its input, even
+        when u itself is gone by then; they are revealed only for a survivor u and a
+        dropped v (I2), so never for a pair of survivors."""
+        assert self.keys is not None and self._vector is not None
+        peers = sorted(self._neighbours)
+        holders = len(peers) + 1
+        floor = self.policy.colluders_for(holders, self.assignment.signed) + 1
+        if len(peers) < floor:
+            raise InconsistentRequest(
+                f"client {self.id}: only {len(peers)} neighbour(s); it masks only with at "
+                f"least {floor} (one more than the colluders it resists)"
+            )
+        self._seed = self._randbytes(KEY_BYTES)
+        self._mask_seeds = {
+            v: self.keys.derive(self._long_term[v], self.context, Purpose.MASK_SEED) for v in peers
+        }
+        self._share_keys = {
+            v: self.keys.derive(self._long_term[v], self.context, Purpose.SHARE_ENCRYPTION)
+            for v in peers
+        }
+        order = sorted((*peers, self.id))
+        rows = shamir.split_many(
+            [self._seed, *(self._mask_seeds[v] for v in peers)],
+            self.assignment.threshold,
+            [self._x[h] for h in order],
+            randbytes=self._randbytes,
+        )
+        bundles: dict[int, bytes] = {}
+        for i, holder in enumerate(order):
+            dealt = DealtShares(rows[0][i], {v: rows[1 + j][i] for j, v in enumerate(peers)})
+            if holder == self.id:
+                self._dealt = dealt
+                continue
+            envelope = aead.Envelope(self.id, holder, self.context)
+            bundles[holder] = aead.encrypt(
+                self._share_keys[holder], dealt.to_plaintext(self.id, holder), envelope
+            )
+        masks = [(self._seed, +1)]
+        masks += [(self._mask_seeds[v], +1 if v > self.id else -1) for v in peers]
+        vector = combine_masks(np.empty_like(self._vector), [self._vector], masks)
+        self._vector = None  # no copy of the input once it is masked
+        self._survivors = self.assignment.members
+        self.state = ClientState.MASKED
+        return MaskedShares(
+            self.id,
+            self.context,
+            vector,
+            seed_commitment(self.context, self.id, self._seed),
+            {v: pair_commitment(self.context, self.id, v, self._mask_seeds[v]) for v in peers},
+            bundles,
+        )
 
     def handle(self, message: ServerMessage) -> ClientMessage:
         """Consume one server message and return the reply to send.
@@ -478,6 +642,7 @@ class ClientSession:
     def _abort(self) -> None:
         self.state = ClientState.ABORTED
         self._held.clear()
+        self._dealt = None
         for name in ("_enc", "_mask", "_seed", "_share_keys", "_mask_seeds"):
             self.__dict__.pop(name, None)
         self._vector = None
@@ -537,8 +702,8 @@ class ClientSession:
     def _agree_with_neighbours(self) -> None:
         """Both pairwise keys with every advertising neighbour, now: a low-order (or
         otherwise unusable) public key is refused before anything is shared."""
-        self._share_keys: dict[int, bytes] = {}
-        self._mask_seeds: dict[int, bytes] = {}
+        self._share_keys = {}
+        self._mask_seeds = {}
         for peer in sorted(self._neighbours & self._adverts.keys()):
             advert = self._adverts[peer]
             try:
@@ -668,6 +833,10 @@ class ClientSession:
             )
         if self.assignment.signed:
             self._check_signatures(message)
+        if self.two_exchange:
+            return self._reveal(message, survivors, dropped)
+        if message.bundles:
+            raise InconsistentRequest("a four-exchange unmask request carries no bundles")
         seed_shares = {
             peer: self._held[peer].seed_share.to_bytes()
             for peer in sorted(survivors)
@@ -686,6 +855,56 @@ class ClientSession:
         self.state = ClientState.DONE
         self._held.clear()
         return UnmaskResponse(self.id, self.context, seed_shares, key_shares, pair_seeds)
+
+    def _reveal(
+        self, message: UnmaskRequest, survivors: set[int], dropped: set[int]
+    ) -> UnmaskResponse:
+        """Two-exchange round, I2 (the checks above already passed: disjoint lists that
+        account for every member, at least t survivors including this client, signed by t
+        in signed mode): of each dealer w whose bundle this client holds it reveals the
+        share of b_w only for w in the survivor list, and the share of s_wv only for w a
+        survivor and v dropped. So the server learns b_w and the pair seeds of survivors
+        with dropped peers — what removes every mask of the survivors' sum — and never a
+        pair seed of two survivors nor the self-mask seed of a dropped client. Bundles
+        come only from survivors that are neighbours; one that does not arrive, decrypt or
+        parse is a complaint (this client holds none of those shares)."""
+        unexpected = set(message.bundles) - (survivors & self._neighbours)
+        if unexpected:
+            raise InconsistentRequest(
+                f"client {self.id}: bundles from clients that are not surviving neighbours "
+                f"{sorted(unexpected)}"
+            )
+        assert self._dealt is not None
+        held = {self.id: self._dealt}
+        complaints: list[int] = []
+        for dealer in sorted(survivors & self._neighbours):
+            sealed = message.bundles.get(dealer)
+            peers = tuple(sorted(self.assignment.neighbours_of(dealer)))
+            try:
+                if sealed is None:
+                    raise BundleError(f"no bundle from {dealer}")
+                envelope = aead.Envelope(dealer, self.id, self.context)
+                plain = aead.decrypt(self._share_keys[dealer], sealed, envelope)
+                held[dealer] = DealtShares.from_plaintext(plain, dealer, self.id, peers)
+            except (DecryptionError, BundleError, CryptoError):
+                complaints.append(dealer)
+        seed_shares = {w: held[w].seed_share.to_bytes() for w in sorted(held)}
+        pair_shares = {
+            (w, v): share.to_bytes()
+            for w in sorted(held)
+            for v, share in sorted(held[w].pairs.items())
+            if v in dropped
+        }
+        self.state = ClientState.DONE
+        self._dealt = None
+        return UnmaskResponse(
+            self.id,
+            self.context,
+            seed_shares,
+            {},
+            pair_shares=pair_shares,
+            complaints=tuple(complaints),
+        )
 
     def _check_signatures(self, message: UnmaskRequest) -> None:
         survivors = tuple(sorted(message.survivors))

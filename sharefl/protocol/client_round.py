@@ -70,6 +70,7 @@ from sharefl.protocol.errors import (
     ReclusteringReused,
     ReleaseLeaks,
 )
+from sharefl.protocol.keys import ClientKeys
 from sharefl.protocol.memory import ClientMemory, Limits
 from sharefl.protocol.messages import ClientMessage, ClusterAssignment, ServerMessage, UnmaskRequest
 from sharefl.protocol.plan import RoundPlan
@@ -349,13 +350,17 @@ class ClientRound:
         vector: np.ndarray | None = None,
         *,
         randbytes: Callable[[int], bytes] = os.urandom,
+        keys: ClientKeys | None = None,
     ) -> ClientSession:
         """Vet ``assignment`` and build its :class:`ClientSession` (which checks the
-        threshold); ``vector=None`` leaves the input for :meth:`ClientSession.set_input`.
-        Raises a :class:`ClientRefusal` or ``ConfigurationError``."""
+        threshold, and the long-term ``keys`` of a two-exchange round); ``vector=None``
+        leaves the input for :meth:`ClientSession.set_input`. Raises a
+        :class:`ClientRefusal` or ``ConfigurationError``."""
         self.vet(assignment)
         try:
-            return ClientSession(self.id, assignment, vector, self.policy, randbytes=randbytes)
+            return ClientSession(
+                self.id, assignment, vector, self.policy, randbytes=randbytes, keys=keys
+            )
         except Exception:
             self._used.pop(assignment.context.reclustering, None)
             raise

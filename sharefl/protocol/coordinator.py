@@ -69,6 +69,7 @@ import numpy as np
 
 from sharefl.crypto.encoding import RingEncoding, choose_encoding, decode
 from sharefl.crypto.errors import EncodingError, SumOutOfRange
+from sharefl.crypto.kdf import TWO_EXCHANGE_VERSION
 from sharefl.protocol.assignment import plan_assignment
 from sharefl.protocol.atoms import Atoms, check_plan_atoms, group_atoms, split_atoms
 from sharefl.protocol.audit import (
@@ -86,10 +87,12 @@ from sharefl.protocol.client_round import plan_rows
 from sharefl.protocol.clustering import Clustering, ClusteringError, random_clustering
 from sharefl.protocol.errors import ConfigurationError, LeakageError, RejectedMessage, StageError
 from sharefl.protocol.isolation import Suspicion, isolating_reclusterings
+from sharefl.protocol.keys import KeyAdvert
 from sharefl.protocol.messages import ClientMessage, ClusterAssignment, ServerMessage
 from sharefl.protocol.plan import RoundPlan
 from sharefl.protocol.server import ClusterSum, FailedCluster, ServerSession
 from sharefl.protocol.settings import Planner as Planner  # re-exported: its old home
+from sharefl.protocol.settings import RoundProtocol
 from sharefl.protocol.settings import (
     SecureAggregationSettings as SecureAggregationSettings,
 )
@@ -549,8 +552,13 @@ class RoundCoordinator:
             atoms`): clusters group whole atoms, the plan carries them, an atom with a
             member missing leaves its cluster's sum whole, and releases are checked by
             structure. ``None``: per-client clusters.
+        keys: client id → its long-term :class:`~sharefl.protocol.keys.KeyAdvert`, which
+            the two-exchange round (``settings.protocol``) relays in every assignment: each
+            participant needs one (checked by the transport when it accepted the advert:
+            :func:`~sharefl.protocol.keys.check_key_advert`).
 
-    Raises :class:`ConfigurationError` / :class:`LeakageError` as :func:`plan_round`.
+    Raises :class:`ConfigurationError` / :class:`LeakageError` as :func:`plan_round`, and
+    :class:`ConfigurationError` for a two-exchange round with a participant without keys.
     """
 
     def __init__(
@@ -567,9 +575,18 @@ class RoundCoordinator:
         prior_releases: Sequence[Release] = (),
         on_release: Callable[[Release], None] | None = None,
         atom_partition: Atoms | None = None,
+        keys: Mapping[int, KeyAdvert] | None = None,
     ) -> None:
         if length < 0:
             raise ConfigurationError(f"length must be >= 0, got {length}")
+        self._keys = dict(keys or {})
+        if settings.secure and settings.protocol is RoundProtocol.TWO_EXCHANGE:
+            missing = sorted(set(participants) - set(self._keys))
+            if missing:
+                raise ConfigurationError(
+                    f"the two-exchange round relays every member's long-term keys: clients "
+                    f"{missing[:5]} advertised none"
+                )
         self.settings = settings
         self.length = length
         self._rng = rng
@@ -639,8 +656,9 @@ class RoundCoordinator:
         for index, members in enumerate(self.plan.clusterings[r].clusters):
             if len(members) == 1:
                 continue
+            context = replace(self.plan.context(r, index), version=self.settings.version)
             assignment = plan_assignment(
-                self.plan.context(r, index),
+                context,
                 members,
                 length=self.length,
                 bits=self.settings.bits,
@@ -650,6 +668,10 @@ class RoundCoordinator:
                 rng=self._rng,
                 raise_to_floor=self.settings.raise_threshold_to_floor,
             )
+            if context.version == TWO_EXCHANGE_VERSION:
+                assignment = replace(
+                    assignment, keys=tuple(self._keys[c] for c in assignment.members)
+                )
             self._sessions[index] = ServerSession(
                 assignment,
                 self._directory,

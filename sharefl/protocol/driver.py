@@ -27,6 +27,7 @@ from sharefl.protocol.coordinator import RoundCoordinator, RoundResult, plan_rou
 from sharefl.protocol.drive import StageObserver, server_exchanges, stage_messages
 from sharefl.protocol.errors import ClientRefusal, ConfigurationError, RejectedMessage
 from sharefl.protocol.isolation import Suspicion
+from sharefl.protocol.keys import ClientKeys, KeyAdvert
 from sharefl.protocol.messages import (
     ClientMessage,
     ClusterAssignment,
@@ -37,7 +38,12 @@ from sharefl.protocol.messages import (
     UnmaskRequest,
 )
 from sharefl.protocol.server import ClusterSum, FailedCluster, ServerSession, ServerState
-from sharefl.protocol.settings import Planner, SecureAggregationSettings, settings_from
+from sharefl.protocol.settings import (
+    Planner,
+    RoundProtocol,
+    SecureAggregationSettings,
+    settings_from,
+)
 
 STAGES = ("advertise", "share", "mask", "consistency", "unmask")
 """Drop-out points: a client listed under a stage vanishes before sending that stage's
@@ -132,17 +138,21 @@ def _sessions(
     policies: Mapping[int, ClientPolicy] | None,
     events_of: Callable[[int], ClusterEvents],
     guards: Mapping[int, ClientRound] | None = None,
+    keys: Mapping[int, ClientKeys] | None = None,
 ) -> dict[int, ClientSession]:
-    """A session per assigned client (vetted by its round guard when it has one); a client
-    that refuses its assignment is recorded."""
-    policies, guards = policies or {}, guards or {}
+    """A session per assigned client (vetted by its round guard when it has one, with its
+    long-term ``keys`` when it has some); a client that refuses its assignment is
+    recorded."""
+    policies, guards, keys = policies or {}, guards or {}, keys or {}
     clients: dict[int, ClientSession] = {}
     for cid, assignment in assignments.items():
         try:
             if cid in guards:
-                clients[cid] = guards[cid].session(assignment, vectors[cid])
+                clients[cid] = guards[cid].session(assignment, vectors[cid], keys=keys.get(cid))
             elif not guards:
-                clients[cid] = ClientSession(cid, assignment, vectors[cid], policies.get(cid))
+                clients[cid] = ClientSession(
+                    cid, assignment, vectors[cid], policies.get(cid), keys=keys.get(cid)
+                )
         except ClientRefusal as exc:
             events_of(cid).refusals[cid] = str(exc)
     return clients
@@ -173,16 +183,27 @@ class _Players:
         self._gone: set[int] = set()
 
     def open(self, sessions: Mapping[int, ClientSession]) -> None:
-        """Play ``sessions`` (client id → its started session); send the adverts of
-        those that stay."""
+        """Play ``sessions`` (client id → its new session); send the first reply (the
+        advert, or the two-exchange round's masked input) of those that stay."""
         self._sessions = dict(sessions)
         self._gone = set(self._dropouts.get("advertise", ()))
         for cid, client in self._sessions.items():
-            if cid not in self._gone:
+            # Two-exchange: the first reply is the masked input, so a client that vanishes
+            # before any of the first three stages sends nothing.
+            before = ("advertise", "share", "mask") if client.two_exchange else ("advertise",)
+            if any(cid in self._dropouts.get(stage, ()) for stage in before):
+                self._gone.add(cid)
+            if cid in self._gone:
+                continue
+            stage = "mask" if client.two_exchange else "advertise"
+            try:
                 start = time.perf_counter()
-                advert = client.advertise()
-                self._observe("advertise", cid, time.perf_counter() - start)
-                self._send(cid, advert)
+                reply = client.start()
+                self._observe(stage, cid, time.perf_counter() - start)
+            except ClientRefusal as exc:
+                self._events_of(cid).refusals[cid] = str(exc)
+                continue
+            self._send(cid, reply)
 
     def answer(self, messages: Mapping[int, ServerMessage]) -> None:
         """Each addressed client's reply (through its round guard when it has one)."""
@@ -294,6 +315,7 @@ def secure_sum(
     byzantine_inputs: Mapping[int, np.ndarray] | None = None,
     suspicion: Suspicion | None = None,
     atom_partition: Atoms | None = None,
+    client_keys: Mapping[int, ClientKeys] | None = None,
     **keywords: Any,
 ) -> RoundResult:
     """Securely sum ``inputs`` inside random clusters, R times, in this process.
@@ -346,6 +368,11 @@ def secure_sum(
             inputs' client ids that the caller keeps across rounds: every cluster groups
             whole atoms, an atom with a drop-out leaves its cluster's sum whole, and the
             clients check their atoms. ``None``: per-client clusters.
+        client_keys: the clients' long-term keys for the two-exchange round
+            (``settings.protocol``; :mod:`sharefl.protocol.keys`), which a caller keeps
+            across rounds as clients keep theirs; ``None``: fresh keys for this call. The
+            server side gets their adverts (signed with the clients' identities in signed
+            mode).
         keywords: the fields of :class:`SecureAggregationSettings` (without ``settings``).
 
     Returns:
@@ -376,6 +403,7 @@ def secure_sum(
     if suspicion is not None and clusterings is None and settings.planner is Planner.ISOLATE:
         plan, _ = plan_round(round, ids, settings, rng, suspicion=suspicion)
         clusterings = plan.clusterings
+    keys = _long_term_keys(settings, ids, client_keys)
     coordinator = RoundCoordinator(
         settings,
         round=round,
@@ -386,6 +414,7 @@ def secure_sum(
         clusterings=clusterings,
         encoding=encoding,
         atom_partition=atom_partition,
+        keys=_adverts(keys, policies),
     )
     guards: dict[int, ClientRound] = {}
     plan_refusals: dict[int, str] = {}
@@ -393,7 +422,7 @@ def secure_sum(
         guards, plan_refusals = _round_guards(coordinator, ids, policies, accepting)
     vectors = _encoded(arrays, coordinator, rng) if floats else arrays
     _replace_byzantine(vectors, byzantine_inputs or {})
-    clients = _Clients(policies, guards, plan_refusals)
+    clients = _Clients(policies, guards, plan_refusals, keys)
     drops = _per_reclustering_dropouts(dropouts, settings.reclusterings)
     for stage_drops in drops:
         _check_dropouts(stage_drops)
@@ -483,6 +512,36 @@ def _identities(
     return policies, directory
 
 
+def _long_term_keys(
+    settings: SecureAggregationSettings,
+    ids: Sequence[int],
+    given: Mapping[int, ClientKeys] | None,
+) -> Mapping[int, ClientKeys]:
+    """The clients' long-term keys of a two-exchange round: ``given``, or fresh ones; none
+    for the four-exchange round. Raises :class:`ConfigurationError` for keys missing or
+    held under another client's id."""
+    if settings.protocol is not RoundProtocol.TWO_EXCHANGE or not settings.secure:
+        return {}
+    if given is None:
+        return {cid: ClientKeys.generate(cid) for cid in ids}
+    wrong = sorted(cid for cid in ids if cid not in given or given[cid].client_id != cid)
+    if wrong:
+        raise ConfigurationError(f"client_keys lacks the keys of clients {wrong[:5]}")
+    return given
+
+
+def _adverts(
+    keys: Mapping[int, ClientKeys], policies: Mapping[int, ClientPolicy] | None
+) -> dict[int, KeyAdvert]:
+    """Each client's key advert as the server receives it at key setup (signed with its
+    identity when its policy has one)."""
+    policies = policies or {}
+    return {
+        cid: k.advert(policies[cid].identity if cid in policies else None)
+        for cid, k in keys.items()
+    }
+
+
 def _round_guards(
     coordinator: RoundCoordinator,
     ids: Sequence[int],
@@ -541,6 +600,7 @@ class _Clients:
     policies: Mapping[int, ClientPolicy] | None
     guards: dict[int, ClientRound]
     plan_refusals: dict[int, str]
+    keys: Mapping[int, ClientKeys] = field(default_factory=dict)
 
 
 def _play_round(
@@ -619,7 +679,9 @@ def _open_players(
     for cid in assignments.keys() & clients.plan_refusals.keys():
         events_of(cid).refusals[cid] = clients.plan_refusals[cid]
     players = _Players(coordinator.receive, drops, observer, events_of, clients.guards)
-    players.open(_sessions(assignments, vectors, clients.policies, events_of, clients.guards))
+    players.open(
+        _sessions(assignments, vectors, clients.policies, events_of, clients.guards, clients.keys)
+    )
     return players
 
 

@@ -54,6 +54,11 @@ class BadAdvertisement(ClientRefusal):
     carries a low-order X25519 public key."""
 
 
+class VersionRefused(ClientRefusal):
+    """The server asked for a protocol version this client does not speak (or one its
+    policy does not accept)."""
+
+
 class MalformedRequest(ClientRefusal):
     """A server message whose fields cannot be used (wrong sizes, bad encodings)."""
 

@@ -16,6 +16,18 @@ Stage by stage (U1 ⊇ U2 ⊇ U3 ⊇ U5 are the clients that completed each stag
 4. untrusted mode only: server → U3: :class:`ConsistencyRequest`; client → server:
    :class:`ConsistencySignature`.
 5. server → U3: :class:`UnmaskRequest`; client → server: :class:`UnmaskResponse`.
+
+The two-exchange round (``context.version`` =
+:data:`~sharefl.crypto.kdf.TWO_EXCHANGE_VERSION`; keys set up once,
+:mod:`sharefl.protocol.keys`):
+
+1. server → all: :class:`ClusterAssignment` with the members' :class:`KeyAdvert` s;
+   client → server: :class:`MaskedShares` (y_u, and its encrypted shares of b_u and of
+   its pair seeds, with their commitments).
+2. signed mode only: :class:`ConsistencyRequest` / :class:`ConsistencySignature`.
+3. server → U3: :class:`UnmaskRequest` carrying the bundles addressed to the client;
+   client → server: :class:`UnmaskResponse` (seed shares of survivors, shares of the pair
+   seeds of survivors with dropped peers).
 """
 
 from __future__ import annotations
@@ -26,6 +38,7 @@ import numpy as np
 
 from sharefl.crypto.kdf import KeyContext
 from sharefl.crypto.signatures import advertised_keys_message
+from sharefl.protocol.keys import KeyAdvert
 
 
 @dataclass(frozen=True)
@@ -41,6 +54,8 @@ class ClusterAssignment:
         neighbours: for sparse masking (SecAgg+), each member's neighbours; ``None``
             means every member is a neighbour of every other (complete graph).
         signed: untrusted-server mode: advertisements and the survivor list are signed.
+        keys: the two-exchange round only: every member's long-term :class:`KeyAdvert`
+            (empty in the four-exchange round).
     """
 
     context: KeyContext
@@ -50,6 +65,7 @@ class ClusterAssignment:
     bits: int = 32
     neighbours: dict[int, frozenset[int]] | None = None
     signed: bool = False
+    keys: tuple[KeyAdvert, ...] = ()
 
     def neighbours_of(self, client_id: int) -> frozenset[int]:
         """The peers ``client_id`` masks with and shares with (never itself)."""
@@ -123,6 +139,29 @@ class MaskedInput:
 
 
 @dataclass(frozen=True)
+class MaskedShares:
+    """Two-exchange round, the reply to the assignment: y_u = x_u + PRG(b_u) +
+    Σ_{v>u} PRG(s_uv) − Σ_{v<u} PRG(s_uv) (mod 2^b) over *every* neighbour v, and what
+    recovers a drop-out without another exchange.
+
+    Attributes:
+        vector: y_u.
+        seed_commitment: commitment to b_u (:func:`~sharefl.protocol.bundles.seed_commitment`).
+        pair_commitments: neighbour v → commitment to s_uv
+            (:func:`~sharefl.protocol.bundles.pair_commitment`).
+        bundles: neighbour h → AES-GCM bundle (key k_uh) of h's shares of b_u and of every
+            s_uv (:class:`~sharefl.protocol.bundles.DealtShares`).
+    """
+
+    sender: int
+    context: KeyContext
+    vector: np.ndarray
+    seed_commitment: bytes
+    pair_commitments: dict[int, bytes]
+    bundles: dict[int, bytes]
+
+
+@dataclass(frozen=True)
 class ConsistencyRequest:
     """Stage 4 (signed mode): the survivor list U3 the server claims to have."""
 
@@ -145,12 +184,14 @@ class UnmaskRequest:
 
     ``signatures`` (signed mode) are the consistency signatures the server collected over
     ``survivors``: the client checks at least t of them before revealing anything.
+    ``bundles`` (two-exchange round): the share bundles survivors dealt to this client.
     """
 
     context: KeyContext
     survivors: tuple[int, ...]
     dropped: tuple[int, ...]
     signatures: dict[int, bytes] = field(default_factory=dict)
+    bundles: dict[int, bytes] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -162,6 +203,10 @@ class UnmaskResponse:
     complained about w) to the pair seed s_vw it masked with, so that the server can remove
     that pair mask without w's key: for a dropped peer the server may learn its pair masks
     (Bonawitz et al. reveal its whole mask key), never its self-mask seed.
+
+    Two-exchange round: ``key_shares`` and ``pair_seeds`` stay empty; ``pair_shares`` maps
+    (survivor w, dropped v) to the sender's share of s_wv, and ``complaints`` names the
+    survivors whose bundle did not arrive, decrypt or parse.
     """
 
     sender: int
@@ -169,9 +214,16 @@ class UnmaskResponse:
     seed_shares: dict[int, bytes]
     key_shares: dict[int, bytes]
     pair_seeds: dict[int, bytes] = field(default_factory=dict)
+    pair_shares: dict[tuple[int, int], bytes] = field(default_factory=dict)
+    complaints: tuple[int, ...] = ()
 
 
 ClientMessage = (
-    AdvertiseKeys | EncryptedShares | MaskedInput | ConsistencySignature | UnmaskResponse
+    AdvertiseKeys
+    | EncryptedShares
+    | MaskedInput
+    | MaskedShares
+    | ConsistencySignature
+    | UnmaskResponse
 )
 ServerMessage = KeysBroadcast | MaskingRequest | ConsistencyRequest | UnmaskRequest

@@ -36,9 +36,9 @@ from __future__ import annotations
 
 import enum
 import functools
-from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -51,6 +51,7 @@ from sharefl.crypto.errors import (
 )
 from sharefl.crypto.kdf import (
     KEY_BYTES,
+    TWO_EXCHANGE_VERSION,
     Purpose,
     check_public_key,
     pairwise_key,
@@ -59,7 +60,13 @@ from sharefl.crypto.kdf import (
 from sharefl.crypto.prg import combine_masks, ring_dtype
 from sharefl.crypto.signatures import SIGNATURE_BYTES, client_list_message, verify
 from sharefl.protocol.atoms import Atoms, whole_atoms
-from sharefl.protocol.bundles import SEALED_BYTES, seed_commitment
+from sharefl.protocol.bundles import (
+    COMMITMENT_BYTES,
+    SEALED_BYTES,
+    dealt_bytes,
+    pair_commitment,
+    seed_commitment,
+)
 from sharefl.protocol.client import SURVIVORS_LABEL
 from sharefl.protocol.errors import ConfigurationError, RejectedMessage, StageError
 from sharefl.protocol.messages import (
@@ -71,11 +78,14 @@ from sharefl.protocol.messages import (
     EncryptedShares,
     KeysBroadcast,
     MaskedInput,
+    MaskedShares,
     MaskingRequest,
     ServerMessage,
     UnmaskRequest,
     UnmaskResponse,
 )
+
+K = TypeVar("K", int, tuple[int, int])
 
 
 class ServerState(enum.Enum):
@@ -162,6 +172,7 @@ class _Collected:
     adverts: dict[int, AdvertiseKeys] = field(default_factory=dict)
     bundles: dict[int, dict[int, bytes]] = field(default_factory=dict)
     masked: dict[int, MaskedInput] = field(default_factory=dict)
+    dealt: dict[int, MaskedShares] = field(default_factory=dict)
     signatures: dict[int, bytes] = field(default_factory=dict)
     unmasked: dict[int, UnmaskResponse] = field(default_factory=dict)
 
@@ -214,6 +225,16 @@ class ServerSession:
         self._u3: tuple[int, ...] = ()
         self._recipients: tuple[int, ...] = ()
         self.outcome: ClusterSum | FailedCluster | None = None
+        self._two = assignment.context.version == TWO_EXCHANGE_VERSION
+        if self._two:
+            # Keys were set up once: every member masks with all its neighbours at once.
+            if {a.sender for a in assignment.keys} != set(assignment.members):
+                raise ConfigurationError(
+                    "a two-exchange assignment carries one key advert per member"
+                )
+            self._adverts_v3 = {a.sender: a for a in assignment.keys}
+            self._u1 = self._u2 = assignment.members
+            self.state = ServerState.MASK
 
     # -- receiving ------------------------------------------------------------------------
 
@@ -226,7 +247,11 @@ class ServerSession:
         expected: dict[ServerState, tuple[type, Collection[int], Callable[[Any], None]]] = {
             ServerState.ADVERTISE: (AdvertiseKeys, self.assignment.members, self._on_advert),
             ServerState.SHARE: (EncryptedShares, self._u1, self._on_shares),
-            ServerState.MASK: (MaskedInput, self._u2, self._on_masked),
+            ServerState.MASK: (
+                (MaskedShares, self._u2, self._on_masked_shares)
+                if self._two
+                else (MaskedInput, self._u2, self._on_masked)
+            ),
             ServerState.CONSISTENCY: (ConsistencySignature, self._u3, self._on_signature),
             ServerState.UNMASK: (UnmaskResponse, self._recipients, self._on_unmask),
         }
@@ -326,18 +351,7 @@ class ServerSession:
 
     def _on_masked(self, m: MaskedInput) -> None:
         self._first(self._got.masked, m.sender)
-        v = m.vector
-        if (
-            not isinstance(v, np.ndarray)
-            or v.dtype != self._dtype
-            or v.shape != (self.assignment.length,)
-        ):
-            raise RejectedMessage(
-                f"client {m.sender}: masked vector must be a 1-D {self._dtype} array of length "
-                f"{self.assignment.length}; got {getattr(v, 'dtype', type(v).__name__)} "
-                f"{getattr(v, 'shape', '')}",
-                m.sender,
-            )
+        self._check_vector(m.sender, m.vector)
         bad = set(m.complaints) - (self.assignment.neighbours_of(m.sender) & set(self._u2))
         if bad or len(set(m.complaints)) != len(m.complaints):
             raise RejectedMessage(
@@ -346,6 +360,46 @@ class ServerSession:
                 m.sender,
             )
         self._got.masked[m.sender] = m
+
+    def _on_masked_shares(self, m: MaskedShares) -> None:
+        """Two-exchange round: the vector's type and length, a 32-byte seed commitment, and
+        exactly one pair commitment and one bundle (of the size a dealer of that many
+        neighbours seals) per neighbour of the sender."""
+        self._first(self._got.dealt, m.sender)
+        self._check_vector(m.sender, m.vector)
+        peers = self.assignment.neighbours_of(m.sender)
+        if len(m.seed_commitment) != COMMITMENT_BYTES or any(
+            len(c) != COMMITMENT_BYTES for c in m.pair_commitments.values()
+        ):
+            raise RejectedMessage(
+                f"client {m.sender}: commitments must be {COMMITMENT_BYTES} bytes", m.sender
+            )
+        if set(m.pair_commitments) != peers or set(m.bundles) != peers:
+            raise RejectedMessage(
+                f"client {m.sender}: one pair commitment and one bundle per neighbour "
+                f"{sorted(peers)}; got {sorted(m.pair_commitments)} and {sorted(m.bundles)}",
+                m.sender,
+            )
+        size = dealt_bytes(len(peers))
+        wrong = sorted(h for h, b in m.bundles.items() if len(b) != size)
+        if wrong:
+            raise RejectedMessage(
+                f"client {m.sender}: bundles for {wrong} are not {size} bytes", m.sender
+            )
+        self._got.dealt[m.sender] = m
+
+    def _check_vector(self, sender: int, v: object) -> None:
+        if (
+            not isinstance(v, np.ndarray)
+            or v.dtype != self._dtype
+            or v.shape != (self.assignment.length,)
+        ):
+            raise RejectedMessage(
+                f"client {sender}: masked vector must be a 1-D {self._dtype} array of length "
+                f"{self.assignment.length}; got {getattr(v, 'dtype', type(v).__name__)} "
+                f"{getattr(v, 'shape', '')}",
+                sender,
+            )
 
     def _on_signature(self, m: ConsistencySignature) -> None:
         self._first(self._got.signatures, m.sender)
@@ -372,6 +426,10 @@ class ServerSession:
     def _on_unmask(self, m: UnmaskResponse) -> None:
         self._first(self._got.unmasked, m.sender)
         dropped = set(self._u2) - set(self._u3)
+        if self._two:
+            self._check_reveal(m, dropped)
+            self._got.unmasked[m.sender] = m
+            return
         if not set(m.seed_shares) <= set(self._u3) or not set(m.key_shares) <= dropped:
             raise RejectedMessage(
                 f"client {m.sender}: shares for clients outside the survivor/dropped lists",
@@ -388,14 +446,45 @@ class ServerSession:
                 f"({sorted(dropped & complained)}), {KEY_BYTES} bytes each",
                 m.sender,
             )
+        self._check_shares(m.sender, (*m.seed_shares.values(), *m.key_shares.values()))
+        self._got.unmasked[m.sender] = m
+
+    def _check_reveal(self, m: UnmaskResponse, dropped: set[int]) -> None:
+        """Two-exchange round: seed shares of survivors the sender holds shares of (its
+        surviving neighbours and itself), shares of s_wv only for such a survivor w and a
+        dropped neighbour v of w, complaints only about surviving neighbours, and every
+        share at the sender's coordinate."""
+        survivors = set(self._u3)
+        dealers = (self.assignment.neighbours_of(m.sender) | {m.sender}) & survivors
+        pairs_ok = all(
+            w in dealers and v in dropped and v in self.assignment.neighbours_of(w)
+            for w, v in m.pair_shares
+        )
+        complaints = set(m.complaints)
+        if (
+            not set(m.seed_shares) <= dealers
+            or m.key_shares
+            or m.pair_seeds
+            or not pairs_ok
+            or len(complaints) != len(m.complaints)
+            or not complaints <= dealers - {m.sender}
+        ):
+            raise RejectedMessage(
+                f"client {m.sender}: shares only of surviving dealers it holds "
+                f"{sorted(dealers)} (pair seeds only with dropped peers), complaints only "
+                "about them",
+                m.sender,
+            )
+        self._check_shares(m.sender, (*m.seed_shares.values(), *m.pair_shares.values()))
+
+    def _check_shares(self, sender: int, blobs: Collection[bytes]) -> None:
         try:
-            for blob in (*m.seed_shares.values(), *m.key_shares.values()):
+            for blob in blobs:
                 share = shamir.Share.from_bytes(blob)
-                if share.x != self._x[m.sender]:
+                if share.x != self._x[sender]:
                     raise ShamirError(f"share x = {share.x} is not the sender's coordinate")
         except ShamirError as exc:
-            raise RejectedMessage(f"client {m.sender}: malformed share: {exc}", m.sender) from exc
-        self._got.unmasked[m.sender] = m
+            raise RejectedMessage(f"client {sender}: malformed share: {exc}", sender) from exc
 
     # -- advancing ------------------------------------------------------------------------
 
@@ -414,7 +503,7 @@ class ServerSession:
         stores: dict[ServerState, Mapping[int, object]] = {
             ServerState.ADVERTISE: self._got.adverts,
             ServerState.SHARE: self._got.bundles,
-            ServerState.MASK: self._got.masked,
+            ServerState.MASK: self._got.dealt if self._two else self._got.masked,
             ServerState.CONSISTENCY: self._got.signatures,
             ServerState.UNMASK: self._got.unmasked,
         }
@@ -482,8 +571,11 @@ class ServerSession:
         }
 
     def _close_mask(self) -> dict[int, ServerMessage]:
-        masked = set(self._got.masked)
-        self._excluded = tuple(sorted(u for u in masked if self._disowned(u, masked)))
+        if self._two:
+            masked = set(self._got.dealt)  # complaints come with the unmask replies
+        else:
+            masked = set(self._got.masked)
+            self._excluded = tuple(sorted(u for u in masked if self._disowned(u, masked)))
         self._u3 = whole_atoms(masked - set(self._excluded), self._atoms)
         if not self._enough(ServerState.MASK, self._u3, "sent masked inputs"):
             return {}
@@ -518,12 +610,27 @@ class ServerSession:
         dropped = tuple(sorted(set(self._u2) - set(self._u3)))
         request = UnmaskRequest(self.context, self._u3, dropped, signatures)
         self.state = ServerState.UNMASK
-        return dict.fromkeys(recipients, request)
+        if not self._two:
+            return dict.fromkeys(recipients, request)
+        # Each holder gets the bundles the survivors among its neighbours dealt it.
+        return {
+            h: replace(
+                request,
+                bundles={
+                    w: self._got.dealt[w].bundles[h]
+                    for w in self._u3
+                    if h in self._got.dealt[w].bundles
+                },
+            )
+            for h in recipients
+        }
 
     def _close_unmask(self) -> dict[int, ServerMessage]:
         responders = tuple(sorted(self._got.unmasked))
         if not self._enough(ServerState.UNMASK, responders, "answered the unmask request"):
             return {}
+        if self._two:
+            return self._close_reveal()
         survivors = set(self._u3)
         dropped = tuple(sorted(set(self._u2) - survivors))
         # Every survivor masked with each of its neighbours in U2 (complaints change no mask).
@@ -531,8 +638,12 @@ class ServerSession:
         # Dropped clients matter only if some survivor masked with them.
         needed_keys = [w for w in dropped if any(w in masked_with[v] for v in self._u3)]
         bad: list[tuple[int, int]] = []
-        seeds, lost = self._reconstruct(self._u3, "seed_shares", self._seed_ok, bad)
-        keys, lost_keys = self._reconstruct(needed_keys, "key_shares", self._key_ok, bad)
+        seeds, lost = self._reconstruct(
+            self._u3, lambda r: r.seed_shares, self._seed_ok, bad, "seed"
+        )
+        keys, lost_keys = self._reconstruct(
+            needed_keys, lambda r: r.key_shares, self._key_ok, bad, "key"
+        )
         pair_seeds: dict[tuple[int, int], bytes] = {}
         for w, why in lost_keys.items():
             # No key for w: each survivor that masked with w must have revealed s_vw itself.
@@ -583,6 +694,58 @@ class ServerSession:
         )
         return {}
 
+    def _close_reveal(self) -> dict[int, ServerMessage]:
+        """Two-exchange round: rebuild b_w of every survivor w and s_wv of every survivor
+        w with a dropped neighbour v (each checked against the commitment w sent with its
+        input), then y_S − Σ PRG(b_w) ∓ Σ PRG(s_wv) is the survivors' exact sum: the pair
+        masks between survivors cancel in the sum."""
+        survivors, dropped = set(self._u3), set(self._u2) - set(self._u3)
+        pairs = [
+            (w, v) for w in self._u3 for v in sorted(self.assignment.neighbours_of(w) & dropped)
+        ]
+        bad: list[tuple[int, int]] = []
+        seeds, lost = self._reconstruct(
+            self._u3, lambda r: r.seed_shares, self._seed_ok_v3, bad, "seed"
+        )
+        pair_seeds, lost_pairs = self._reconstruct(
+            pairs, lambda r: r.pair_shares, self._pair_ok, bad, "pair seed"
+        )
+        for (w, v), why in lost_pairs.items():
+            lost.setdefault(w, (f"{why[0]} (with dropped {v})", why[1]))
+        if lost:
+            culprits = tuple(sorted(owner for owner, (_, fault) in lost.items() if fault))
+            reasons = "; ".join(why for why, _ in lost.values())
+            return self._fail(ServerState.UNMASK, reasons, culprits)
+        masks = [(seeds[w], -1) for w in self._u3]
+        # w added +PRG(s_wv) if v > w, else subtracted it: undo exactly that.
+        masks += [(pair_seeds[(w, v)], -1 if v > w else +1) for w, v in pairs]
+        total = combine_masks(
+            np.empty(self.assignment.length, dtype=self._dtype),
+            [self._got.dealt[w].vector for w in self._u3],
+            masks,
+        )
+        complaints = {h: r.complaints for h, r in self._got.unmasked.items()}
+        self.state = ServerState.DONE
+        self.outcome = ClusterSum(
+            cluster=self.context.cluster,
+            members=self._u3,
+            ring_sum=total,
+            dropped=tuple(sorted(set(self.assignment.members) - survivors)),
+            complaints=tuple(sorted((h, w) for h, c in complaints.items() for w in c)),
+            bad_shares=tuple(sorted(bad)),
+        )
+        return {}
+
+    def _seed_ok_v3(self, owner: int, secret: bytes) -> bool:
+        committed = self._got.dealt[owner].seed_commitment
+        return seed_commitment(self.context, owner, secret) == committed
+
+    def _pair_ok(self, pair: tuple[int, int], secret: bytes) -> bool:
+        w, v = pair
+        return (
+            pair_commitment(self.context, w, v, secret) == (self._got.dealt[w].pair_commitments[v])
+        )
+
     def _seed_ok(self, owner: int, secret: bytes) -> bool:
         return seed_commitment(self.context, owner, secret) == self._got.adverts[owner].commitment
 
@@ -591,54 +754,48 @@ class ServerSession:
 
     def _reconstruct(
         self,
-        owners: list[int] | tuple[int, ...],
-        field_name: str,
-        check: Callable[[int, bytes], bool],
+        owners: Sequence[K],
+        shares_in: Callable[[UnmaskResponse], Mapping[K, bytes]],
+        check: Callable[[K, bytes], bool],
         bad: list[tuple[int, int]],
-    ) -> tuple[dict[int, bytes], dict[int, tuple[str, bool]]]:
-        """Rebuild one secret per owner from the responders' shares.
+        what: str,
+    ) -> tuple[dict[K, bytes], dict[K, tuple[str, bool]]]:
+        """Rebuild one secret per owner (a client, or a (dealer, peer) pair of the
+        two-exchange round) from the responders' shares (``shares_in(response)``).
 
         Fast path: the first t shares of each owner, grouped by holder set so one Lagrange
         computation serves all owners with the same holders; each result is checked
         (commitment or public key). A secret that fails the check is rebuilt with verified
-        Shamir over all its shares, which names the bad shares (recorded in ``bad``).
-        Returns the rebuilt secrets and, for each owner whose secret cannot be rebuilt
-        (fewer than t shares, or none consistent with its commitment / public key), why and
-        whether that is proof against the owner: only shares that rebuild no secret
-        matching what it advertised are; too few shares never are (holders that complained
-        or withheld shares may be lying).
+        Shamir over all its shares, which names the bad shares (recorded in ``bad`` as
+        (holder, dealer)). Returns the rebuilt secrets and, for each owner whose secret
+        cannot be rebuilt (fewer than t shares, or none consistent with its commitment /
+        public key), why and whether that is proof against the dealer: only shares that
+        rebuild no secret matching what it committed to are; too few shares never are
+        (holders that complained or withheld shares may be lying).
         """
         t = self.assignment.threshold
-        what = field_name.split("_")[0]
         by_x = {self._x[h]: h for h in self._got.unmasked}
-        shares: dict[int, list[shamir.Share]] = {}
-        lost: dict[int, tuple[str, bool]] = {}
+        shares: dict[K, list[shamir.Share]] = {}
+        lost: dict[K, tuple[str, bool]] = {}
         for owner in owners:
             shares[owner] = [
-                shamir.Share.from_bytes(getattr(self._got.unmasked[h], field_name)[owner])
+                shamir.Share.from_bytes(shares_in(self._got.unmasked[h])[owner])
                 for h in sorted(self._got.unmasked)
-                if owner in getattr(self._got.unmasked[h], field_name)
+                if owner in shares_in(self._got.unmasked[h])
             ]
             if len(shares[owner]) < t:
-                answered = (set(self._got.unmasked) & self.assignment.neighbours_of(owner)) - {
-                    owner
-                }
-                complainers = {
-                    h
-                    for h in answered
-                    if h in self._got.masked and owner in self._got.masked[h].complaints
-                }
+                dealer = _dealer(owner)
                 lost[owner] = (
-                    f"only {len(shares[owner])} shares of client {owner}'s {what} arrived, "
-                    f"fewer than t = {t} ({len(complainers)} holders could not decrypt its "
-                    "bundle)",
+                    f"only {len(shares[owner])} shares of client {dealer}'s {what} arrived, "
+                    f"fewer than t = {t} ({len(self._complainers(dealer))} holders could not "
+                    "decrypt its bundle)",
                     False,  # complaints and missing shares are words, not proof
                 )
-        groups: dict[tuple[int, ...], list[int]] = {}
+        groups: dict[tuple[int, ...], list[K]] = {}
         for owner in owners:
             if owner not in lost:
                 groups.setdefault(tuple(s.x for s in shares[owner][:t]), []).append(owner)
-        secrets: dict[int, bytes] = {}
+        secrets: dict[K, bytes] = {}
         for xs, members in groups.items():
             rebuilt = shamir.Reconstructor(xs, t).reconstruct_many(
                 [[s.y for s in shares[o][:t]] for o in members]
@@ -653,8 +810,28 @@ class ServerSession:
                         shares[owner], t, functools.partial(check, owner)
                     )
                 except ShareVerificationError as exc:
-                    lost[owner] = (f"cannot rebuild client {owner}'s {what}: {exc}", True)
+                    lost[owner] = (
+                        f"cannot rebuild client {_dealer(owner)}'s {what}: {exc}",
+                        True,
+                    )
                     continue
                 secrets[owner] = verified.secret
-                bad.extend((by_x[x], owner) for x in verified.bad)
+                bad.extend((by_x[x], _dealer(owner)) for x in verified.bad)
         return secrets, lost
+
+    def _complainers(self, dealer: int) -> set[int]:
+        """Responders that said they hold none of ``dealer``'s shares: in its masked input
+        (four-exchange round) or in its unmask reply (two-exchange round)."""
+        answered = (set(self._got.unmasked) & self.assignment.neighbours_of(dealer)) - {dealer}
+        if self._two:
+            return {h for h in answered if dealer in self._got.unmasked[h].complaints}
+        return {
+            h
+            for h in answered
+            if h in self._got.masked and dealer in self._got.masked[h].complaints
+        }
+
+
+def _dealer(owner: int | tuple[int, int]) -> int:
+    """The client whose dealing a secret comes from (a pair (w, v): w's share of s_wv)."""
+    return owner if isinstance(owner, int) else owner[0]

@@ -53,6 +53,34 @@ class Planner(enum.StrEnum):
     refuse it."""
 
 
+class RoundProtocol(enum.StrEnum):
+    """The message flow of a round (a ``str`` enum: a file writes the value)."""
+
+    FOUR_EXCHANGE = "four-exchange"
+    """Bonawitz et al.: advertise keys, share keys, masked input, unmask — fresh keys per
+    cluster (wire version 2)."""
+    TWO_EXCHANGE = "two-exchange"
+    """Keys set up once per client (:mod:`sharefl.protocol.keys`); the assignment carries
+    them and the reply is the masked input with its shares; then unmask (wire version 3;
+    signed mode adds the consistency exchange between the two)."""
+
+    @property
+    def version(self) -> int:
+        """The protocol version bound into every key context."""
+        from sharefl.crypto.kdf import PROTOCOL_VERSION, TWO_EXCHANGE_VERSION
+
+        return TWO_EXCHANGE_VERSION if self is RoundProtocol.TWO_EXCHANGE else PROTOCOL_VERSION
+
+    def exchanges(self, signed: bool) -> int:
+        """Exchanges (server request, client reply) with each client per round: 4, or 5
+        signed (four-exchange); 2, or 3 signed (two-exchange). Signed mode needs one more
+        because the survivor list exists only once the inputs are in, and each client
+        must see it signed by t others before it reveals anything."""
+        if self is RoundProtocol.TWO_EXCHANGE:
+            return 3 if signed else 2
+        return 5 if signed else 4
+
+
 @dataclass(frozen=True)
 class SecureAggregationSettings:
     """The rules of every round: one typed place for what any transport configures.
@@ -101,6 +129,11 @@ class SecureAggregationSettings:
             (:meth:`atoms_on`: on in every deployment — ``sharefl serve``/``launch``
             and Flower — off in simulations, which keep the papers' per-client
             reclustering).
+        protocol: the round's message flow (:class:`RoundProtocol`; a file writes its
+            value): ``"four-exchange"`` (keys per round and cluster, Bonawitz et al.) or
+            ``"two-exchange"`` (keys set up once per client, shares sent with the masked
+            input: :mod:`sharefl.protocol.keys`; three exchanges in signed mode, whose
+            consistency check needs its own).
         atom_size: the size new atoms are formed at; ``None`` (or 0 in a file): the
             smallest safe size (:func:`~sharefl.protocol.atoms.atom_floor`). Must be at
             least that floor.
@@ -123,8 +156,17 @@ class SecureAggregationSettings:
     colluders: int | None = None
     atoms: bool | None = None
     atom_size: int | None = None
+    protocol: RoundProtocol = RoundProtocol.FOUR_EXCHANGE
 
     def __post_init__(self) -> None:
+        if isinstance(self.protocol, str) and not isinstance(self.protocol, RoundProtocol):
+            words = ", ".join(f'"{p.value}"' for p in RoundProtocol)
+            try:
+                object.__setattr__(self, "protocol", RoundProtocol(self.protocol))
+            except ValueError:
+                raise SettingsError(
+                    "protocol", f"must be one of {words}, got {self.protocol!r}"
+                ) from None
         # Spellings a file uses for "not set" and for the planner, normalised once here so
         # that equal settings compare equal however they were written.
         if isinstance(self.planner, str) and not isinstance(self.planner, Planner):
@@ -211,6 +253,11 @@ class SecureAggregationSettings:
         return self.atom_size if self.atom_size is not None else self.atom_floor
 
     @property
+    def version(self) -> int:
+        """The wire version of :attr:`protocol` (bound into every key context)."""
+        return self.protocol.version
+
+    @property
     def secure(self) -> bool:
         """False for cluster_size 1: no secure aggregation by design."""
         return self.cluster_size > 1
@@ -252,6 +299,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "colluders": (int, type(None)),
     "atoms": (bool, type(None)),
     "atom_size": (int, type(None)),
+    "protocol": (RoundProtocol,),
 }
 
 
