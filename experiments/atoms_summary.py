@@ -12,9 +12,10 @@ Reads (paths relative to the repository root, or ``--root``):
 - ``docs/results/atoms/dropouts.json``: ``experiments/atoms_dropouts.py``.
 
 Prints Markdown (final test accuracy, mean ± sample std over seeds, per-seed values, the
-audit's smallest nullity, wall time per run). Usage::
+audit's smallest nullity, wall time per run); ``python experiments/results_pages.py`` writes
+it into the page. Usage::
 
-    python experiments/atoms_summary.py [--root .] [--json out.json] [--page docs/results/atoms.md]
+    python experiments/atoms_summary.py [--root .] [--json out.json]
 """
 
 from __future__ import annotations
@@ -266,17 +267,9 @@ def dropout_table(root: Path, out: dict) -> list[str]:
     return lines
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--root", default=".")
-    parser.add_argument("--json", help="also write the numbers here")
-    parser.add_argument(
-        "--page", help="also replace the tables between the markers of this page (atoms.md)"
-    )
-    args = parser.parse_args(argv)
-    root = Path(args.root)
-    out: dict = {}
-    text = "\n".join(
+def tables(root: Path, out: dict) -> str:
+    """The page's tables (docs/results/atoms.md, block "atoms tables"), numbers into ``out``."""
+    return "\n".join(
         [
             "### Accuracy (200 rounds; final test accuracy)\n",
             *simulator_table(root, out),
@@ -286,16 +279,15 @@ def main(argv: list[str] | None = None) -> int:
             *dropout_table(root, out),
         ]
     )
-    print(text)
-    if args.page:
-        page = Path(args.page)
-        start, end = (
-            "<!-- atoms tables: python experiments/atoms_summary.py -->",
-            "<!-- /atoms tables -->",
-        )
-        head, rest = page.read_text().split(start)
-        _, tail = rest.split(end)
-        page.write_text(f"{head}{start}\n{text}\n{end}{tail}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--root", default=".")
+    parser.add_argument("--json", help="also write the numbers here")
+    args = parser.parse_args(argv)
+    out: dict = {}
+    print(tables(Path(args.root), out))
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
     return 0

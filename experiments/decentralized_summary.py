@@ -24,6 +24,7 @@ from pathlib import Path
 
 from sharefl.simulator.report import load_runs
 
+RUNS_50K = Path("docs/results/decentralized/runs-50k")  # the page's table: --at 1000 --last 20
 ATTACKS = ("none", "gaussian", "sign_flipping", "isolating")
 RULES = ("mean", "trimmed_mean", "scc", "ios")
 
@@ -71,27 +72,18 @@ def fmt(x: float | None, spec: str) -> str:
     return "—" if x is None else format(x, spec)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("directory", type=Path)
-    parser.add_argument("--at", type=int, default=1000)
-    parser.add_argument("--last", type=int, default=0, help="accuracy range of the last N evals")
-    parser.add_argument("--json", type=Path)
-    args = parser.parse_args()
-    rows = rows_of(args.directory, args.at, args.last)
-    tail = f" acc range, last {args.last} evals |" if args.last else ""
+def print_tables(rows: list[dict], at: int, last: int) -> None:
     for split in ("iid", "non-iid"):
         print(f"\n#### {split}\n")
+        tail = f" acc range, last {last} evals |" if last else ""
         print(
-            f"| attack | rule | C | seed | acc @{args.at} | loss @{args.at} | H @{args.at} | "
+            f"| attack | rule | C | seed | acc @{at} | loss @{at} | H @{at} | "
             f"iterations | final acc | final loss | final H |{tail} ε RDP / Thm 3 | wall (s) |"
         )
-        print("|---" * (13 + bool(args.last)) + "|")
+        print("|---" * (13 + bool(last)) + "|")
         for r in (r for r in rows if r["split"] == split):
             eps = "—" if r["eps_rdp"] is None else f"{r['eps_rdp']:.3g} / {r['eps_thm3']:.3g}"
-            spread = (
-                f" {fmt(r['tail_min'], '.4f')}–{fmt(r['tail_max'], '.4f')} |" if args.last else ""
-            )
+            spread = f" {fmt(r['tail_min'], '.4f')}–{fmt(r['tail_max'], '.4f')} |" if last else ""
             print(
                 f"| {r['attack']} | {r['rule']} | {r['C']:g} | {r['seed']} | "
                 f"{fmt(r['accuracy'], '.4f')} | "
@@ -102,6 +94,17 @@ def main() -> None:
             )
     devices = sorted({r["device"] for r in rows if r["device"]})
     print(f"\n{len(rows)} finished runs; devices: {', '.join(devices)}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("directory", type=Path)
+    parser.add_argument("--at", type=int, default=1000)
+    parser.add_argument("--last", type=int, default=0, help="accuracy range of the last N evals")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    rows = rows_of(args.directory, args.at, args.last)
+    print_tables(rows, args.at, args.last)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")
 

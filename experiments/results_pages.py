@@ -1,0 +1,190 @@
+"""Every generated table of docs/results, from the committed run folders: one command.
+
+    python experiments/results_pages.py            # rewrite every generated block
+    python experiments/results_pages.py --check    # compare; exit 1 naming each that differs
+    python experiments/results_pages.py --list     # the blocks, their pages and sources
+
+A page marks each generated block (the text between the markers is replaced whole)::
+
+    <!-- generated: NAME (python experiments/results_pages.py) -->
+    ...
+    <!-- /generated: NAME -->
+
+:data:`BLOCKS` says, per page, which function builds which block from which committed files
+(run folders with ``config.json``, ``rounds.jsonl``, ``summary.json``). The functions live
+in the page's own ``experiments/*_summary.py`` script, which can also print its tables
+alone. ``tests/test_results_pages.py`` runs the ``--check`` for every block (it reads the
+committed folders, it trains nothing) and counts the tables each page still holds outside
+generated blocks (:data:`HAND_WRITTEN`): that count may fall, never rise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import io
+import re
+import sys
+from collections.abc import Callable
+from contextlib import redirect_stdout
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = Path("docs/results")
+COMMAND = "python experiments/results_pages.py"
+
+
+@dataclass(frozen=True)
+class Block:
+    page: str  # under docs/results
+    name: str
+    sources: str  # the committed files it reads, for --list and the page's readers
+    build: Callable[[Path], str]  # repository root -> the block's Markdown
+
+
+@cache
+def _script(name: str) -> ModuleType:
+    """``experiments/<name>.py`` as a module (experiments/ is not a package)."""
+    path = ROOT / "experiments" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"experiments_{name}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _atoms(root: Path) -> str:
+    return str(_script("atoms_summary").tables(root, {}))
+
+
+def _decentralized_50k(root: Path) -> str:
+    summary = _script("decentralized_summary")
+    out = io.StringIO()
+    with redirect_stdout(out):
+        summary.print_tables(summary.rows_of(root / summary.RUNS_50K, 1000, 20), 1000, 20)
+    return out.getvalue().strip("\n")
+
+
+def _distributed_dp(name: str) -> Callable[[Path], str]:
+    def build(root: Path) -> str:
+        return str(_script("distributed_dp_summary").blocks(root)[name])
+
+    return build
+
+
+_DDP_RUNS = "docs/results/distributed-dp/runs/"
+BLOCKS: tuple[Block, ...] = (
+    Block(
+        "atoms.md",
+        "atoms tables",
+        "docs/results/atoms/{runs-200,quickstart,dropouts.json}, docs/results/share/runs-200/",
+        _atoms,
+    ),
+    Block(
+        "decentralized.md",
+        "decentralized runs-50k table",
+        "docs/results/decentralized/runs-50k/",
+        _decentralized_50k,
+    ),
+)
+
+HAND_WRITTEN: dict[str, tuple[int, str]] = {
+    # page: (Markdown tables outside generated blocks, what they are / why not generated yet)
+    "README.md": (2, "the index of pages; the main job's two runs (folders not committed)"),
+    "atoms.md": (1, "the verdicts (judgement over the generated tables)"),
+    "decentralized.md": (
+        13,
+        "design and timing tables; Table I (experiments/decentralized_table1.py's printout); the "
+        "1,000-iteration runs (folders not committed); the claims (judgement); DLG leakage",
+    ),
+    "distributed-dp.md": (1, "re-run in progress (issue 41)"),
+    "dp-filter.md": (
+        4,
+        "the configuration index; Table 15 / Figure 1 / Table 3 (folders not committed); "
+        "Tables 5 and 11 (folders committed, not yet generated)",
+    ),
+    "dp-rsa.md": (9, "runs under /work/runs not committed, but for runs-eps (not yet generated)"),
+    "fed-cdp.md": (4, "the configuration index; no run folders committed"),
+    "share.md": (17, "runs-30 / runs-200 / protocol-cell committed, tables not yet generated"),
+}
+
+
+def markers(name: str) -> tuple[str, str]:
+    return f"<!-- generated: {name} ({COMMAND}) -->", f"<!-- /generated: {name} -->"
+
+
+def current(text: str, name: str) -> str | None:
+    """The text of block ``name`` on a page (``None``: the page lacks its markers)."""
+    start, end = markers(name)
+    if text.count(start) != 1 or text.count(end) != 1:
+        return None
+    return text.split(start, 1)[1].split(end, 1)[0].strip("\n")
+
+
+def splice(text: str, name: str, body: str) -> str:
+    start, end = markers(name)
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{start}\n{body}\n{end}{tail}"
+
+
+def tables_outside_blocks(text: str) -> int:
+    """Markdown tables (a header row followed by a ``|---`` row) outside generated blocks."""
+    kept = re.sub(r"<!-- generated: (.+?) \(.*?-->.*?<!-- /generated: \1 -->", "", text, flags=re.S)
+    return len(re.findall(r"^\|.*\|\n\|[-:| ]+\|$", kept, flags=re.M))
+
+
+def check(root: Path = ROOT, blocks: tuple[Block, ...] = BLOCKS) -> list[str]:
+    """One line per block whose page text differs from what its sources give."""
+    problems = []
+    for block in blocks:
+        page = root / PAGES / block.page
+        found = current(page.read_text(encoding="utf-8"), block.name)
+        if found is None:
+            problems.append(f"{block.page}: no (single) markers for {block.name!r}")
+        elif found != block.build(root).strip("\n"):
+            problems.append(f"{block.page}: {block.name!r} differs from {block.sources}")
+    return problems
+
+
+def write(root: Path = ROOT, blocks: tuple[Block, ...] = BLOCKS) -> list[str]:
+    """Rewrite every block; returns the blocks that changed."""
+    changed = []
+    for block in blocks:
+        page = root / PAGES / block.page
+        text = page.read_text(encoding="utf-8")
+        if current(text, block.name) is None:
+            raise SystemExit(f"{page}: add the markers {markers(block.name)}")
+        new = splice(text, block.name, block.build(root).strip("\n"))
+        if new != text:
+            page.write_text(new, encoding="utf-8")
+            changed.append(f"{block.page}: {block.name}")
+    return changed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--root", type=Path, default=ROOT)
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--check", action="store_true", help="compare, write nothing")
+    group.add_argument("--list", action="store_true", help="list the blocks")
+    args = parser.parse_args(argv)
+    if args.list:
+        for b in BLOCKS:
+            print(f"{b.page}: {b.name} <- {b.sources}")
+        return 0
+    if args.check:
+        problems = check(args.root)
+        print("\n".join(problems) or f"{len(BLOCKS)} blocks match their run folders")
+        return 1 if problems else 0
+    changed = write(args.root)
+    print("\n".join(changed) or "nothing changed")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
