@@ -119,25 +119,89 @@ def stop_at_a_safe_point(on_ask: Callable[[], None] | None = None) -> Iterator[S
     ``asked`` (and calls ``on_ask``): the block checks it where its state is whole (a
     simulation after a round: it checkpoints, then raises ``KeyboardInterrupt``). A second
     signal raises ``KeyboardInterrupt`` at once. The previous handlers come back after the
-    block. Outside the main thread (where handlers cannot be set) nothing changes."""
+    block. Outside the main thread (where handlers cannot be set) nothing changes.
+
+    ``on_ask`` runs once, the moment the first signal arrives: from a helper thread woken
+    by the C-level handler (:func:`signal.set_wakeup_fd`), so a main thread inside a long
+    torch call, or blocked while another thread took the signal, still says at once that
+    the stop was heard. Python runs ``signal`` handlers only when the main thread next
+    executes bytecode; the handler calls ``on_ask`` itself where no wakeup fd could be
+    set (another one is in use)."""
     request = StopRequest()
     if threading.current_thread() is not threading.main_thread():
         yield request
         return
+    announce = _Once(on_ask)
 
     def ask(signum: int, frame: Any) -> None:
         if request.asked:
             raise KeyboardInterrupt
         request.asked = True
-        if on_ask is not None:
-            on_ask()
+        announce()
 
     previous = {s: signal.signal(s, ask) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        yield request
+        with _on_signal_arrival(announce, (signal.SIGINT, signal.SIGTERM)):
+            yield request
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+class _Once:
+    """``callback()`` on the first call from any thread, nothing on later calls."""
+
+    def __init__(self, callback: Callable[[], None] | None) -> None:
+        self._callback = callback
+        self._lock = threading.Lock()
+        self._called = False
+
+    def __call__(self) -> None:
+        with self._lock:
+            if self._called:
+                return
+            self._called = True
+        if self._callback is not None:
+            self._callback()
+
+
+@contextlib.contextmanager
+def _on_signal_arrival(
+    callback: Callable[[], None], signals: tuple[signal.Signals, ...]
+) -> Iterator[None]:
+    """Within the block, a thread calls ``callback()`` as soon as one of ``signals`` (each
+    with a Python handler) arrives: the C-level handler writes the signal's number to a
+    pipe (:func:`signal.set_wakeup_fd`) that the thread reads. Nothing is set up when
+    another wakeup fd is in use (an event loop's): that one is left as it is."""
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    try:
+        earlier = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+    except ValueError:  # not the main thread of the main interpreter
+        earlier = None
+    if earlier is None or earlier != -1:
+        if earlier is not None:
+            signal.set_wakeup_fd(earlier)
+        os.close(read_end)
+        os.close(write_end)
+        yield
+        return
+    numbers = {int(s) for s in signals}
+
+    def watch() -> None:
+        while data := os.read(read_end, 64):  # b"" once the write end is closed
+            if numbers.intersection(data):
+                callback()
+
+    watcher = threading.Thread(target=watch, name="sharefl-signal-echo", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        signal.set_wakeup_fd(-1)
+        os.close(write_end)
+        watcher.join()
+        os.close(read_end)
 
 
 def forget_caught_interrupt() -> None:
