@@ -69,6 +69,13 @@ def _decentralized_50k(root: Path) -> str:
     return out.getvalue().strip("\n")
 
 
+def _share(name: str) -> Callable[[Path], str]:
+    def build(root: Path) -> str:
+        return str(_script("share_summary").blocks(root)[name])
+
+    return build
+
+
 def _distributed_dp(name: str) -> Callable[[Path], str]:
     def build(root: Path) -> str:
         return str(_script("distributed_dp_summary").blocks(root)[name])
@@ -90,6 +97,12 @@ BLOCKS: tuple[Block, ...] = (
         "docs/results/decentralized/runs-50k/",
         _decentralized_50k,
     ),
+    Block(
+        "share.md",
+        "share figure2 200",
+        "docs/results/share/runs-200/figure2/",
+        _share("share figure2 200"),
+    ),
 )
 
 HAND_WRITTEN: dict[str, tuple[int, str]] = {
@@ -109,7 +122,12 @@ HAND_WRITTEN: dict[str, tuple[int, str]] = {
     ),
     "dp-rsa.md": (9, "runs under /work/runs not committed, but for runs-eps (not yet generated)"),
     "fed-cdp.md": (4, "the configuration index; no run folders committed"),
-    "share.md": (17, "runs-30 / runs-200 / protocol-cell committed, tables not yet generated"),
+    "share.md": (
+        16,
+        "the leak audit and settings tables; runs-30, runs-200 (Figures 3b, 9) and "
+        "protocol-cell folders committed, their tables not generated yet; 30-round Figure 2 "
+        "and 5-8 runs not committed",
+    ),
 }
 
 
