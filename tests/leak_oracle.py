@@ -11,7 +11,8 @@ Inputs
 ------
 - :class:`ServerView`: what the server received or controls — every masked input y_u
   (per cluster run), every share revealed in unmask responses (``seed_shares``,
-  ``key_shares``) or held by a colluding client, every pair seed revealed directly
+  ``key_shares``, and the two-exchange round's shares of single pair seeds,
+  ``pair_shares``) or held by a colluding client, every pair seed revealed directly
   (``pair_seeds`` of an unmask response, or the seeds an older client put in its
   complaints), and the X25519 mask private keys it made or controls.
 - :class:`SessionSecrets`, one per session (the test's god view): the session's self-mask
@@ -25,8 +26,9 @@ Method
 1. *What the server knows.* b_u when it holds t shares of it that interpolate to b_u
    (every t-subset of the distinct shares it holds is tried), or u colludes; a mask
    private key likewise (or the server made or controls it). A pair seed when revealed,
-   when the session's own mask private key is known, or when the peer public key the
-   session agreed it with belongs to a known private key.
+   when the session's own mask private key is known, when the peer public key the
+   session agreed it with belongs to a known private key, or when t shares of it, all
+   from one dealer's sharing, interpolate to it.
 2. *Decomposition, trusting no description of the masks.* Each received y_u is written as
    y_u = x_u + Σ_k c_k·PRG(stream_k) over Z_2^b with c_k ∈ {−1, 0, 1}, where the candidate
    streams are every stream any party of that cluster run could have used (every b and
@@ -132,6 +134,17 @@ class ServerView:
         for owner, share in message.key_shares.items():
             self.shares[(run, int(owner), "key")].add(bytes(share))
         self.revealed_seeds.update(bytes(s) for s in getattr(message, "pair_seeds", {}).values())
+        self.pair_shares(run, getattr(message, "pair_shares", {}))
+
+    def pair_shares(self, run: Hashable, shares: Mapping[tuple[int, int], bytes]) -> None:
+        """Two-exchange round: shares of pair seeds, (dealer w, peer v) → a share of the
+        s_wv that w dealt (revealed in an unmask response or read by a colluding holder)."""
+        for (dealer, peer), share in shares.items():
+            self.shares[(run, int(dealer), ("pair", int(peer)))].add(bytes(share))
+
+    def held_seed_share(self, run: Hashable, owner: int, seed_share: bytes) -> None:
+        """A share of ``owner``'s self-mask seed a colluding holder decrypted."""
+        self.shares[(run, owner, "seed")].add(bytes(seed_share))
 
     def held_shares(self, run: Hashable, owner: int, key_share: bytes, seed_share: bytes) -> None:
         """The shares of ``owner``'s secrets that a colluding holder decrypted."""
@@ -568,7 +581,9 @@ class LeakOracle:
         for s in sessions:
             own_known = s.mask_private in privates
             for peer, seed in s.pair_seeds.items():
-                if own_known or s.peer_mask_publics.get(peer) in publics:
+                if own_known or s.peer_mask_publics.get(peer) in publics or holds_secret(
+                    view.shares.get((s.run, s.client, ("pair", peer)), ()), s.threshold, seed
+                ):
                     known.add(seed)
         return frozenset(known)
 

@@ -66,13 +66,23 @@ from leak_oracle import Findings, LeakOracle, ServerView, SessionSecrets
 
 from sharefl.crypto import aead
 from sharefl.crypto.errors import CryptoError
-from sharefl.crypto.kdf import KEY_BYTES, KeyContext, Purpose, X25519KeyPair, pairwise_key
+from sharefl.crypto.kdf import (
+    KEY_BYTES,
+    TWO_EXCHANGE_VERSION,
+    KeyContext,
+    Purpose,
+    X25519KeyPair,
+    agree,
+    derive_key,
+    pairwise_key,
+)
 from sharefl.crypto.signatures import IdentityKey, client_list_message
 from sharefl.protocol.atoms import form_atoms, group_atoms, whole_atoms
 from sharefl.protocol.client import SURVIVORS_LABEL, ClientPolicy, ClientSession
 from sharefl.protocol.client_round import ClientRound
 from sharefl.protocol.clustering import Clustering
 from sharefl.protocol.errors import ClientRefusal, ConfigurationError
+from sharefl.protocol.keys import ClientKeys, KeyAdvert
 from sharefl.protocol.memory import ClientMemory
 from sharefl.protocol.messages import (
     AdvertiseKeys,
@@ -81,6 +91,7 @@ from sharefl.protocol.messages import (
     EncryptedShares,
     KeysBroadcast,
     MaskedInput,
+    MaskedShares,
     MaskingRequest,
     ServerMessage,
     UnmaskRequest,
@@ -139,6 +150,7 @@ class Setting:
     resist: int | None = None
     atoms: bool = False
     constant_updates: bool = False
+    two_exchange: bool = False
 
     def policy(self, client: int) -> ClientPolicy:
         return ClientPolicy(
@@ -278,6 +290,17 @@ class Game:
         self.runs = itertools.count()
         self.adverts_seen: list[AdvertiseKeys] = []
         self.masked_count = self.response_count = 0
+        # Two-exchange round: every client's long-term keys, set up once (the colluders'
+        # are the server's).
+        self.long_term = {u: ClientKeys.generate(u, RUN_ID, self.randbytes) for u in self.clients}
+        self.key_adverts = {
+            u: k.advert(IDENTITIES[u] if s.signed else None) for u, k in self.long_term.items()
+        }
+        for u in self.colluders:
+            self.enc_privates[self.long_term[u].encryption.public] = self.long_term[
+                u
+            ].encryption.private
+            self.view.control(self.long_term[u].mask.private)
 
     # -- helpers ----------------------------------------------------------------------------
 
@@ -434,9 +457,10 @@ class Game:
         runs: list[Iterator[None]] = []
         for r, clustering in enumerate(plan.clusterings):
             for k in range(len(clustering.clusters)):
-                runs.append(self.cluster(plan, r, k, model, guards))
+                cluster = self.cluster_v3 if self.setting.two_exchange else self.cluster
+                runs.append(cluster(plan, r, k, model, guards))
                 if tape.deviate("reruns", f"cluster ({r},{k}) run twice"):
-                    runs.append(self.cluster(plan, r, k, model, guards, rerun=True))
+                    runs.append(cluster(plan, r, k, model, guards, rerun=True))
         while runs:
             i = tape.below(len(runs)) if "interleave" in self.setting.attacks else 0
             try:
@@ -502,13 +526,16 @@ class Game:
         self, u: int, a: ClusterAssignment, model: int, guards: dict[int, ClientRound], rid: int
     ) -> Member | None:
         vector = self.input_of(u, model)
+        keys = self.long_term[u] if self.setting.two_exchange else None
         try:
             if u in self.colluders:
                 guard = None
-                session = ClientSession(u, a, vector, self.policies[u], randbytes=self.randbytes)
+                session = ClientSession(
+                    u, a, vector, self.policies[u], randbytes=self.randbytes, keys=keys
+                )
             elif u in guards:
                 guard = guards[u]
-                session = guard.session(a, vector, randbytes=self.randbytes)
+                session = guard.session(a, vector, randbytes=self.randbytes, keys=keys)
             else:
                 return None
         except ClientRefusal as exc:
@@ -675,6 +702,191 @@ class Game:
                     reply = self.send(member, again)
                     if reply is not None:
                         self.view.unmask_response(rid, reply)
+
+    def cluster_v3(
+        self,
+        plan: RoundPlan,
+        r: int,
+        k: int,
+        model: int,
+        guards: dict[int, ClientRound],
+        rerun: bool = False,
+    ) -> Iterator[None]:
+        """One cluster run of the two-exchange round: the assignment carries the members'
+        long-term key adverts (altered per client by the ``adverts`` family); the masked
+        inputs come back with their sealed shares; then the (signed) consistency stage and
+        the unmask request carrying the bundles (altered by the ``bundles`` family)."""
+        tape, signed = self.tape, self.setting.signed
+        rid = next(self.runs)
+        context = dataclasses.replace(plan.context(r, k), version=TWO_EXCHANGE_VERSION)
+        members = plan.members(r, k)
+        graph = self.graph(members)
+        if "graph" in self.hooks:
+            graph = self.hooks["graph"](members)
+        base = self.assignment(context, members, graph)
+        if base.threshold > 2 and tape.deviate("thresholds", f"threshold lowered in ({r},{k})"):
+            base = dataclasses.replace(base, threshold=base.threshold - 1)
+        if self.trace is not None:
+            self.note(f" run {rid}: ({r},{k}) {members} t={base.threshold} graph={base.neighbours}")
+        alive: dict[int, Member] = {}
+        for u in members:
+            a = base if u in self.colluders else self.variant(base, plan, u)
+            a = dataclasses.replace(
+                a,
+                context=dataclasses.replace(a.context, version=TWO_EXCHANGE_VERSION),
+                keys=self.keys_for(u, a.members),
+            )
+            if u not in self.colluders and tape.deviate("dropouts", f"{u} not contacted"):
+                continue
+            member = self.join(u, a, model, guards, rid)
+            if member is not None:
+                alive[u] = member
+        yield
+
+        # Exchange 1: the masked inputs with their sealed shares.
+        dealt: dict[int, MaskedShares] = {}
+        for u, member in alive.items():
+            reply = self.start(member)
+            if reply is None:
+                continue
+            session = member.session
+            member.secrets.seed = session._seed
+            member.secrets.mask_private = self.long_term[u].mask.private
+            member.secrets.mask_public = self.long_term[u].mask.public
+            member.secrets.pair_seeds = dict(session._mask_seeds)
+            member.secrets.peer_mask_publics = {
+                a.sender: a.mask_public for a in session.assignment.keys if a.sender != u
+            }
+            self.sessions.append(member.secrets)
+            self.view.masked_input(rid, reply)
+            self.masked_count += 1
+            if not member.colluding:
+                self.open_v3_bundles(rid, member, reply)
+            if member.colluding or not tape.deviate("dropouts", f"masked input of {u} lost"):
+                dealt[u] = reply
+        yield
+
+        masked = sorted(dealt)
+        accepted = [
+            v
+            for v in masked
+            if v in self.colluders
+            or not tape.deviate("dropouts", f"masked input of {v} ignored in {rid}")
+        ]
+        if "accepted" in self.hooks:
+            accepted = self.hooks["accepted"](rid, accepted)
+        if rerun and accepted:
+            accepted.remove(tape.pick(accepted))
+        if plan.atoms is not None:
+            accepted = list(whole_atoms(accepted, plan.atoms))
+        story = self.story(masked, accepted, list(members), base.threshold)
+        if "story" in self.hooks:
+            story = self.hooks["story"](rid, story)
+        # Signed: consistency signatures.
+        signed_lists: dict[int, tuple[tuple[int, ...], bytes]] = {}
+        if signed:
+            for u in masked:
+                member = alive[u]
+                if member.colluding:
+                    continue
+                listed = self.survivor_list(member, story[u][0], list(members), "U3")
+                reply = self.send(member, ConsistencyRequest(context, tuple(listed)))
+                if reply is not None:
+                    signed_lists[u] = (tuple(sorted(listed)), reply.signature)
+            yield
+
+        # Exchange 2: unmask requests carrying the bundles.
+        for u in masked:
+            member = alive[u]
+            if member.colluding or member.dead:
+                continue
+            survivors, dropped = story[u]
+            request = self.unmask_request(
+                member, context, survivors, dropped, members, signed_lists
+            )
+            listed = [w for w in request.survivors if w != u]
+            bundles = self.bundles(member, listed, dealt)  # type: ignore[arg-type]
+            if "bundles" in self.hooks:
+                bundles = self.hooks["bundles"](u, bundles)
+            reply = self.send(member, dataclasses.replace(request, bundles=bundles))
+            if reply is not None:
+                if self.trace is not None:
+                    self.note(
+                        f"  run {rid}: {u} unmasks S={request.survivors} D={request.dropped}: "
+                        f"b of {sorted(reply.seed_shares)}, pairs {sorted(reply.pair_shares)}"
+                    )
+                self.view.unmask_response(rid, reply)
+                self.response_count += 1
+                if tape.deviate("unmask", f"second unmask request to {u}"):
+                    again = self.unmask_request(
+                        member, context, survivors, dropped, members, signed_lists, force=True
+                    )
+                    reply = self.send(member, dataclasses.replace(again, bundles=bundles))
+                    if reply is not None:
+                        self.view.unmask_response(rid, reply)
+
+    def keys_for(self, u: int, members: tuple[int, ...]) -> tuple[KeyAdvert, ...]:
+        """The key adverts client u is sent with its assignment: the members' own, or
+        (``adverts``) some left out, one repeated, two swapped, or peers' keys replaced by
+        the server's (any colluder's, re-signed; an honest peer's only in signed mode,
+        where the signature gives it away)."""
+        tape = self.tape
+        sent = [self.key_adverts[v] for v in members if v in self.key_adverts]
+        if u in self.colluders or not tape.deviate("adverts", f"keys sent to {u} altered"):
+            return tuple(sent)
+        others = [a for a in sent if a.sender != u]
+        kind = tape.below(4)
+        if kind == 0 and others:
+            gone = {a.sender for a in tape.subset(others)}
+            return tuple(a for a in sent if a.sender not in gone)
+        if kind == 1 and others:
+            return (*sent, tape.pick(others))
+        if kind == 2 and len(others) >= 2:
+            a, b = tape.permutation(others)[:2]
+            swapped = {a.sender: dataclasses.replace(b, sender=a.sender), b.sender: a}
+            return tuple(swapped.get(x.sender, x) for x in sent)
+        victims = {a.sender for a in tape.subset(others) or others[:1]}
+        if not self.setting.signed:
+            victims &= self.colluders
+        return tuple(self.forge(a) if a.sender in victims else a for a in sent)  # type: ignore[arg-type]
+
+    def start(self, member: Member) -> MaskedShares | None:
+        """The member's first reply (its masked input), or None when it refuses."""
+        try:
+            return member.session.start()  # type: ignore[return-value]
+        except ClientRefusal as exc:
+            member.dead = True
+            self.refusals.append(f"{member.client}:{type(exc).__name__}")
+            return None
+        except Exception as exc:
+            member.dead = True
+            self.crashes.append(f"client {member.client} on start: {exc!r}")
+            return None
+
+    def open_v3_bundles(self, rid: int, member: Member, reply: MaskedShares) -> None:
+        """The server opens every bundle u sealed to an encryption key it controls: h's
+        shares of b_u and of u's pair seeds."""
+        u, session = member.client, member.session
+        adverts = {a.sender: a for a in session.assignment.keys}
+        peers = sorted(session.assignment.neighbours_of(u))
+        own = self.long_term[u].encryption.public
+        for holder, sealed in reply.bundles.items():
+            advert = adverts.get(holder)
+            if advert is None or advert.encryption_public not in self.enc_privates:
+                continue
+            private = self.enc_privates[advert.encryption_public]
+            key = derive_key(
+                agree(private, own), session.context, Purpose.SHARE_ENCRYPTION, holder, u
+            )
+            plain = aead.decrypt(key, sealed, aead.Envelope(u, holder, session.context))
+            shares = [
+                plain[16 + i * SHARE_BYTES : 16 + (i + 1) * SHARE_BYTES]
+                for i in range(1 + len(peers))
+            ]
+            self.view.held_seed_share(rid, u, shares[0])
+            self.view.pair_shares(
+                rid, {(u, v): sh for v, sh in zip(peers, shares[1:], strict=True)}
+            )
 
     def story(
         self, masked: list[int], accepted: list[int], u2: list[int], threshold: int

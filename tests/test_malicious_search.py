@@ -28,6 +28,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from malicious_game import Outcome, Setting, play, search
 
+import sharefl.protocol.client as client_module
 import sharefl.protocol.client_round as client_round_module
 from sharefl.protocol.client import ClientSession
 from sharefl.protocol.client_round import ClientRound
@@ -68,6 +69,27 @@ ATOM_SETTINGS = (
 """The search across rounds: clients that require atoms, updates constant across rounds
 (the oracle then judges every round together), every family of deviations including
 re-formed atoms and drop-outs inside atoms; the first byte of a tape picks one."""
+
+
+TWO_EXCHANGE_SETTINGS = (
+    Setting(signed=True, two_exchange=True),
+    Setting(signed=False, split_views=False, two_exchange=True),
+    Setting(signed=True, colluders=1, two_exchange=True),
+    Setting(signed=False, colluders=1, split_views=False, two_exchange=True),
+    Setting(signed=True, atoms=True, constant_updates=True, max_rounds=4, two_exchange=True),
+    Setting(
+        signed=False,
+        atoms=True,
+        constant_updates=True,
+        max_rounds=4,
+        split_views=False,
+        two_exchange=True,
+    ),
+)
+"""The two-exchange round (keys set up once, shares with the masked input, bundles with
+the unmask request): every family of deviations against its messages — key adverts
+altered in the assignment, bundles altered in the unmask request, stories, split views,
+second unmask requests — per cluster, and across rounds with atoms."""
 
 
 def tape(positions: dict[int, int], length: int) -> bytes:
@@ -136,6 +158,28 @@ def test_no_leak_across_rounds_with_atoms(data):
 def test_no_leak_across_rounds_with_atoms_long(data):
     """The same search for the ``slow`` run."""
     judge(play_atom_tape(data))
+
+
+def play_two_exchange_tape(data: bytes) -> Outcome:
+    settings = TWO_EXCHANGE_SETTINGS
+    setting = settings[data[0] % len(settings)] if data else settings[0]
+    return play(setting, data[1:])
+
+
+@SEARCH
+@given(data=st.binary(min_size=TAPE_BYTES, max_size=TAPE_BYTES))
+def test_no_leak_in_the_two_exchange_round(data):
+    """The same property for the two-exchange round: whatever the server relays, drops,
+    tells or asks twice, it learns no honest input and no small sum."""
+    judge(play_two_exchange_tape(data))
+
+
+@pytest.mark.slow
+@SEARCH
+@given(data=st.binary(min_size=TAPE_BYTES, max_size=TAPE_BYTES))
+def test_no_leak_in_the_two_exchange_round_long(data):
+    """The same search for the ``slow`` run."""
+    judge(play_two_exchange_tape(data))
 
 
 def test_without_atoms_even_an_honest_server_leaks_across_rounds():
@@ -236,6 +280,32 @@ def _without_overlap_check():
             p: held[p].key_share.to_bytes() for p in message.dropped if p in survivors and p in held
         }
         return dataclasses.replace(reply, key_shares={**reply.key_shares, **both})
+
+    return [(ClientSession, "_on_unmask", patched)]
+
+
+def _reveal_every_pair():
+    """Two-exchange I2 off: shares of every pair seed revealed, survivors' pairs too."""
+    original = ClientSession._reveal
+
+    def patched(self, message, survivors, dropped):
+        return original(self, message, survivors, set(self.assignment.members))
+
+    return [(ClientSession, "_reveal", patched)]
+
+
+def _two_exchange_without_list_checks():
+    """Two-exchange: the unmask request's lists not checked against each other (a client
+    both survivor and dropped, lists that do not account for the members)."""
+    original = ClientSession._on_unmask
+
+    def patched(self, message):
+        if not self.two_exchange:
+            return original(self, message)
+        self._check_survivors(message.survivors, set(self._survivors), "unmask survivor")
+        if self.assignment.signed:
+            self._check_signatures(message)
+        return self._reveal(message, set(message.survivors), set(message.dropped))
 
     return [(ClientSession, "_on_unmask", patched)]
 
@@ -381,6 +451,23 @@ DISABLED = {
             max_rounds=2,
             rate=128,
         ),
+    ),
+    # Two-exchange I2: shares of s_wv only for a survivor w and a dropped v.
+    "two-exchange: pair shares of survivors (I2)": (
+        _reveal_every_pair,
+        Setting(two_exchange=True, attacks=F()),
+    ),
+    # Two-exchange I2: of each peer one secret at most (a victim named survivor and
+    # dropped gives b_v and every s_wv).
+    "two-exchange: survivors ∩ dropped (I2)": (
+        _two_exchange_without_list_checks,
+        Setting(two_exchange=True, attacks=F({"stories"}), rate=128),
+    ),
+    # Signed key adverts of the two-exchange round: a key substituted in the assignment
+    # puts the server between two clients for every context.
+    "two-exchange: key advert signatures": (
+        _off(client_module, "check_key_advert", lambda advert, identity=None: None),
+        Setting(two_exchange=True, attacks=F({"adverts"}), rate=128),
     ),
 }
 DISABLED_GAMES = 80
