@@ -97,11 +97,14 @@ BLOCKS: tuple[Block, ...] = (
         "docs/results/decentralized/runs-50k/",
         _decentralized_50k,
     ),
-    Block(
-        "share.md",
-        "share figure2 200",
-        "docs/results/share/runs-200/figure2/",
-        _share("share figure2 200"),
+    *(
+        Block(
+            "share.md",
+            f"share {fig} 200",
+            f"docs/results/share/runs-200/{fig}/",
+            _share(f"share {fig} 200"),
+        )
+        for fig in ("figure2", "figure3b", "figure9")
     ),
 )
 
@@ -123,10 +126,10 @@ HAND_WRITTEN: dict[str, tuple[int, str]] = {
     "dp-rsa.md": (9, "runs under /work/runs not committed, but for runs-eps (not yet generated)"),
     "fed-cdp.md": (4, "the configuration index; no run folders committed"),
     "share.md": (
-        16,
-        "the leak audit and settings tables; runs-30, runs-200 (Figures 3b, 9) and "
-        "protocol-cell folders committed, their tables not generated yet; 30-round Figure 2 "
-        "and 5-8 runs not committed",
+        14,
+        "the settings, claims and leak-audit tables; runs-30 and protocol-cell folders "
+        "committed, their tables not generated yet; the 30-round Figure 2 and 5-8 runs and "
+        "the DP-client runs not committed",
     ),
 }
 
