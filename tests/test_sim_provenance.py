@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -66,8 +67,10 @@ def test_a_finished_run_records_its_environment(tmp_path: Path) -> None:
     assert env["torch_blas"]  # every torch build names one
     assert env["numpy_blas"]
     assert env["command"] == command_line(sys.argv)
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", env["finished"])
     if _in_git_checkout():
-        # a commit may land between the run and this read (a shared checkout): either is HEAD's
+        # the state when the simulator was imported: the code this process runs (a commit may
+        # land in a shared checkout between that import and this read)
         assert env["commit"] in {_git("rev-parse", "HEAD"), _git("rev-parse", "HEAD~1")}
         assert isinstance(env["uncommitted"], list)
     # and sharefl report still reads the folder

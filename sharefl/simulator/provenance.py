@@ -8,8 +8,11 @@ orders; ``ATEN_CPU_CAPABILITY=avx2`` forces the AVX2 ones), the number of thread
 reductions differently, and the BLAS (MKL, OpenBLAS) has its own. :func:`run_environment`
 records all of it, with the commit of the code and the command that ran::
 
-    {"commit": "<40 hex digits>" | null,     # HEAD of the checkout sharefl was imported from
+    {"commit": "<40 hex digits>" | null,     # HEAD of the checkout sharefl was imported from,
+                                             # read when this module was imported (the code
+                                             # the process loaded, not a later HEAD)
      "uncommitted": ["sharefl/x.py", ...],   # tracked files changed from it (null: no git)
+     "finished": "2026-12-05T10:40:00Z",     # when the summary was written (UTC)
      "command": "sharefl simulate ...",      # the process's command line
      "python": "3.11.14", "platform": "Linux-...-x86_64", "cpu": "AMD EPYC ...",
      "cpu_count": 2,
@@ -32,6 +35,7 @@ import shlex
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -141,15 +145,21 @@ def _cuda() -> dict[str, Any] | None:
     }
 
 
+_AT_IMPORT: tuple[str | None, list[str] | None] = git_state()
+"""The checkout's state when the simulator was imported: the code this process runs (a
+commit made while a long grid runs changes HEAD, not the code already loaded)."""
+
+
 def run_environment(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """The ``"environment"`` object of ``summary.json`` (module docstring), measured in the
     process that calls it (the one that finished the run)."""
     import torch
 
-    commit, uncommitted = git_state()
+    commit, uncommitted = _AT_IMPORT
     return {
         "commit": commit,
         "uncommitted": uncommitted,
+        "finished": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "command": _quietly(lambda: command_line(argv)),
         "python": platform.python_version(),
         "platform": _quietly(platform.platform),
