@@ -66,6 +66,7 @@ VALUES: dict[str, Any] = {
     "colluders": 0,
     "atoms": False,
     "atom_size": 4,
+    "key_setup": "once",
 }
 """Per key, a value other than its default that every entry point can run with
 ``CLIENTS`` clients in clusters of the default size (as a file writes it)."""
@@ -74,6 +75,9 @@ KEYS = [f.name for f in dataclasses.fields(SecureAggregationSettings)]
 
 REFUSED: dict[tuple[str, str], str] = {
     ("launch", "signed"): "secure_aggregation.signed",
+    ("launch", "key_setup"): 'secure_aggregation.key_setup = "once"',
+    ("serve", "key_setup"): 'secure_aggregation.key_setup = "once"',
+    ("flower", "key_setup"): 'key_setup = "once"',
 }
 """(entry point, key) → what the refusal names, where the entry point cannot honour the
 key at :data:`VALUES`' value (the decentralized loop refuses every key)."""
@@ -314,6 +318,11 @@ def deployment_file(folder: Path, key: str | None, value: Any = None) -> Path:
 
 @pytest.mark.parametrize("key", KEYS)
 def test_serve(key, tmp_path, captured):
+    refusal = REFUSED.get(("serve", key))
+    if refusal is not None:
+        with pytest.raises(ConfigurationError, match=refusal):
+            load_config(deployment_file(tmp_path, key, VALUES[key]))
+        return
     config = load_config(deployment_file(tmp_path, key, VALUES[key]))
     assert config.secure_aggregation.as_settings() == expected(key)
     assert deploy_server.round_settings(config) == expected(key)
@@ -359,6 +368,11 @@ def test_flower_workflow(key, monkeypatch):
         raise ConfigurationError("recorded")  # the round then releases nothing
 
     monkeypatch.setattr(flower, "RoundCoordinator", recording)
+    refusal = REFUSED.get(("flower", key))
+    if refusal is not None:
+        with pytest.raises(SettingsError, match=refusal):
+            flower.ShareflWorkflow(**{key: VALUES[key]})
+        return
     # signed rounds start with a hello stage over the grid: every node proves id node − 1
     monkeypatch.setattr(
         flower.ShareflWorkflow,

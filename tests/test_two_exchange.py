@@ -31,7 +31,7 @@ from sharefl.protocol.errors import (
 from sharefl.protocol.keys import ClientKeys, KeyAdvert, check_key_advert
 from sharefl.protocol.messages import ClusterAssignment, MaskedShares, UnmaskRequest
 from sharefl.protocol.server import ClusterSum, FailedCluster, ServerSession
-from sharefl.protocol.settings import RoundProtocol, SecureAggregationSettings
+from sharefl.protocol.settings import KeySetup, SecureAggregationSettings
 
 LENGTH = 64
 MEMBERS = (2, 5, 7, 11, 13)
@@ -160,7 +160,7 @@ def test_the_round_driver_sums_every_cluster_with_keys_kept_across_rounds():
         inputs = {c: rng.normal(size=20).clip(-1, 1) for c in ids}
         result = secure_sum(
             inputs,
-            SecureAggregationSettings(cluster_size=4, clip=1.0, protocol="two-exchange"),
+            SecureAggregationSettings(cluster_size=4, clip=1.0, key_setup="once"),
             seed=round_number,
             round=round_number,
             client_keys=keys,
@@ -175,11 +175,11 @@ def test_the_round_driver_sums_every_cluster_with_keys_kept_across_rounds():
 
 
 def test_the_setting_names_its_exchanges():
-    assert RoundProtocol("two-exchange").exchanges(signed=False) == 2
-    assert RoundProtocol("two-exchange").exchanges(signed=True) == 3
-    assert RoundProtocol.FOUR_EXCHANGE.exchanges(signed=False) == 4
-    with pytest.raises(ConfigurationError, match="protocol must be one of"):
-        SecureAggregationSettings(protocol="one-exchange")
+    assert KeySetup("once").exchanges(signed=False) == 2
+    assert KeySetup("once").exchanges(signed=True) == 3
+    assert KeySetup.PER_CLUSTER.exchanges(signed=False) == 4
+    with pytest.raises(ConfigurationError, match="key_setup must be one of"):
+        SecureAggregationSettings(key_setup="twice")
 
 
 def test_a_version_the_client_does_not_speak_is_refused_by_name():

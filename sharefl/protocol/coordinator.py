@@ -91,8 +91,8 @@ from sharefl.protocol.keys import KeyAdvert
 from sharefl.protocol.messages import ClientMessage, ClusterAssignment, ServerMessage
 from sharefl.protocol.plan import RoundPlan
 from sharefl.protocol.server import ClusterSum, FailedCluster, ServerSession
+from sharefl.protocol.settings import KeySetup
 from sharefl.protocol.settings import Planner as Planner  # re-exported: its old home
-from sharefl.protocol.settings import RoundProtocol
 from sharefl.protocol.settings import (
     SecureAggregationSettings as SecureAggregationSettings,
 )
@@ -553,7 +553,7 @@ class RoundCoordinator:
             member missing leaves its cluster's sum whole, and releases are checked by
             structure. ``None``: per-client clusters.
         keys: client id → its long-term :class:`~sharefl.protocol.keys.KeyAdvert`, which
-            the two-exchange round (``settings.protocol``) relays in every assignment: each
+            the two-exchange round (``settings.key_setup``) relays in every assignment: each
             participant needs one (checked by the transport when it accepted the advert:
             :func:`~sharefl.protocol.keys.check_key_advert`).
 
@@ -580,7 +580,7 @@ class RoundCoordinator:
         if length < 0:
             raise ConfigurationError(f"length must be >= 0, got {length}")
         self._keys = dict(keys or {})
-        if settings.secure and settings.protocol is RoundProtocol.TWO_EXCHANGE:
+        if settings.secure and settings.key_setup is KeySetup.ONCE:
             missing = sorted(set(participants) - set(self._keys))
             if missing:
                 raise ConfigurationError(

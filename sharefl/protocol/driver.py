@@ -39,8 +39,8 @@ from sharefl.protocol.messages import (
 )
 from sharefl.protocol.server import ClusterSum, FailedCluster, ServerSession, ServerState
 from sharefl.protocol.settings import (
+    KeySetup,
     Planner,
-    RoundProtocol,
     SecureAggregationSettings,
     settings_from,
 )
@@ -369,7 +369,7 @@ def secure_sum(
             whole atoms, an atom with a drop-out leaves its cluster's sum whole, and the
             clients check their atoms. ``None``: per-client clusters.
         client_keys: the clients' long-term keys for the two-exchange round
-            (``settings.protocol``; :mod:`sharefl.protocol.keys`), which a caller keeps
+            (``settings.key_setup``; :mod:`sharefl.protocol.keys`), which a caller keeps
             across rounds as clients keep theirs; ``None``: fresh keys for this call. The
             server side gets their adverts (signed with the clients' identities in signed
             mode).
@@ -520,7 +520,7 @@ def _long_term_keys(
     """The clients' long-term keys of a two-exchange round: ``given``, or fresh ones; none
     for the four-exchange round. Raises :class:`ConfigurationError` for keys missing or
     held under another client's id."""
-    if settings.protocol is not RoundProtocol.TWO_EXCHANGE or not settings.secure:
+    if settings.key_setup is not KeySetup.ONCE or not settings.secure:
         return {}
     if given is None:
         return {cid: ClientKeys.generate(cid) for cid in ids}

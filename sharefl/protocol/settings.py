@@ -53,30 +53,31 @@ class Planner(enum.StrEnum):
     refuse it."""
 
 
-class RoundProtocol(enum.StrEnum):
-    """The message flow of a round (a ``str`` enum: a file writes the value)."""
+class KeySetup(enum.StrEnum):
+    """When clients set up their keys, which fixes a round's exchanges (a ``str`` enum: a
+    file writes the value)."""
 
-    FOUR_EXCHANGE = "four-exchange"
-    """Bonawitz et al.: advertise keys, share keys, masked input, unmask — fresh keys per
-    cluster (wire version 2)."""
-    TWO_EXCHANGE = "two-exchange"
-    """Keys set up once per client (:mod:`sharefl.protocol.keys`); the assignment carries
-    them and the reply is the masked input with its shares; then unmask (wire version 3;
-    signed mode adds the consistency exchange between the two)."""
+    PER_CLUSTER = "per-cluster"
+    """Bonawitz et al.: fresh keys per cluster — advertise keys, share keys, masked input,
+    unmask: four exchanges with each client, five signed (wire version 2)."""
+    ONCE = "once"
+    """Keys set up once per client and scope (:mod:`sharefl.protocol.keys`): the
+    assignment carries them and the reply is the masked input with its shares; then unmask
+    — two exchanges, three signed (wire version 3)."""
 
     @property
     def version(self) -> int:
         """The protocol version bound into every key context."""
         from sharefl.crypto.kdf import PROTOCOL_VERSION, TWO_EXCHANGE_VERSION
 
-        return TWO_EXCHANGE_VERSION if self is RoundProtocol.TWO_EXCHANGE else PROTOCOL_VERSION
+        return TWO_EXCHANGE_VERSION if self is KeySetup.ONCE else PROTOCOL_VERSION
 
     def exchanges(self, signed: bool) -> int:
         """Exchanges (server request, client reply) with each client per round: 4, or 5
-        signed (four-exchange); 2, or 3 signed (two-exchange). Signed mode needs one more
-        because the survivor list exists only once the inputs are in, and each client
-        must see it signed by t others before it reveals anything."""
-        if self is RoundProtocol.TWO_EXCHANGE:
+        signed (per cluster); 2, or 3 signed (once). Signed mode needs one more because
+        the survivor list exists only once the inputs are in, and each client must see it
+        signed by t others before it reveals anything."""
+        if self is KeySetup.ONCE:
             return 3 if signed else 2
         return 5 if signed else 4
 
@@ -129,11 +130,11 @@ class SecureAggregationSettings:
             (:meth:`atoms_on`: on in every deployment — ``sharefl serve``/``launch``
             and Flower — off in simulations, which keep the papers' per-client
             reclustering).
-        protocol: the round's message flow (:class:`RoundProtocol`; a file writes its
-            value): ``"four-exchange"`` (keys per round and cluster, Bonawitz et al.) or
-            ``"two-exchange"`` (keys set up once per client, shares sent with the masked
-            input: :mod:`sharefl.protocol.keys`; three exchanges in signed mode, whose
-            consistency check needs its own).
+        key_setup: when clients set up keys (:class:`KeySetup`; a file writes its
+            value): ``"per-cluster"`` (Bonawitz et al.: four exchanges a round) or
+            ``"once"`` (the two-exchange round: keys set up once per client, shares sent
+            with the masked input, :mod:`sharefl.protocol.keys`; three exchanges in signed
+            mode, whose consistency check needs its own).
         atom_size: the size new atoms are formed at; ``None`` (or 0 in a file): the
             smallest safe size (:func:`~sharefl.protocol.atoms.atom_floor`). Must be at
             least that floor.
@@ -156,16 +157,16 @@ class SecureAggregationSettings:
     colluders: int | None = None
     atoms: bool | None = None
     atom_size: int | None = None
-    protocol: RoundProtocol = RoundProtocol.FOUR_EXCHANGE
+    key_setup: KeySetup = KeySetup.PER_CLUSTER
 
     def __post_init__(self) -> None:
-        if isinstance(self.protocol, str) and not isinstance(self.protocol, RoundProtocol):
-            words = ", ".join(f'"{p.value}"' for p in RoundProtocol)
+        if isinstance(self.key_setup, str) and not isinstance(self.key_setup, KeySetup):
+            words = ", ".join(f'"{p.value}"' for p in KeySetup)
             try:
-                object.__setattr__(self, "protocol", RoundProtocol(self.protocol))
+                object.__setattr__(self, "key_setup", KeySetup(self.key_setup))
             except ValueError:
                 raise SettingsError(
-                    "protocol", f"must be one of {words}, got {self.protocol!r}"
+                    "key_setup", f"must be one of {words}, got {self.key_setup!r}"
                 ) from None
         # Spellings a file uses for "not set" and for the planner, normalised once here so
         # that equal settings compare equal however they were written.
@@ -254,8 +255,8 @@ class SecureAggregationSettings:
 
     @property
     def version(self) -> int:
-        """The wire version of :attr:`protocol` (bound into every key context)."""
-        return self.protocol.version
+        """The wire version of :attr:`key_setup` (bound into every key context)."""
+        return self.key_setup.version
 
     @property
     def secure(self) -> bool:
@@ -299,7 +300,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "colluders": (int, type(None)),
     "atoms": (bool, type(None)),
     "atom_size": (int, type(None)),
-    "protocol": (RoundProtocol,),
+    "key_setup": (KeySetup,),
 }
 
 

@@ -635,8 +635,8 @@ class RunConfig:
         for key in ("atoms", "atom_size"):  # ids of runs from before atoms: unset, left out
             if share.get(key) is None:
                 share.pop(key, None)
-        if share.get("protocol") == "four-exchange":  # ids of runs from before the choice
-            share.pop("protocol")
+        if share.get("key_setup") == "per-cluster":  # ids of runs from before the choice
+            share.pop("key_setup")
         if share.get("clustering") == "fixed_plan":  # recorded as "fixed" before the split
             share["clustering"] = "fixed"
         if self.decentralized == DecentralizedConfig():  # likewise

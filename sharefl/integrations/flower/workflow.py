@@ -23,6 +23,7 @@ from sharefl.protocol.drive import Outgoing, server_exchanges
 from sharefl.protocol.errors import ConfigurationError, LeakageError, RejectedMessage
 from sharefl.protocol.messages import ClusterAssignment, MaskingRequest, ServerMessage
 from sharefl.protocol.settings import (
+    KeySetup,
     Planner,
     SecureAggregationSettings,
     SettingsError,
@@ -309,6 +310,12 @@ class ShareflWorkflow:
                 "planner",
                 '"isolate" needs a history of flagged clusters across rounds, which the '
                 'workflow does not keep: use planner="safe"',
+            )
+        if settings.key_setup is not KeySetup.PER_CLUSTER:
+            raise SettingsError(
+                "key_setup",
+                '= "once" (the two-exchange round) runs in process in this release; the '
+                'Flower workflow runs key_setup="per-cluster" (the default)',
             )
         if self.privacy is None and settings.clip is None:
             raise SettingsError(
