@@ -242,7 +242,11 @@ def _add_simulation_commands(sub) -> None:
     simulate.set_defaults(func=_cmd_simulate)
 
     report = sub.add_parser("report", help="Markdown table and PNG plots of finished runs")
-    report.add_argument("directory", help="a results folder written by sharefl simulate")
+    report.add_argument(
+        "directory",
+        help="a results folder written by sharefl simulate (unfinished runs included), or "
+        "by sharefl serve/launch --out",
+    )
     report.add_argument("--out", help="report path (default: DIRECTORY/report.md)")
     report.set_defaults(func=_cmd_report)
 

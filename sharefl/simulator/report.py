@@ -50,7 +50,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sharefl.install_hint import install_command
+from sharefl.simulator.deployment_report import (
+    deployment_folders,
+    deployment_name,
+    deployment_section,
+)
+from sharefl.simulator.plot_parts import last_round, matplotlib_parts, planned_rounds, round_axis
 from sharefl.simulator.results import (
     ResultsError,
     RoundRecord,
@@ -297,19 +302,6 @@ def markdown_table(groups: Iterable[GroupSummary]) -> str:
 # Plots
 
 
-def _matplotlib() -> tuple[Any, Any, Any]:
-    """``(Figure, FigureCanvasAgg, MaxNLocator)``; :class:`ReportError` without matplotlib."""
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-        from matplotlib.ticker import MaxNLocator
-    except ImportError as e:
-        raise ReportError(
-            f"plotting needs matplotlib, which is not installed: {install_command('sim')}"
-        ) from e
-    return Figure, FigureCanvasAgg, MaxNLocator
-
-
 def _title(name: str, runs: Sequence[RunRecord]) -> str:
     """``name`` and what the runs share: dataset, model, clients, rounds, seeds."""
     config = next((r.config for r in runs if r.config), {})
@@ -322,7 +314,7 @@ def _title(name: str, runs: Sequence[RunRecord]) -> str:
     if isinstance(clients, dict) and "honest" in clients:
         byz = clients.get("byzantine") or 0
         facts.append(f"{clients['honest']} honest + {byz} Byzantine clients")
-    totals = sorted({r.total_rounds for r in runs if r.total_rounds})
+    totals = sorted({n for n in map(planned_rounds, runs) if n})
     if totals:
         facts.append(f"{'/'.join(map(str, totals))} rounds")
     seeds = sorted({r.seed for r in runs if r.seed is not None})
@@ -349,7 +341,7 @@ def plot_accuracy(runs: Iterable[RunRecord], path: str | os.PathLike[str], *, na
     selected = [r for r in runs if r.name == name]
     if not selected:
         raise ReportError(f"no runs of experiment {name!r} to plot")
-    Figure, FigureCanvasAgg, MaxNLocator = _matplotlib()
+    Figure, FigureCanvasAgg, MaxNLocator = matplotlib_parts()
 
     private = any(rec.epsilon is not None for r in selected for rec in r.rounds)
     fig = Figure(figsize=(7.5, 6.5 if private else 4.5), dpi=120, layout="constrained")
@@ -415,14 +407,15 @@ def plot_accuracy(runs: Iterable[RunRecord], path: str | os.PathLike[str], *, na
         ax.text(
             0.5,
             0.5,
-            "no per-round data",
+            "no evaluated round yet",
             transform=ax.transAxes,
             ha="center",
             va="center",
             color="gray",
         )
     ax.set_title(_title(name, selected), fontsize="medium")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    drawn = [rec.round for r in selected for rec in r.rounds if rec.accuracy is not None]
+    round_axis(ax, last_round(selected, drawn), MaxNLocator)
     ax.set_ylabel("test accuracy (%)")
     ax.grid(True, alpha=0.3)
     _place_legend(ax, "lower right")
@@ -459,7 +452,7 @@ def plot_metric(
     ]
     if not selected:
         raise ReportError(f"no run of experiment {name!r} logged {metric!r}")
-    Figure, FigureCanvasAgg, MaxNLocator = _matplotlib()
+    Figure, FigureCanvasAgg, MaxNLocator = matplotlib_parts()
     fig = Figure(figsize=(7.5, 4.5), dpi=120, layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
@@ -479,6 +472,8 @@ def plot_metric(
             means,
             label=f"{label} (n={len(members)})",
             linewidth=1.6,
+            marker="o",
+            markersize=3.5,
             linestyle=_line_style(index),
         )
         ax.fill_between(
@@ -492,8 +487,9 @@ def plot_metric(
     if positive:
         ax.set_yscale("log")
     ax.set_title(f"{name}: {metric}")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("round")
+    drawn = [rec.round for r in selected for rec in r.rounds if value_of(rec) is not None]
+    round_axis(ax, last_round(selected, drawn), MaxNLocator)
+    ax.set_xlabel("round (markers: evaluated rounds)")
     ax.set_ylabel(metric)
     ax.grid(True, alpha=0.3)
     _place_legend(ax, "best")
@@ -575,6 +571,37 @@ def _metric_plots(runs: Sequence[RunRecord], name: str, stem: Path) -> list[str]
     return lines
 
 
+def _introduction(runs: Sequence[RunRecord], groups: Sequence[GroupSummary], names: int) -> str:
+    n_finished = sum(r.finished for r in runs)
+    return (
+        f"{_count(len(runs), 'run')} ({n_finished} finished, {len(runs) - n_finished} "
+        f"unfinished) in {_count(len(groups), 'setting')} of {_count(names, 'experiment')}. "
+        "Accuracies are final test accuracies of the finished runs in percent (mean ± sample "
+        "std over seeds); Δ is the difference to the paper in percentage points. Plots show "
+        "the mean accuracy at each evaluated round (markers) over all runs, with the min–max "
+        "band, and for private runs the ε spent."
+    )
+
+
+def _experiment_plots(runs: Sequence[RunRecord], name: str, stem: Path) -> list[str]:
+    """Draw experiment ``name``'s accuracy plot (``<stem>.png``) and its metric plots; the
+    Markdown lines embedding them. Before any of its runs reached an evaluated round there
+    is nothing to draw: a line says so, and an older ``<stem>.png`` is removed."""
+    png = stem.with_name(f"{stem.name}.png")
+    named = [r for r in runs if r.name == name]
+    if not any(rec.accuracy is not None for r in named for rec in r.rounds):
+        png.unlink(missing_ok=True)
+        every = next((r.config.get("eval_every") for r in named if r.config), None)
+        when = f" (every {every} rounds)" if isinstance(every, int) else ""
+        return [
+            f"_No plot yet: no run of {name} has reached an evaluated round{when}._",
+            "",
+        ]
+    plot_accuracy(runs, png, name=name)
+    alt = name.replace("[", "(").replace("]", ")")
+    return [f"![{alt}]({png.name})", "", *_metric_plots(runs, name, stem)]
+
+
 def write_report(
     directory: str | os.PathLike[str], out: str | os.PathLike[str] | None = None
 ) -> Path:
@@ -585,52 +612,48 @@ def write_report(
     by a relative link. Next to ``out`` it writes ``report.json`` (or ``<out stem>.json``:
     the list of :meth:`GroupSummary.to_dict`, strict JSON), one ``<name>.png`` per
     experiment (accuracy and ε; name made file-system safe by :func:`sanitize_filename`,
-    de-duplicated) and ``<name>_loss.png`` (test loss) beside it.
+    de-duplicated) and ``<name>_loss.png`` (test loss) beside it; an experiment none of
+    whose runs reached an evaluated round gets a line saying so instead of plots. Each
+    deployment results folder under ``directory`` (:mod:`~sharefl.simulator.
+    deployment_report`) gets a ``## deployment <path>`` section with its table and plot.
     Without matplotlib the tables and JSON are still written and the report says the plots
     need it (and the command that installs it). Overwrites earlier outputs.
 
-    Raises :class:`ReportError` when ``directory`` holds no runs (``"no runs under DIR; run
-    `sharefl simulate ...` first"``) or a run file is malformed (see :func:`load_runs`).
+    Raises :class:`ReportError` when ``directory`` holds neither runs nor a deployment's
+    results (``"no runs under DIR; run `sharefl simulate ...` first ..."``) or a file is
+    malformed (see :func:`load_runs`).
     """
     root = Path(directory)
     runs = load_runs(root)
-    if not runs:
-        raise ReportError(f"no runs under {root}; run `sharefl simulate ...` first")
+    deployments = deployment_folders(root)
+    if not runs and not deployments:
+        raise ReportError(
+            f"no runs under {root}; run `sharefl simulate ...` first (or give the --out "
+            "folder of sharefl simulate, serve or launch)"
+        )
     groups = summarize(runs)
     report = Path(out) if out is not None else root / "report.md"
     report.parent.mkdir(parents=True, exist_ok=True)
     json_path = report.with_suffix(".json")
 
     by_name = _by_name(groups)
-    stems = _unique_stems(by_name, reserved=[report.stem, json_path.stem])
-    n_finished = sum(r.finished for r in runs)
-    lines = [
-        "# Simulation report",
-        "",
-        f"{_count(len(runs), 'run')} ({n_finished} finished, {len(runs) - n_finished} "
-        f"unfinished) in {_count(len(groups), 'setting')} of "
-        f"{_count(len(by_name), 'experiment')}. Accuracies are final test "
-        "accuracies of the finished runs in percent (mean ± sample std over seeds); Δ is the "
-        "difference to the paper in percentage points. Plots show the mean accuracy at each "
-        "evaluated round (markers) over all runs, with the min–max band, and for private runs "
-        "the ε spent.",
-        "",
-    ]
-    plots_missing: str | None = None
+    section_names = [*by_name, *(deployment_name(d, root) for d in deployments)]
+    stems = _unique_stems(section_names, reserved=[report.stem, json_path.stem])
+    try:
+        matplotlib_parts()
+        plots_missing = None
+    except ReportError as e:
+        plots_missing = str(e)
+    lines = ["# Simulation report" if runs else "# Deployment report", ""]
+    if runs:
+        lines += [_introduction(runs, groups, len(by_name)), ""]
     for name, members in by_name.items():
         lines += [f"## {name}", "", _one_table(members)]
         if plots_missing is None:
-            png = report.parent / f"{stems[name]}.png"
-            try:
-                plot_accuracy(runs, png, name=name)
-            except ReportError as e:
-                if "matplotlib" not in str(e):
-                    raise
-                plots_missing = str(e)
-            else:
-                alt = name.replace("[", "(").replace("]", ")")
-                lines += [f"![{alt}]({png.name})", ""]
-                lines += _metric_plots(runs, name, report.parent / stems[name])
+            lines += _experiment_plots(runs, name, report.parent / stems[name])
+    for folder, name in zip(deployments, section_names[len(by_name) :], strict=True):
+        png = None if plots_missing else report.parent / f"{stems[name]}.png"
+        lines += deployment_section(folder, root, png)
     if plots_missing is not None:
         lines += [f"_Plots were not drawn: {plots_missing}._", ""]
 
