@@ -30,7 +30,7 @@ DP whose noise is split over each cluster.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -49,7 +49,8 @@ from sharefl.privacy.distributed_accounting import DistributedDPLedger, cell_noi
 from sharefl.privacy.secure_random import SecureRandom
 from sharefl.protocol.client import min_released_members
 from sharefl.protocol.driver import secure_sum
-from sharefl.protocol.settings import DEFAULTS
+from sharefl.protocol.keys import ClientKeys
+from sharefl.protocol.settings import DEFAULTS, KeySetup
 from sharefl.robust import HierarchicalAggregator
 from sharefl.simulator.config import RunConfig, SimulationConfigError
 from sharefl.simulator.federated.cluster_zeno import ClusterZeno
@@ -191,6 +192,8 @@ class ShareAggregation:
         weights: per client id, N·n_i/n (``None``: unweighted uploads).
         ledger: per-client accounting of the cluster noise split (``None`` otherwise).
         schedule, audits: the clusterings and the audit verdicts.
+        client_keys: with ``key_setup = "once"``, each client's long-term keys, made the
+            first time it takes part and kept for the run (the two-exchange round).
     """
 
     run: RunConfig
@@ -202,6 +205,7 @@ class ShareAggregation:
     audits: AuditLog
     distributed: DistributedEncoder | None = None
     last_clusterings: tuple = ()
+    client_keys: dict[int, ClientKeys] = field(default_factory=dict)
 
     @classmethod
     def build(
@@ -355,6 +359,7 @@ class ShareAggregation:
             protocol=sa.enabled,
             clusterings=clusterings,
             atom_partition=atoms,
+            client_keys=self._keys(ids) if sa.key_setup is KeySetup.ONCE else None,
         )
         self.audits.record(result.planned_audit)
         self.last_clusterings = result.plan.clusterings
@@ -365,6 +370,14 @@ class ShareAggregation:
             sums = [[encoder.decode(s.ring_sum, public_seed) for s in r.clusters] for r in kept]
         members = [[tuple(s.members) for s in r.clusters] for r in kept]
         return sums, members
+
+    def _keys(self, ids: Sequence[int]) -> dict[int, ClientKeys]:
+        """The long-term keys of ``ids``, each client's made once (OS entropy: masks
+        cancel, so they change no result)."""
+        for cid in ids:
+            if cid not in self.client_keys:
+                self.client_keys[cid] = ClientKeys.generate(cid)
+        return {cid: self.client_keys[cid] for cid in ids}
 
     def epsilon(self, delta: float) -> float | None:
         """The worst client's ε under the cluster split (``None`` without it)."""
