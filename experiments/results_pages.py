@@ -106,6 +106,22 @@ BLOCKS: tuple[Block, ...] = (
         )
         for fig in ("figure2", "figure3b", "figure9")
     ),
+    *(
+        Block(
+            "share.md",
+            f"share {fig}",
+            f"docs/results/share/runs-30/{folder}/",
+            _share(f"share {fig}"),
+        )
+        for fig, folder in (
+            ("figure3a", "figures-3a-3c"),
+            ("figure3c", "figures-3a-3c"),
+            ("figure5", "figures-5-8"),
+            ("figure6", "figures-6-7"),
+            ("figure7", "figures-6-7"),
+            ("figure8", "figures-5-8"),
+        )
+    ),
 )
 
 HAND_WRITTEN: dict[str, tuple[int, str]] = {
@@ -126,10 +142,10 @@ HAND_WRITTEN: dict[str, tuple[int, str]] = {
     "dp-rsa.md": (9, "runs under /work/runs not committed, but for runs-eps (not yet generated)"),
     "fed-cdp.md": (4, "the configuration index; no run folders committed"),
     "share.md": (
-        14,
-        "the settings, claims and leak-audit tables; runs-30 and protocol-cell folders "
-        "committed, their tables not generated yet; the 30-round Figure 2 and 5-8 runs and "
-        "the DP-client runs not committed",
+        8,
+        "the settings, claims and leak-audit tables (the audit's draws: a script's printout); "
+        "the 30-round Figure 2 and the DP-client runs (folders not committed); the "
+        "protocol-cell table (folder committed, not generated yet)",
     ),
 }
 

@@ -11,6 +11,10 @@
   evaluations, the audit of the plans, Zeno++'s acceptance (clean / Byzantine-holding
   clusters, and accepted of all; ranges over the seeds), wall time per seed.
 
+- ``share figure3a``, ``share figure3c``, ``share figure6``, ``share figure7``, ``share
+  figure8`` (per run, 30 rounds) and ``share figure5`` (rule × β by m): the 30-round runs of
+  ``docs/results/share/runs-30/`` (``experiments/share_mnist_figure{3a,3c,5,6,7,8}.toml``).
+
 ``python experiments/results_pages.py`` writes them into the page (``--check`` compares);
 this script prints it alone.
 """
@@ -81,8 +85,15 @@ def _runs(folder: Path) -> dict[tuple[str, int], list[tuple[int, float]]]:
 
 
 def _one(x: float) -> str:
-    """One decimal, halves up, after removing float noise (91.1499999... from 91.15 is 91.2)."""
+    """One decimal, halves up, after removing float noise (91.1499999... from 91.15 is 91.2):
+    Figure 2's 200-round table was rounded so by hand."""
     return str(Decimal(f"{x:.6f}").quantize(Decimal("0.1"), rounding=ROUND_HALF_UP))
+
+
+def _f1(x: float) -> str:
+    """One decimal as Python formats the float (the convention of the scripts that first
+    wrote the run tables: 91.6499... from 91.65 prints 91.6)."""
+    return f"{x:.1f}"
 
 
 def _cell(values: list[tuple[int, float]], first: bool) -> str:
@@ -132,8 +143,7 @@ def _summaries(folder: Path) -> dict[str, list[tuple[dict, list[float]]]]:
 
 def _range(values: list[float], digits: int) -> str:
     def fmt(x: float) -> str:
-        q = Decimal(1).scaleb(-digits)
-        return str(Decimal(f"{x:.6f}").quantize(q, rounding=ROUND_HALF_UP))
+        return f"{x:.{digits}f}"
 
     lo, hi = fmt(min(values)), fmt(max(values))
     return lo if lo == hi else f"{lo}–{hi}"
@@ -181,20 +191,147 @@ def runs_table(folder: Path, rows: tuple[tuple[str, str], ...]) -> str:
             lines.append(f"| {text} | – | not run | | | | | |")
             continue
         finals = [100 * float(s["final_accuracy"]) for s, _ in runs]
-        last5 = [100 * statistics.fmean(accs[-5:]) for _, accs in runs]
+        last5 = [100 * statistics.mean(accs[-5:]) for _, accs in runs]
         seeds = ",".join(str(s["seed"]) for s, _ in runs)
 
         def mean_std(values: list[float]) -> str:
             if len(values) == 1:
-                return _one(values[0])
-            return f"{_one(statistics.fmean(values))} ± {_one(statistics.stdev(values))}"
+                return _f1(values[0])
+            return f"{_f1(statistics.mean(values))} ± {_f1(statistics.stdev(values))}"
 
         walls = " / ".join(str(round(float(s["wall_seconds"]))) for s, _ in runs)
         lines.append(
-            f"| {text} | {seeds} | {' / '.join(_one(a) for a in finals)} | "
+            f"| {text} | {seeds} | {' / '.join(_f1(a) for a in finals)} | "
             f"{mean_std(finals)} | {mean_std(last5)} | {_audit(runs)} | {_zeno(runs)} | "
             f"{walls} |"
         )
+    return "\n".join(lines)
+
+
+RUNS_30 = Path("docs/results/share/runs-30")
+_R_ROWS = ("R=1", "R=2", "R=5", "R=10", "safe R=2", "safe R=5", "safe R=10")
+_NONIID = ("No SHARE (m=1)", "R=1", "R=2", "R=5", "R=10", "random R=2", "random R=5", "random R=10")
+TABLES_30 = {
+    # block: (folder, experiment name prefix, labels in order, Zeno++ column)
+    "share figure3a": ("figures-3a-3c", "SHARE Figure 3a", [f"zeno {r}" for r in _R_ROWS], "all"),
+    "share figure3c": ("figures-3a-3c", "SHARE Figure 3c", [f"zeno {r}" for r in _R_ROWS], "all"),
+    "share figure6": (
+        "figures-6-7",
+        "SHARE Figure 6",
+        [f"{rule} {r}" for rule in ("krum", "median") for r in _NONIID],
+        None,
+    ),
+    "share figure7": (
+        "figures-6-7",
+        "SHARE Figure 7",
+        [f"{rule} {r}" for rule in ("krum", "median") for r in _NONIID],
+        None,
+    ),
+    "share figure8": (
+        "figures-5-8",
+        "SHARE Figure 8",
+        ["trimmed_mean m=1", "trimmed_mean m=3", "zeno m=1", "zeno m=3"],
+        "short",
+    ),
+}
+
+
+def _runs_of(folder: Path, prefix: str) -> dict[str, list[dict]]:
+    """label -> summaries (seed order) of the runs whose experiment name starts with prefix."""
+    found: dict[str, list[dict]] = defaultdict(list)
+    for run in sorted(folder.iterdir()):
+        path = run / "summary.json"
+        if path.is_file():
+            s = json.loads(path.read_text())
+            if s["name"].startswith(prefix):
+                found[s["label"]].append(s)
+    for runs in found.values():
+        runs.sort(key=lambda s: int(s["seed"]))
+    return found
+
+
+def _audit_30(runs: list[dict]) -> str:
+    def one(a: dict) -> str:
+        if a["verdict"] != "leaks":
+            return str(a["verdict"])
+        n = a["max_recoverable_clients"]
+        return f"leaks in {a['leaking_rounds']}/{a['rounds']} rounds, up to {n} updates"
+
+    texts = [one(s["share"]["audit"]) for s in runs]
+    if len(set(texts)) == 1:
+        return texts[0]
+    return "; ".join(f"s{s['seed']}: {t}" for s, t in zip(runs, texts, strict=True))
+
+
+def _zeno_30(runs: list[dict], kind: str) -> str:
+    share = [s["share"] for s in runs]
+    if share[0].get("zeno_candidates") is None:
+        return "–"
+    honest = [100 * x["zeno_honest_acceptance"] for x in share]
+    byzantine = [100 * x["zeno_byzantine_acceptance"] for x in share]
+    if kind == "short":
+        return f"{_range(honest, 0)} % / {_range(byzantine, 0)} %"
+    accepted = [100 * x["zeno_accepted"] / x["zeno_candidates"] for x in share]
+    return f"{_range(honest, 1)} % / {_range(byzantine, 1)} % ({_range(accepted, 1)} %)"
+
+
+def table_30(root: Path, block: str) -> str:
+    folder, prefix, labels, zeno = TABLES_30[block]
+    found = _runs_of(root / RUNS_30 / folder, prefix)
+    zeno_head = {
+        "all": " Zeno++ accepts: clean / Byzantine-holding clusters (accepted of all) |",
+        "short": " Zeno++ accepts: clean / Byzantine-holding clusters |",
+        None: "",
+    }[zeno]
+    columns = 6 + (zeno is not None)
+    lines = [
+        "| run | seeds | final acc. per seed (%) | mean ± std (%) | audit of the plans "
+        f"(30 rounds) |{zeno_head} wall s per run |",
+        "|---" * columns + "|",
+    ]
+    for label in labels:
+        runs = found.get(label, [])
+        if not runs:
+            lines.append(f"| {label} | – | not run |" + " |" * (columns - 3))
+            continue
+        accs = [100 * float(s["final_accuracy"]) for s in runs]
+        spread = f" ± {_f1(statistics.stdev(accs))}" if len(accs) > 1 else ""
+        zeno_cell = f" {_zeno_30(runs, zeno)} |" if zeno else ""
+        lines.append(
+            f"| {label} | {','.join(str(s['seed']) for s in runs)} | "
+            f"{' / '.join(_f1(a) for a in accs)} | {_f1(statistics.mean(accs))}{spread} | "
+            f"{_audit_30(runs)} |{zeno_cell} "
+            f"{' / '.join(str(round(float(s['wall_seconds']))) for s in runs)} |"
+        )
+    return "\n".join(lines)
+
+
+def figure5(root: Path) -> str:
+    found = _runs_of(root / RUNS_30 / "figures-5-8", "SHARE Figure 5")
+    rules = (
+        ("zeno", "Zeno++ (q = 6)"),
+        ("krum", "Krum (q = 3)"),
+        ("trimmed_mean", "trimmed mean (q = 3)"),
+    )
+    lines = ["| rule | β | m = 1 | m = 3 | m = 5 | m = 10 |", "|---|---|---|---|---|---|"]
+    for key, name in rules:
+        for beta in (-1, -10):
+            cells = []
+            for m in SIZES:
+                runs = found.get(f"{key} m={m} beta={beta}", [])
+                if not runs:
+                    cells.append("not run")
+                    continue
+                accs = [100 * float(s["final_accuracy"]) for s in runs]
+                spread = f" ± {_f1(statistics.stdev(accs))}" if len(accs) > 1 else ""
+                cell = f"{_f1(statistics.mean(accs))}{spread} ({' / '.join(_f1(a) for a in accs)})"
+                share = [s["share"] for s in runs]
+                if share[0].get("zeno_candidates") is not None:
+                    honest = [100 * x["zeno_honest_acceptance"] for x in share]
+                    byz = [100 * x["zeno_byzantine_acceptance"] for x in share]
+                    cell += f" [{_range(honest, 0)} / {_range(byz, 0)} %]"
+                cells.append(cell)
+            lines.append(f"| {name} | −{-beta} | {' | '.join(cells)} |")
     return "\n".join(lines)
 
 
@@ -203,6 +340,8 @@ def blocks(root: Path) -> dict[str, str]:
         "share figure2 200": figure2_200(root),
         "share figure3b 200": runs_table(root / FIGURE3B_200, ROWS_3B),
         "share figure9 200": runs_table(root / FIGURE9_200, ROWS_9),
+        "share figure5": figure5(root),
+        **{name: table_30(root, name) for name in TABLES_30},
     }
 
 
