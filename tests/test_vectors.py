@@ -10,11 +10,15 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from sharefl.crypto import aead, kdf, shamir, signatures
 from sharefl.deploy import wire
-from sharefl.protocol import bundles, plan
+from sharefl.proto import sharefl_pb2 as pb
+from sharefl.protocol import bundles, plan, records
+from sharefl.protocol import messages as m
+from sharefl.protocol.keys import KeyAdvert
 
 HERE = Path(__file__).resolve().parent / "vectors"
 BUMP = (
@@ -121,3 +125,164 @@ def test_a_version_bump_without_regenerating_fails(monkeypatch):
     monkeypatch.setattr(kdf, "PROTOCOL_VERSION", kdf.PROTOCOL_VERSION + 1)
     with pytest.raises(AssertionError, match=re.escape(BUMP)):
         check_vectors("hello")
+
+
+# ---- the codecs: the stored bytes decode to the values they were made of ------------------
+
+
+def _stored(name: str) -> dict:
+    return json.loads(generate.vector_file(name).read_text())
+
+
+def _record_value(hex_value: str):
+    """Invert :func:`generate._value_bytes`."""
+    data = bytes.fromhex(hex_value)
+    tag, body = data[:1], data[1:]
+    if tag == b"b":
+        return bool(body[0])
+    if tag == b"i":
+        return int.from_bytes(body, "big")
+    if tag == b"s":
+        return body.decode()
+    if tag == b"y":
+        return body
+    if tag == b"a":
+        dtype, payload = body.split(b":", 1)
+        return np.frombuffer(payload, dtype=np.dtype(dtype.decode())).copy()
+    if tag == b"l":
+        return [int.from_bytes(body[i : i + 8], "big") for i in range(0, len(body), 8)]
+    assert tag == b"L", tag
+    items, i = [], 0
+    while i < len(body):
+        size = int.from_bytes(body[i : i + 4], "big")
+        items.append(body[i + 4 : i + 4 + size])
+        i += 4 + size
+    return items
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, m.MaskedInput | m.MaskedShares):
+        names = [n for n in a.__dataclass_fields__ if n != "vector"]
+        return (
+            type(a) is type(b)
+            and np.array_equal(a.vector, b.vector)
+            and a.vector.dtype == b.vector.dtype
+            and all(getattr(a, n) == getattr(b, n) for n in names)
+        )
+    return a == b
+
+
+def test_every_codec_value_is_pinned_in_both_formats():
+    """Every message type both codecs carry has a frozen value (four-exchange values and
+    the two-exchange ones, whose new fields are all filled)."""
+    values = generate.codec_messages(_stored("record_codec")["inputs"])
+    assert {type(v) for v in values.values()} == {
+        *records.CLIENT_MESSAGES,
+        *records.SERVER_MESSAGES,
+        m.ClusterAssignment,
+        KeyAdvert,
+    }
+    three = [v for v in values.values() if getattr(v, "context", None) is not None]
+    assert any(v.context.version == kdf.TWO_EXCHANGE_VERSION for v in three)
+    assert values["assignment_v3"].keys and values["unmask_request_v3"].bundles
+    assert values["unmask_response_v3"].pair_shares and values["unmask_response_v3"].complaints
+
+
+def test_the_stored_records_decode_to_their_values():
+    """Read direction of the record codec: a record as a sender wrote it when the vectors
+    were frozen (the four-exchange ones before the two-exchange fields existed) decodes to
+    the same value."""
+    stored = _stored("record_codec")
+    values = generate.codec_messages(stored["inputs"])
+    for label, value in values.items():
+        record = {
+            key.split("/", 1)[1]: _record_value(hex_value)
+            for key, hex_value in stored["expected"].items()
+            if key.split("/", 1)[0] == label
+        }
+        assert _same(records.from_record(record, type(value)), value), label
+
+
+def test_the_stored_protobuf_messages_decode_to_their_values():
+    """Read direction of the protobuf codec, through the stored bytes of every message."""
+    stored = _stored("wire_messages")
+    expected = {k: bytes.fromhex(v) for k, v in stored["expected"].items()}
+    readers = {
+        m.AdvertiseKeys: (pb.Advertisement, wire.advert_from_proto),
+        m.KeysBroadcast: (pb.KeysBroadcast, wire.keys_from_proto),
+        m.EncryptedShares: (pb.EncryptedShares, wire.shares_from_proto),
+        m.MaskingRequest: (pb.MaskingRequest, wire.masking_from_proto),
+        m.ConsistencyRequest: (pb.ConsistencyRequest, wire.consistency_request_from_proto),
+        m.ConsistencySignature: (pb.ConsistencySignature, wire.signature_from_proto),
+        m.UnmaskRequest: (pb.UnmaskRequest, wire.unmask_request_from_proto),
+        m.UnmaskResponse: (pb.UnmaskResponse, wire.unmask_response_from_proto),
+        KeyAdvert: (pb.KeyAdvert, wire.key_advert_from_proto),
+        m.ClusterAssignment: (
+            pb.ClusterAssignment,
+            lambda p: wire.assignment_from_proto(p)[0],
+        ),
+    }
+    for label, value in generate.codec_messages(stored["inputs"]).items():
+        if isinstance(value, m.MaskedInput | m.MaskedShares):
+            kind, finish = (
+                (pb.MaskedInput, wire.masked_from_parts)
+                if isinstance(value, m.MaskedInput)
+                else (pb.MaskedShares, wire.masked_shares_from_parts)
+            )
+            header = kind.FromString(expected[label])
+            assembler = wire.VectorAssembler(header.vector, len(value.vector), value.vector.dtype)
+            index = 0
+            while not assembler.complete:
+                assembler.add(pb.VectorChunk.FromString(expected[f"{label}/chunk_{index}"]))
+                index += 1
+            back = finish(header, assembler.result())
+        else:
+            kind, read = readers[type(value)]
+            back = read(kind.FromString(expected[label]))
+        assert _same(back, value), label
+
+
+@pytest.mark.parametrize(
+    "cls", [m.MaskedShares, KeyAdvert, m.UnmaskRequest, m.UnmaskResponse, m.ClusterAssignment]
+)
+def test_a_changed_record_format_fails_with_the_bump_message(monkeypatch, cls):
+    """A record converter that writes one key fewer changes the frozen record vectors."""
+    check_vectors("record_codec")
+    write, read = records._CONVERTERS[cls]
+
+    def fewer(value, record):
+        write(value, record)
+        record.pop(sorted(k for k in record if k != records.TYPE_KEY)[-1])
+
+    monkeypatch.setitem(records._CONVERTERS, cls, (fewer, read))
+    with pytest.raises(AssertionError, match=re.escape(BUMP)):
+        check_vectors("record_codec")
+
+
+@pytest.mark.parametrize(
+    "attribute",
+    [
+        "key_advert_to_proto",
+        "masked_shares_header_to_proto",
+        "unmask_request_to_proto",
+        "unmask_response_to_proto",
+        "assignment_to_proto",
+    ],
+)
+def test_a_changed_protobuf_format_fails_with_the_bump_message(monkeypatch, attribute):
+    """A protobuf converter that drops the message's last field changes the frozen bytes."""
+    check_vectors("wire_messages")
+    convert = getattr(wire, attribute)
+
+    def drop_last(message):
+        last = message.ListFields()[-1][0].name
+        message.ClearField(last)
+
+    def changed(*args):
+        result = convert(*args)
+        drop_last(result[0] if isinstance(result, tuple) else result)
+        return result
+
+    monkeypatch.setattr(wire, attribute, changed)
+    with pytest.raises(AssertionError, match=re.escape(BUMP)):
+        check_vectors("wire_messages")

@@ -1,4 +1,6 @@
-"""Wire format: generated code matches the .proto; vectors, conversions, malformed input."""
+"""Wire format: generated code matches the .proto; vectors, conversions, malformed input;
+the two-exchange messages round-trip and hostile ones are refused by the protobuf and the
+record codec alike."""
 
 from __future__ import annotations
 
@@ -13,15 +15,18 @@ from hypothesis import strategies as st
 from needs import needs
 
 from sharefl.crypto.encoding import choose_encoding
-from sharefl.crypto.kdf import KeyContext
+from sharefl.crypto.kdf import TWO_EXCHANGE_VERSION, KeyContext
 from sharefl.crypto.shamir import SHARE_BYTES
 from sharefl.deploy import wire
 from sharefl.proto import sharefl_pb2 as pb
-from sharefl.protocol.bundles import SEALED_BYTES
+from sharefl.protocol import records
+from sharefl.protocol.bundles import SEALED_BYTES, dealt_bytes
+from sharefl.protocol.keys import KeyAdvert
 from sharefl.protocol.messages import (
     AdvertiseKeys,
     ClusterAssignment,
     EncryptedShares,
+    MaskedShares,
     MaskingRequest,
     UnmaskRequest,
     UnmaskResponse,
@@ -330,3 +335,317 @@ def test_a_model_header_longer_than_the_bound_is_refused_before_allocation():
     assert wire.VectorAssembler.bounded(
         wire.vector_to_proto(np.zeros(10, np.float32))[0], 10, np.float32
     )
+
+
+# --- the two-exchange round (protocol version 3): both codecs -----------------------------
+
+CTX3 = KeyContext(round=3, reclustering=1, cluster=2, version=TWO_EXCHANGE_VERSION)
+MAX_PEERS = records.MAX_DEALT_PEERS
+
+
+def _key_advert(sender=4, **change) -> KeyAdvert:
+    fields = dict(
+        scope=b"scope",
+        encryption_public=bytes([sender]) * 32,
+        mask_public=bytes([sender + 1]) * 32,
+        signature=b"s" * 64,
+    )
+    return KeyAdvert(sender, **{**fields, **change})
+
+
+def _assignment3(keys=None, members=(1, 4, 9)) -> ClusterAssignment:
+    keys = tuple(_key_advert(c) for c in members) if keys is None else keys
+    return ClusterAssignment(CTX3, members, 2, 5, 32, None, True, keys)
+
+
+def _masked_shares(peers=(1, 9), commitments=None, bundles=None, seed=b"c" * 32) -> MaskedShares:
+    size = dealt_bytes(len(peers))
+    return MaskedShares(
+        4,
+        CTX3,
+        np.arange(5, dtype=np.uint32),
+        seed,
+        {p: b"p" * 32 for p in peers} if commitments is None else commitments,
+        {p: bytes([p % 256]) * size for p in peers} if bundles is None else bundles,
+    )
+
+
+def _unmask_request3(bundles=None) -> UnmaskRequest:
+    bundles = {1: b"x" * dealt_bytes(2), 9: b"y" * dealt_bytes(1)} if bundles is None else bundles
+    return UnmaskRequest(CTX3, (1, 4, 9), (7,), {1: b"s" * 64}, bundles)
+
+
+def _unmask_response3(pair_shares=None, complaints=(9,)) -> UnmaskResponse:
+    if pair_shares is None:
+        pair_shares = {(1, 7): b"a" * SHARE_BYTES, (4, 7): b"b" * SHARE_BYTES}
+    return UnmaskResponse(
+        4, CTX3, {1: SHARE, 4: SHARE}, {}, pair_shares=pair_shares, complaints=complaints
+    )
+
+
+def _masked_shares_through_wire(x: MaskedShares) -> MaskedShares:
+    header, chunks = wire.masked_shares_header_to_proto(x)
+    envelope = pb.ClientMessage.FromString(
+        pb.ClientMessage(masked_shares=header).SerializeToString()
+    )
+    assert envelope.WhichOneof("body") == "masked_shares"
+    header = envelope.masked_shares
+    wire.masked_shares_check(header)  # refusable before a byte of the vector is assembled
+    assembler = wire.VectorAssembler(header.vector, len(x.vector), x.vector.dtype)
+    for chunk in chunks:
+        assembler.add(chunk)
+    return wire.masked_shares_from_parts(header, assembler.result())
+
+
+def through_wire(value):
+    """``value`` to protobuf, to bytes and back (raises :class:`wire.WireError`)."""
+    if isinstance(value, KeyAdvert):
+        message = pb.ClientMessage(key_advert=wire.key_advert_to_proto(value))
+        back = pb.ClientMessage.FromString(message.SerializeToString())
+        return wire.key_advert_from_proto(back.key_advert)
+    if isinstance(value, ClusterAssignment):
+        proto = wire.assignment_to_proto(value, None)
+        return wire.assignment_from_proto(
+            pb.ClusterAssignment.FromString(proto.SerializeToString())
+        )[0]
+    if isinstance(value, MaskedShares):
+        return _masked_shares_through_wire(value)
+    if isinstance(value, UnmaskRequest):
+        envelope = wire.server_message_to_proto(value)
+        return wire.server_message_from_proto(
+            pb.ServerMessage.FromString(envelope.SerializeToString())
+        )
+    assert isinstance(value, UnmaskResponse)
+    message = pb.ClientMessage(unmask=wire.unmask_response_to_proto(value))
+    back = pb.ClientMessage.FromString(message.SerializeToString())
+    return wire.unmask_response_from_proto(back.unmask)
+
+
+def through_records(value):
+    """``value`` to its record and back (raises :class:`records.RecordError`)."""
+    return records.from_record(records.to_record(value), type(value))
+
+
+def _equal(a, b) -> bool:
+    if isinstance(a, MaskedShares):
+        return (
+            np.array_equal(a.vector, b.vector)
+            and a.vector.dtype == b.vector.dtype
+            and (a.sender, a.context, a.seed_commitment, a.pair_commitments, a.bundles)
+            == (b.sender, b.context, b.seed_commitment, b.pair_commitments, b.bundles)
+        )
+    return a == b
+
+
+TWO_EXCHANGE_VALUES = {
+    "key advert": _key_advert(),
+    "unsigned key advert, empty scope": _key_advert(scope=b"", signature=b""),
+    "assignment with keys": _assignment3(),
+    "masked shares": _masked_shares(),
+    "masked shares of a dealer without neighbours": _masked_shares(peers=()),
+    "masked shares of a dealer of the most neighbours": _masked_shares(peers=range(MAX_PEERS)),
+    "unmask request with bundles": _unmask_request3(),
+    "unmask request with the largest bundles": _unmask_request3(
+        {p: b"z" * dealt_bytes(MAX_PEERS) for p in range(MAX_PEERS)}
+    ),
+    "unmask response with pair shares": _unmask_response3(),
+    "unmask response, only complaints": _unmask_response3({}, (1, 9)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TWO_EXCHANGE_VALUES))
+@pytest.mark.parametrize("codec", [through_wire, through_records], ids=["wire", "records"])
+def test_two_exchange_values_round_trip_through_both_codecs(name, codec):
+    value = TWO_EXCHANGE_VALUES[name]
+    assert _equal(codec(value), value)
+
+
+@settings(max_examples=examples(25), deadline=None)
+@given(
+    peers=st.sets(st.integers(0, 2**64 - 1), max_size=12),
+    scope=st.binary(max_size=64),
+    signed=st.booleans(),
+    data=st.data(),
+)
+def test_two_exchange_values_round_trip_for_any_ids_and_sizes(peers, scope, signed, data):
+    peers = sorted(peers)
+    signature = b"s" * 64 if signed else b""
+    adverts = tuple(_key_advert(p % 200, scope=scope, signature=signature) for p in peers)
+    adverts = tuple(
+        KeyAdvert(p, a.scope, a.encryption_public, a.mask_public, a.signature)
+        for p, a in zip(peers, adverts, strict=True)
+    )
+    degrees = data.draw(
+        st.lists(st.integers(1, MAX_PEERS), min_size=len(peers), max_size=len(peers))
+    )
+    pairs = data.draw(
+        st.sets(
+            st.tuples(st.sampled_from(peers), st.sampled_from(peers)).filter(
+                lambda p: p[0] != p[1]
+            ),
+            max_size=20,
+        )
+        if len(peers) > 1
+        else st.just(set())
+    )
+    values = [
+        ClusterAssignment(CTX3, tuple(peers), 1, 3, 64, None, signed, adverts),
+        _masked_shares(peers=tuple(peers)),
+        UnmaskRequest(
+            CTX3,
+            tuple(peers),
+            (),
+            {},
+            {p: b"b" * dealt_bytes(d) for p, d in zip(peers, degrees, strict=True)},
+        ),
+        UnmaskResponse(
+            1,
+            CTX3,
+            {},
+            {},
+            pair_shares={p: b"a" * SHARE_BYTES for p in pairs},
+            complaints=tuple(peers),
+        ),
+    ]
+    for value in values:
+        assert _equal(through_wire(value), value)
+        assert _equal(through_records(value), value)
+
+
+def _too_many_pair_shares() -> dict[tuple[int, int], bytes]:
+    n = records.MAX_PAIR_SHARES + 1
+    return {(i, i + 1): SHARE for i in range(n)}
+
+
+HOSTILE_VALUES = {
+    # key adverts, alone and inside an assignment
+    "scope over 64 bytes": _key_advert(scope=b"s" * 65),
+    "short encryption key": _key_advert(encryption_public=b"e" * 31),
+    "long mask key": _key_advert(mask_public=b"m" * 33),
+    "short signature": _key_advert(signature=b"s" * 63),
+    "long signature": _key_advert(signature=b"s" * 65),
+    "assignment, an advert of a bad size": _assignment3(
+        keys=(_key_advert(1), _key_advert(4, mask_public=b""), _key_advert(9))
+    ),
+    "assignment, two adverts of one client": _assignment3(
+        keys=(_key_advert(1), _key_advert(4), _key_advert(4))
+    ),
+    "assignment, more adverts than members": _assignment3(
+        keys=tuple(_key_advert(c) for c in (1, 4, 9, 10))
+    ),
+    # masked shares
+    "short seed commitment": _masked_shares(seed=b"c" * 31),
+    "long pair commitment": _masked_shares(commitments={1: b"p" * 33, 9: b"p" * 32}),
+    "bundle one byte long": _masked_shares(
+        bundles={1: b"x" * dealt_bytes(2), 9: b"x" * (dealt_bytes(2) + 1)}
+    ),
+    "bundles sized for another neighbour count": _masked_shares(
+        bundles={1: b"x" * dealt_bytes(3), 9: b"x" * dealt_bytes(3)}
+    ),
+    "bundles but no commitments": _masked_shares(commitments={}, bundles={1: b"x" * SEALED_BYTES}),
+    "a dealer of too many neighbours": _masked_shares(peers=range(MAX_PEERS + 1)),
+    # unmask request
+    "empty bundle": _unmask_request3({1: b""}),
+    "bundle of no dealt size": _unmask_request3({1: b"x" * (dealt_bytes(2) + 1)}),
+    "bundle of a dealer of too many neighbours": _unmask_request3(
+        {1: b"x" * dealt_bytes(MAX_PEERS + 1)}
+    ),
+    "too many bundles": _unmask_request3({p: b"x" * dealt_bytes(1) for p in range(MAX_PEERS + 1)}),
+    # unmask response
+    "short pair share": _unmask_response3({(1, 7): b"a" * (SHARE_BYTES - 1)}),
+    "long pair share": _unmask_response3({(1, 7): b"a" * (SHARE_BYTES + 1)}),
+    "a pair of one client": _unmask_response3({(7, 7): SHARE}),
+    "too many pair shares": _unmask_response3(_too_many_pair_shares()),
+    "a complaint twice": _unmask_response3(complaints=(9, 9)),
+    "too many complaints": _unmask_response3(complaints=tuple(range(wire.MAX_CLUSTER_MEMBERS + 1))),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_VALUES))
+def test_hostile_two_exchange_values_are_refused_by_both_codecs_alike(name):
+    """Each sender's codec writes what it is given; each receiver's refuses it."""
+    value = HOSTILE_VALUES[name]
+    with pytest.raises(wire.WireError):
+        through_wire(value)
+    with pytest.raises(records.RecordError):
+        through_records(value)
+
+
+def _repeat_first(proto_field: str, record_keys: tuple[str, ...]):
+    def in_proto(message):
+        entries = getattr(message, proto_field)
+        entries.add().CopyFrom(entries[0])
+
+    def in_record(record):
+        for key in record_keys:
+            record[key] = [*record[key], record[key][0]]
+
+    return in_proto, in_record
+
+
+DUPLICATES = {
+    "masked shares, a bundle twice": (
+        _masked_shares(),
+        *_repeat_first("bundles", ("bundles.peers", "bundles.values")),
+    ),
+    "masked shares, a pair commitment twice": (
+        _masked_shares(),
+        *_repeat_first("pair_commitments", ("pair_commitments.peers", "pair_commitments.values")),
+    ),
+    "unmask request, a bundle twice": (
+        _unmask_request3(),
+        *_repeat_first("bundles", ("bundles.peers", "bundles.values")),
+    ),
+    "unmask response, a pair share twice": (
+        _unmask_response3(),
+        *_repeat_first(
+            "pair_shares", ("pair_shares.dealers", "pair_shares.peers", "pair_shares.values")
+        ),
+    ),
+}
+
+
+def _proto_of(value):
+    if isinstance(value, MaskedShares):
+        return wire.masked_shares_header_to_proto(value)[0]
+    if isinstance(value, UnmaskRequest):
+        return wire.unmask_request_to_proto(value)
+    return wire.unmask_response_to_proto(value)
+
+
+def _from_proto(value, proto):
+    if isinstance(value, MaskedShares):
+        return wire.masked_shares_from_parts(proto, value.vector)
+    if isinstance(value, UnmaskRequest):
+        return wire.unmask_request_from_proto(proto)
+    return wire.unmask_response_from_proto(proto)
+
+
+@pytest.mark.parametrize("name", sorted(DUPLICATES))
+def test_an_entry_twice_is_refused_by_both_codecs_alike(name):
+    """A map cannot hold a key twice; its encodings can, and both receivers refuse that."""
+    value, in_proto, in_record = DUPLICATES[name]
+    proto = _proto_of(value)
+    in_proto(proto)
+    with pytest.raises(wire.WireError, match="twice"):
+        _from_proto(value, proto)
+    record = records.to_record(value)
+    in_record(record)
+    with pytest.raises(records.RecordError, match="duplicate"):
+        records.from_record(record, type(value))
+
+
+def test_a_four_exchange_message_has_the_bytes_it_had_before():
+    """The two-exchange fields are appended, empty in a four-exchange round, so they add no
+    byte to its messages (``tests/vectors/wire_messages.json`` pins them all)."""
+    response = UnmaskResponse(4, CTX, {1: SHARE}, {9: SHARE}, {7: bytes(range(32))})
+    old = pb.UnmaskResponse(
+        sender=4,
+        context=wire.context_to_proto(CTX),
+        seed_shares=[pb.PeerShare(peer=1, share=SHARE)],
+        key_shares=[pb.PeerShare(peer=9, share=SHARE)],
+        pair_seeds=[pb.PeerShare(peer=7, share=bytes(range(32)))],
+    )
+    new = wire.unmask_response_to_proto(response)
+    assert new.SerializeToString(deterministic=True) == old.SerializeToString(deterministic=True)
+    assert not new.pair_shares and not new.complaints

@@ -4,6 +4,14 @@ Everything the gRPC runtime receives passes through here first: fields are range
 lengths verified, and large vectors reassembled from ordered chunks whose total length and
 SHA-256 must match their header. Malformed input raises :class:`WireError` (the server maps
 it to ``INVALID_ARGUMENT``); no protocol logic lives here.
+
+The two-exchange round (protocol version 3) travels in fields appended to the four-exchange
+messages (``ClusterAssignment.keys``, ``UnmaskRequest.bundles``, ``UnmaskResponse.
+pair_shares`` and ``.complaints``: empty, hence absent, in a four-exchange round) and in
+two messages of its own, ``KeyAdvert`` and ``MaskedShares`` (``ClientMessage.key_advert``
+and ``.masked_shares``). Its caps are the record codec's
+(:data:`~sharefl.protocol.records.MAX_DEALT_PEERS`,
+:data:`~sharefl.protocol.records.MAX_PAIR_SHARES`), so both codecs refuse alike.
 """
 
 from __future__ import annotations
@@ -23,11 +31,13 @@ from sharefl.crypto.signatures import SIGNATURE_BYTES
 from sharefl.deploy.errors import DeployError
 from sharefl.proto import sharefl_pb2 as pb
 from sharefl.protocol import messages as m
-from sharefl.protocol.bundles import COMMITMENT_BYTES, SEALED_BYTES
+from sharefl.protocol.bundles import COMMITMENT_BYTES, SEALED_BYTES, dealt_bytes
 from sharefl.protocol.clustering import Clustering, ClusteringError
 from sharefl.protocol.errors import ConfigurationError
+from sharefl.protocol.keys import MAX_SCOPE_BYTES, KeyAdvert
 from sharefl.protocol.memory import model_digest
 from sharefl.protocol.plan import RoundPlan
+from sharefl.protocol.records import DEALT_SIZES, MAX_DEALT_PEERS, MAX_PAIR_SHARES
 
 CHUNK_BYTES = 3 << 20
 """Payload bytes per VectorChunk (3 MiB, below gRPC's 4 MiB message limit with headroom)."""
@@ -213,19 +223,29 @@ def _bytes(value: bytes, size: int | None, what: str) -> bytes:
 
 
 def _peer_map(
-    entries: Sequence[pb.Bundle | pb.SignatureEntry | pb.PeerShare],
+    entries: Sequence[pb.Bundle | pb.SignatureEntry | pb.PeerShare | pb.PeerCommitment],
     what: str,
     field: str,
-    size: int,
+    size: int | frozenset[int],
+    cap: int = MAX_CLUSTER_MEMBERS,
 ) -> dict[int, bytes]:
-    """``{peer: bytes}`` from repeated entries: capped in number, each value exactly
-    ``size`` bytes, no peer twice."""
+    """``{peer: bytes}`` from repeated entries: at most ``cap``, each value exactly ``size``
+    bytes (or of one of the sizes ``size`` holds), no peer twice."""
     result: dict[int, bytes] = {}
-    for entry in _capped(entries, what):
+    for entry in _capped(entries, what, cap):
         peer = int(entry.peer if hasattr(entry, "peer") else entry.signer)
         if peer in result:
             raise WireError(f"{what} names client {peer} twice")
-        result[peer] = _bytes(getattr(entry, field), size, f"{what} entry of client {peer}")
+        value = getattr(entry, field)
+        if isinstance(size, int):
+            result[peer] = _bytes(value, size, f"{what} entry of client {peer}")
+        elif len(value) not in size:
+            raise WireError(
+                f"{what} entry of client {peer} must be a dealt bundle's size (dealt_bytes of "
+                f"1 to {MAX_DEALT_PEERS} neighbours), got {len(value)}"
+            )
+        else:
+            result[peer] = bytes(value)
     return result
 
 
@@ -345,6 +365,7 @@ def assignment_to_proto(
         neighbours=neighbours,
         signed=a.signed,
         encoding=None if encoding is None else encoding_to_proto(encoding),
+        keys=[key_advert_to_proto(k) for k in a.keys],
     )
 
 
@@ -363,6 +384,8 @@ def assignment_from_proto(
             neighbours[int(entry.client_id)] = frozenset(_ids(entry.peers, "neighbour list"))
     if p.bits not in (32, 64):
         raise WireError(f"ring width must be 32 or 64, got {p.bits}")
+    keys = tuple(key_advert_from_proto(k) for k in _capped(p.keys, "key adverts", len(members)))
+    _ids([k.sender for k in keys], "key adverts")
     assignment = m.ClusterAssignment(
         context=context_from_proto(p.context),
         members=tuple(sorted(members)),
@@ -371,6 +394,7 @@ def assignment_from_proto(
         bits=int(p.bits),
         neighbours=neighbours,
         signed=bool(p.signed),
+        keys=keys,
     )
     if not p.HasField("encoding"):
         return assignment, None
@@ -416,6 +440,32 @@ def advert_from_proto(p: pb.Advertisement) -> m.AdvertiseKeys:
         commitment=_bytes(p.commitment, COMMITMENT_BYTES, "seed commitment"),
         signature=_bytes(
             p.signature, SIGNATURE_BYTES if p.signature else 0, "advertisement signature"
+        ),
+    )
+
+
+def key_advert_to_proto(a: KeyAdvert) -> pb.KeyAdvert:
+    return pb.KeyAdvert(
+        sender=a.sender,
+        scope=a.scope,
+        encryption_public=a.encryption_public,
+        mask_public=a.mask_public,
+        signature=a.signature,
+    )
+
+
+def key_advert_from_proto(p: pb.KeyAdvert) -> KeyAdvert:
+    """Sizes only: whether the keys are usable X25519 keys (and the signature verifies) is
+    :func:`~sharefl.protocol.keys.check_key_advert`'s to say."""
+    if len(p.scope) > MAX_SCOPE_BYTES:
+        raise WireError(f"key scope has {len(p.scope)} bytes; at most {MAX_SCOPE_BYTES}")
+    return KeyAdvert(
+        sender=int(p.sender),
+        scope=bytes(p.scope),
+        encryption_public=_bytes(p.encryption_public, KEY_BYTES, "encryption public key"),
+        mask_public=_bytes(p.mask_public, KEY_BYTES, "mask public key"),
+        signature=_bytes(
+            p.signature, SIGNATURE_BYTES if p.signature else 0, "key advert signature"
         ),
     )
 
@@ -488,6 +538,48 @@ def masked_from_parts(p: pb.MaskedInput, vector: np.ndarray) -> m.MaskedInput:
     )
 
 
+def masked_shares_header_to_proto(
+    x: m.MaskedShares,
+) -> tuple[pb.MaskedShares, Iterator[pb.VectorChunk]]:
+    """The MaskedShares message (its vector as a header) and the chunks that follow it."""
+    header, chunks = vector_to_proto(x.vector)
+    message = pb.MaskedShares(
+        sender=x.sender,
+        context=context_to_proto(x.context),
+        vector=header,
+        seed_commitment=x.seed_commitment,
+        pair_commitments=[
+            pb.PeerCommitment(peer=v, commitment=c) for v, c in sorted(x.pair_commitments.items())
+        ],
+        bundles=[pb.Bundle(peer=h, ciphertext=c) for h, c in sorted(x.bundles.items())],
+    )
+    return message, chunks
+
+
+def masked_shares_check(p: pb.MaskedShares) -> tuple[bytes, dict[int, bytes], dict[int, bytes]]:
+    """The seed commitment, pair commitments and bundles of a MaskedShares header, checked
+    before its vector is assembled: a 32-byte seed commitment, at most
+    :data:`~sharefl.protocol.records.MAX_DEALT_PEERS` pair commitments of 32 bytes and
+    bundles, no peer twice, every bundle the size a dealer of that many neighbours seals
+    (:func:`~sharefl.protocol.bundles.dealt_bytes`). Raises :class:`WireError`."""
+    seed = _bytes(p.seed_commitment, COMMITMENT_BYTES, "seed commitment")
+    commitments = _peer_map(
+        p.pair_commitments, "pair commitments", "commitment", COMMITMENT_BYTES, MAX_DEALT_PEERS
+    )
+    size = dealt_bytes(len(commitments))
+    dealt = _peer_map(p.bundles, "dealt bundles", "ciphertext", size, MAX_DEALT_PEERS)
+    return seed, commitments, dealt
+
+
+def masked_shares_from_parts(p: pb.MaskedShares, vector: np.ndarray) -> m.MaskedShares:
+    """The message of a MaskedShares header and its assembled vector; raises
+    :class:`WireError` (see :func:`masked_shares_check`)."""
+    seed, commitments, dealt = masked_shares_check(p)
+    return m.MaskedShares(
+        int(p.sender), context_from_proto(p.context), vector, seed, commitments, dealt
+    )
+
+
 def consistency_request_to_proto(r: m.ConsistencyRequest) -> pb.ConsistencyRequest:
     return pb.ConsistencyRequest(context=context_to_proto(r.context), survivors=r.survivors)
 
@@ -518,15 +610,20 @@ def unmask_request_to_proto(r: m.UnmaskRequest) -> pb.UnmaskRequest:
         signatures=[
             pb.SignatureEntry(signer=s, signature=sig) for s, sig in sorted(r.signatures.items())
         ],
+        bundles=[pb.Bundle(peer=d, ciphertext=c) for d, c in sorted(r.bundles.items())],
     )
 
 
 def unmask_request_from_proto(p: pb.UnmaskRequest) -> m.UnmaskRequest:
+    """Two-exchange bundles: at most :data:`~sharefl.protocol.records.MAX_DEALT_PEERS`
+    (the holder's dealers are its neighbours), each of a size a dealer of 1 to that many
+    neighbours seals."""
     return m.UnmaskRequest(
         context_from_proto(p.context),
         _ids(p.survivors, "survivors"),
         _ids(p.dropped, "dropped"),
         _peer_map(p.signatures, "signatures", "signature", SIGNATURE_BYTES),
+        _peer_map(p.bundles, "dealt bundles", "ciphertext", DEALT_SIZES, MAX_DEALT_PEERS),
     )
 
 
@@ -537,7 +634,26 @@ def unmask_response_to_proto(r: m.UnmaskResponse) -> pb.UnmaskResponse:
         seed_shares=[pb.PeerShare(peer=p, share=s) for p, s in sorted(r.seed_shares.items())],
         key_shares=[pb.PeerShare(peer=p, share=s) for p, s in sorted(r.key_shares.items())],
         pair_seeds=[pb.PeerShare(peer=p, share=s) for p, s in sorted(r.pair_seeds.items())],
+        pair_shares=[
+            pb.PairShare(dealer=d, peer=p, share=s) for (d, p), s in sorted(r.pair_shares.items())
+        ],
+        complaints=list(r.complaints),
     )
+
+
+def _pair_shares(entries: Sequence[pb.PairShare]) -> dict[tuple[int, int], bytes]:
+    """``{(dealer, peer): share}``: at most :data:`~sharefl.protocol.records.
+    MAX_PAIR_SHARES`, two distinct clients per pair, no pair twice, every share
+    ``SHARE_BYTES``."""
+    result: dict[tuple[int, int], bytes] = {}
+    for entry in _capped(entries, "pair shares", MAX_PAIR_SHARES):
+        pair = (int(entry.dealer), int(entry.peer))
+        if pair[0] == pair[1]:
+            raise WireError(f"pair shares: a pair names client {pair[0]} twice")
+        if pair in result:
+            raise WireError(f"pair shares name the pair {pair} twice")
+        result[pair] = _bytes(entry.share, SHARE_BYTES, f"pair share of {pair}")
+    return result
 
 
 def unmask_response_from_proto(p: pb.UnmaskResponse) -> m.UnmaskResponse:
@@ -547,6 +663,8 @@ def unmask_response_from_proto(p: pb.UnmaskResponse) -> m.UnmaskResponse:
         _peer_map(p.seed_shares, "seed shares", "share", SHARE_BYTES),
         _peer_map(p.key_shares, "key shares", "share", SHARE_BYTES),
         _peer_map(p.pair_seeds, "pair seeds", "share", KEY_BYTES),
+        _pair_shares(p.pair_shares),
+        _ids(p.complaints, "complaints"),
     )
 
 

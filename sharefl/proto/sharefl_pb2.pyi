@@ -126,7 +126,7 @@ class Neighbours(_message.Message):
     def __init__(self, client_id: _Optional[int] = ..., peers: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ClusterAssignment(_message.Message):
-    __slots__ = ("context", "members", "threshold", "length", "bits", "neighbours", "signed", "encoding")
+    __slots__ = ("context", "members", "threshold", "length", "bits", "neighbours", "signed", "encoding", "keys")
     CONTEXT_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
     THRESHOLD_FIELD_NUMBER: _ClassVar[int]
@@ -135,6 +135,7 @@ class ClusterAssignment(_message.Message):
     NEIGHBOURS_FIELD_NUMBER: _ClassVar[int]
     SIGNED_FIELD_NUMBER: _ClassVar[int]
     ENCODING_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
     context: Context
     members: _containers.RepeatedScalarFieldContainer[int]
     threshold: int
@@ -143,7 +144,22 @@ class ClusterAssignment(_message.Message):
     neighbours: _containers.RepeatedCompositeFieldContainer[Neighbours]
     signed: bool
     encoding: Encoding
-    def __init__(self, context: _Optional[_Union[Context, _Mapping]] = ..., members: _Optional[_Iterable[int]] = ..., threshold: _Optional[int] = ..., length: _Optional[int] = ..., bits: _Optional[int] = ..., neighbours: _Optional[_Iterable[_Union[Neighbours, _Mapping]]] = ..., signed: bool = ..., encoding: _Optional[_Union[Encoding, _Mapping]] = ...) -> None: ...
+    keys: _containers.RepeatedCompositeFieldContainer[KeyAdvert]
+    def __init__(self, context: _Optional[_Union[Context, _Mapping]] = ..., members: _Optional[_Iterable[int]] = ..., threshold: _Optional[int] = ..., length: _Optional[int] = ..., bits: _Optional[int] = ..., neighbours: _Optional[_Iterable[_Union[Neighbours, _Mapping]]] = ..., signed: bool = ..., encoding: _Optional[_Union[Encoding, _Mapping]] = ..., keys: _Optional[_Iterable[_Union[KeyAdvert, _Mapping]]] = ...) -> None: ...
+
+class KeyAdvert(_message.Message):
+    __slots__ = ("sender", "scope", "encryption_public", "mask_public", "signature")
+    SENDER_FIELD_NUMBER: _ClassVar[int]
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
+    ENCRYPTION_PUBLIC_FIELD_NUMBER: _ClassVar[int]
+    MASK_PUBLIC_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    sender: int
+    scope: bytes
+    encryption_public: bytes
+    mask_public: bytes
+    signature: bytes
+    def __init__(self, sender: _Optional[int] = ..., scope: _Optional[bytes] = ..., encryption_public: _Optional[bytes] = ..., mask_public: _Optional[bytes] = ..., signature: _Optional[bytes] = ...) -> None: ...
 
 class Advertisement(_message.Message):
     __slots__ = ("sender", "context", "encryption_public", "mask_public", "commitment", "signature")
@@ -211,6 +227,30 @@ class MaskedInput(_message.Message):
     complaints: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, sender: _Optional[int] = ..., context: _Optional[_Union[Context, _Mapping]] = ..., vector: _Optional[_Union[VectorHeader, _Mapping]] = ..., complaints: _Optional[_Iterable[int]] = ...) -> None: ...
 
+class PeerCommitment(_message.Message):
+    __slots__ = ("peer", "commitment")
+    PEER_FIELD_NUMBER: _ClassVar[int]
+    COMMITMENT_FIELD_NUMBER: _ClassVar[int]
+    peer: int
+    commitment: bytes
+    def __init__(self, peer: _Optional[int] = ..., commitment: _Optional[bytes] = ...) -> None: ...
+
+class MaskedShares(_message.Message):
+    __slots__ = ("sender", "context", "vector", "seed_commitment", "pair_commitments", "bundles")
+    SENDER_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    VECTOR_FIELD_NUMBER: _ClassVar[int]
+    SEED_COMMITMENT_FIELD_NUMBER: _ClassVar[int]
+    PAIR_COMMITMENTS_FIELD_NUMBER: _ClassVar[int]
+    BUNDLES_FIELD_NUMBER: _ClassVar[int]
+    sender: int
+    context: Context
+    vector: VectorHeader
+    seed_commitment: bytes
+    pair_commitments: _containers.RepeatedCompositeFieldContainer[PeerCommitment]
+    bundles: _containers.RepeatedCompositeFieldContainer[Bundle]
+    def __init__(self, sender: _Optional[int] = ..., context: _Optional[_Union[Context, _Mapping]] = ..., vector: _Optional[_Union[VectorHeader, _Mapping]] = ..., seed_commitment: _Optional[bytes] = ..., pair_commitments: _Optional[_Iterable[_Union[PeerCommitment, _Mapping]]] = ..., bundles: _Optional[_Iterable[_Union[Bundle, _Mapping]]] = ...) -> None: ...
+
 class ConsistencyRequest(_message.Message):
     __slots__ = ("context", "survivors")
     CONTEXT_FIELD_NUMBER: _ClassVar[int]
@@ -238,16 +278,18 @@ class SignatureEntry(_message.Message):
     def __init__(self, signer: _Optional[int] = ..., signature: _Optional[bytes] = ...) -> None: ...
 
 class UnmaskRequest(_message.Message):
-    __slots__ = ("context", "survivors", "dropped", "signatures")
+    __slots__ = ("context", "survivors", "dropped", "signatures", "bundles")
     CONTEXT_FIELD_NUMBER: _ClassVar[int]
     SURVIVORS_FIELD_NUMBER: _ClassVar[int]
     DROPPED_FIELD_NUMBER: _ClassVar[int]
     SIGNATURES_FIELD_NUMBER: _ClassVar[int]
+    BUNDLES_FIELD_NUMBER: _ClassVar[int]
     context: Context
     survivors: _containers.RepeatedScalarFieldContainer[int]
     dropped: _containers.RepeatedScalarFieldContainer[int]
     signatures: _containers.RepeatedCompositeFieldContainer[SignatureEntry]
-    def __init__(self, context: _Optional[_Union[Context, _Mapping]] = ..., survivors: _Optional[_Iterable[int]] = ..., dropped: _Optional[_Iterable[int]] = ..., signatures: _Optional[_Iterable[_Union[SignatureEntry, _Mapping]]] = ...) -> None: ...
+    bundles: _containers.RepeatedCompositeFieldContainer[Bundle]
+    def __init__(self, context: _Optional[_Union[Context, _Mapping]] = ..., survivors: _Optional[_Iterable[int]] = ..., dropped: _Optional[_Iterable[int]] = ..., signatures: _Optional[_Iterable[_Union[SignatureEntry, _Mapping]]] = ..., bundles: _Optional[_Iterable[_Union[Bundle, _Mapping]]] = ...) -> None: ...
 
 class PeerShare(_message.Message):
     __slots__ = ("peer", "share")
@@ -257,19 +299,33 @@ class PeerShare(_message.Message):
     share: bytes
     def __init__(self, peer: _Optional[int] = ..., share: _Optional[bytes] = ...) -> None: ...
 
+class PairShare(_message.Message):
+    __slots__ = ("dealer", "peer", "share")
+    DEALER_FIELD_NUMBER: _ClassVar[int]
+    PEER_FIELD_NUMBER: _ClassVar[int]
+    SHARE_FIELD_NUMBER: _ClassVar[int]
+    dealer: int
+    peer: int
+    share: bytes
+    def __init__(self, dealer: _Optional[int] = ..., peer: _Optional[int] = ..., share: _Optional[bytes] = ...) -> None: ...
+
 class UnmaskResponse(_message.Message):
-    __slots__ = ("sender", "context", "seed_shares", "key_shares", "pair_seeds")
+    __slots__ = ("sender", "context", "seed_shares", "key_shares", "pair_seeds", "pair_shares", "complaints")
     SENDER_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_FIELD_NUMBER: _ClassVar[int]
     SEED_SHARES_FIELD_NUMBER: _ClassVar[int]
     KEY_SHARES_FIELD_NUMBER: _ClassVar[int]
     PAIR_SEEDS_FIELD_NUMBER: _ClassVar[int]
+    PAIR_SHARES_FIELD_NUMBER: _ClassVar[int]
+    COMPLAINTS_FIELD_NUMBER: _ClassVar[int]
     sender: int
     context: Context
     seed_shares: _containers.RepeatedCompositeFieldContainer[PeerShare]
     key_shares: _containers.RepeatedCompositeFieldContainer[PeerShare]
     pair_seeds: _containers.RepeatedCompositeFieldContainer[PeerShare]
-    def __init__(self, sender: _Optional[int] = ..., context: _Optional[_Union[Context, _Mapping]] = ..., seed_shares: _Optional[_Iterable[_Union[PeerShare, _Mapping]]] = ..., key_shares: _Optional[_Iterable[_Union[PeerShare, _Mapping]]] = ..., pair_seeds: _Optional[_Iterable[_Union[PeerShare, _Mapping]]] = ...) -> None: ...
+    pair_shares: _containers.RepeatedCompositeFieldContainer[PairShare]
+    complaints: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, sender: _Optional[int] = ..., context: _Optional[_Union[Context, _Mapping]] = ..., seed_shares: _Optional[_Iterable[_Union[PeerShare, _Mapping]]] = ..., key_shares: _Optional[_Iterable[_Union[PeerShare, _Mapping]]] = ..., pair_seeds: _Optional[_Iterable[_Union[PeerShare, _Mapping]]] = ..., pair_shares: _Optional[_Iterable[_Union[PairShare, _Mapping]]] = ..., complaints: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Refusal(_message.Message):
     __slots__ = ("context", "reason")
@@ -298,7 +354,7 @@ class Finished(_message.Message):
     def __init__(self, rounds: _Optional[int] = ..., model: _Optional[_Union[VectorHeader, _Mapping]] = ...) -> None: ...
 
 class ClientMessage(_message.Message):
-    __slots__ = ("hello", "advertise", "shares", "masked", "chunk", "consistency", "unmask", "refusal")
+    __slots__ = ("hello", "advertise", "shares", "masked", "chunk", "consistency", "unmask", "refusal", "masked_shares", "key_advert")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     ADVERTISE_FIELD_NUMBER: _ClassVar[int]
     SHARES_FIELD_NUMBER: _ClassVar[int]
@@ -307,6 +363,8 @@ class ClientMessage(_message.Message):
     CONSISTENCY_FIELD_NUMBER: _ClassVar[int]
     UNMASK_FIELD_NUMBER: _ClassVar[int]
     REFUSAL_FIELD_NUMBER: _ClassVar[int]
+    MASKED_SHARES_FIELD_NUMBER: _ClassVar[int]
+    KEY_ADVERT_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     advertise: Advertisement
     shares: EncryptedShares
@@ -315,7 +373,9 @@ class ClientMessage(_message.Message):
     consistency: ConsistencySignature
     unmask: UnmaskResponse
     refusal: Refusal
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., advertise: _Optional[_Union[Advertisement, _Mapping]] = ..., shares: _Optional[_Union[EncryptedShares, _Mapping]] = ..., masked: _Optional[_Union[MaskedInput, _Mapping]] = ..., chunk: _Optional[_Union[VectorChunk, _Mapping]] = ..., consistency: _Optional[_Union[ConsistencySignature, _Mapping]] = ..., unmask: _Optional[_Union[UnmaskResponse, _Mapping]] = ..., refusal: _Optional[_Union[Refusal, _Mapping]] = ...) -> None: ...
+    masked_shares: MaskedShares
+    key_advert: KeyAdvert
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., advertise: _Optional[_Union[Advertisement, _Mapping]] = ..., shares: _Optional[_Union[EncryptedShares, _Mapping]] = ..., masked: _Optional[_Union[MaskedInput, _Mapping]] = ..., chunk: _Optional[_Union[VectorChunk, _Mapping]] = ..., consistency: _Optional[_Union[ConsistencySignature, _Mapping]] = ..., unmask: _Optional[_Union[UnmaskResponse, _Mapping]] = ..., refusal: _Optional[_Union[Refusal, _Mapping]] = ..., masked_shares: _Optional[_Union[MaskedShares, _Mapping]] = ..., key_advert: _Optional[_Union[KeyAdvert, _Mapping]] = ...) -> None: ...
 
 class ServerMessage(_message.Message):
     __slots__ = ("challenge", "round_start", "chunk", "assignment", "keys", "masking", "consistency", "unmask", "round_end", "finished", "goodbye")

@@ -13,7 +13,18 @@ the same. This module is sans-IO and knows no transport.
 everything a peer could get wrong (types, ranges, byte sizes, list lengths, duplicate
 ids), raising :class:`RecordError`. A key context travels as its canonical bytes
 (:meth:`KeyContext.to_bytes`); a ``{peer: bytes}`` map as two parallel lists
+``<name>.peers`` / ``<name>.values``; a list of key adverts as parallel lists
+``keys.<field>``; a ``{(dealer, peer): bytes}`` map as ``<name>.dealers`` /
 ``<name>.peers`` / ``<name>.values``. ``from_record(to_record(x)) == x`` for every value.
+
+The two-exchange round (protocol version 3) added :class:`~sharefl.protocol.keys.KeyAdvert`,
+:class:`~sharefl.protocol.messages.MaskedShares` and fields of three older values
+(``ClusterAssignment.keys``, ``UnmaskRequest.bundles``, ``UnmaskResponse.pair_shares`` and
+``.complaints``). Those fields are written only when they are not empty and read as empty
+when absent, so a four-exchange value has the record it had before (``tests/vectors``
+pins both). A two-exchange bundle is :func:`~sharefl.protocol.bundles.dealt_bytes` of its
+dealer's neighbour count, so the number of neighbours one dealer may have is capped
+(:data:`MAX_DEALT_PEERS`), which bounds every bundle and every list of them.
 
 :func:`nest` / :func:`unnest` put one record inside another under a key prefix (a
 transport may carry several values in one record; :class:`ClientSession` state uses it).
@@ -22,7 +33,7 @@ transport may carry several values in one record; :class:`ClientSession` state u
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any, TypeAlias
 
 import numpy as np
@@ -33,9 +44,10 @@ from sharefl.crypto.kdf import KEY_BYTES, PLAN_DIGEST_BYTES, KeyContext
 from sharefl.crypto.shamir import SHARE_BYTES
 from sharefl.crypto.signatures import SIGNATURE_BYTES
 from sharefl.protocol import messages as m
-from sharefl.protocol.bundles import COMMITMENT_BYTES, SEALED_BYTES
+from sharefl.protocol.bundles import COMMITMENT_BYTES, SEALED_BYTES, dealt_bytes
 from sharefl.protocol.clustering import Clustering, ClusteringError
 from sharefl.protocol.errors import ConfigurationError, ProtocolError
+from sharefl.protocol.keys import MAX_SCOPE_BYTES, KeyAdvert
 from sharefl.protocol.plan import RoundPlan
 
 RecordValue: TypeAlias = int | float | bool | str | bytes | list[int] | list[bytes] | np.ndarray
@@ -49,6 +61,25 @@ MAX_IDS = 1 << 16
 
 MAX_PLAN_IDS = 1 << 20
 """Most client ids a round plan may carry in total (R · n)."""
+
+MAX_DEALT_PEERS = 256
+"""Two-exchange round: most neighbours one dealer may have, hence most pair commitments
+and bundles of a :class:`~sharefl.protocol.messages.MaskedShares` and most bundles of an
+:class:`~sharefl.protocol.messages.UnmaskRequest` (a holder's dealers are its neighbours).
+A bundle is then at most ``dealt_bytes(256)`` = 9,553 bytes and either message at most
+about 2.3 MiB of bundles, under gRPC's 4 MiB message limit (``MAX_IDS`` peers would allow
+bundles of 2.4 MB each, 158 GB in one message). A complete graph of a two-exchange
+cluster therefore has at most 257 members; a larger cluster needs a sparse neighbour
+graph of degree at most 256."""
+
+MAX_PAIR_SHARES = MAX_DEALT_PEERS * (MAX_DEALT_PEERS + 1)
+"""Two-exchange round: most pair shares one :class:`~sharefl.protocol.messages.
+UnmaskResponse` may carry: one per (dealer, dropped peer of the dealer), over at most
+``MAX_DEALT_PEERS + 1`` dealers (the holder's neighbours and itself)."""
+
+DEALT_SIZES = frozenset(dealt_bytes(peers) for peers in range(1, MAX_DEALT_PEERS + 1))
+"""The sizes a two-exchange bundle may have (a dealer has 1 to ``MAX_DEALT_PEERS``
+neighbours)."""
 
 _CONTEXT_HEAD = struct.calcsize(">IQII")
 
@@ -138,17 +169,71 @@ def put_map(record: Record, key: str, values: Mapping[int, bytes]) -> None:
     record[f"{key}.values"] = [bytes(v) for _, v in items]
 
 
-def get_map(record: Mapping[str, Any], key: str, size: int) -> dict[int, bytes]:
-    """The map :func:`put_map` stored, every value ``size`` bytes; raises :class:`RecordError`."""
-    peers = get_ids(record, f"{key}.peers")
-    values = _list(record, f"{key}.values")
+def get_map(
+    record: Mapping[str, Any], key: str, size: int | Collection[int], cap: int = MAX_IDS
+) -> dict[int, bytes]:
+    """The map :func:`put_map` stored: at most ``cap`` entries, every value ``size`` bytes
+    (or of one of the sizes ``size`` holds); raises :class:`RecordError`."""
+    peers = get_ids(record, f"{key}.peers", cap)
+    values = _list(record, f"{key}.values", cap)
     if len(values) != len(peers):
         raise RecordError(f"{key!r}: {len(peers)} peers but {len(values)} values")
+    sizes = (size,) if isinstance(size, int) else size
     result = {}
     for peer, value in zip(peers, values, strict=True):
-        if not isinstance(value, bytes | bytearray) or len(value) != size:
-            raise RecordError(f"{key!r}: the entry of client {peer} must be {size} bytes")
+        if not isinstance(value, bytes | bytearray) or len(value) not in sizes:
+            if isinstance(size, int):
+                raise RecordError(f"{key!r}: the entry of client {peer} must be {size} bytes")
+            got = len(value) if isinstance(value, bytes | bytearray) else type(value).__name__
+            raise RecordError(
+                f"{key!r}: the entry of client {peer} must be a dealt bundle's size "
+                f"(dealt_bytes of 1 to {MAX_DEALT_PEERS} neighbours), got {got}"
+            )
         result[peer] = bytes(value)
+    return result
+
+
+def _optional_map(
+    record: Mapping[str, Any], key: str, size: int | Collection[int], cap: int = MAX_IDS
+) -> dict[int, bytes]:
+    """:func:`get_map`, or ``{}`` when neither list is present (a record of a sender that
+    predates the field)."""
+    if f"{key}.peers" not in record and f"{key}.values" not in record:
+        return {}
+    return get_map(record, key, size, cap)
+
+
+def _put_pair_map(record: Record, key: str, values: Mapping[tuple[int, int], bytes]) -> None:
+    """Store ``{(dealer, peer): bytes}`` as ``key.dealers`` / ``key.peers`` / ``key.values``
+    (sorted by dealer, then peer)."""
+    items = sorted(values.items())
+    record[f"{key}.dealers"] = [int(d) for (d, _), _ in items]
+    record[f"{key}.peers"] = [int(p) for (_, p), _ in items]
+    record[f"{key}.values"] = [bytes(v) for _, v in items]
+
+
+def _get_pair_map(
+    record: Mapping[str, Any], key: str, size: int, cap: int
+) -> dict[tuple[int, int], bytes]:
+    """The map :func:`_put_pair_map` stored (``{}`` if absent): at most ``cap`` entries of
+    two distinct clients each, no pair twice, every value ``size`` bytes."""
+    names = [f"{key}.{part}" for part in ("dealers", "peers", "values")]
+    if not any(name in record for name in names):
+        return {}
+    dealers = get_ids(record, names[0], cap, unique=False)
+    peers = get_ids(record, names[1], cap, unique=False)
+    values = _list(record, names[2], cap)
+    if not len(dealers) == len(peers) == len(values):
+        raise RecordError(f"the {key!r} lists differ in length")
+    result: dict[tuple[int, int], bytes] = {}
+    for pair, value in zip(zip(dealers, peers, strict=True), values, strict=True):
+        if pair[0] == pair[1]:
+            raise RecordError(f"{key!r}: a pair names client {pair[0]} twice")
+        if pair in result:
+            raise RecordError(f"{key!r}: duplicate pair {pair}")
+        if not isinstance(value, bytes | bytearray) or len(value) != size:
+            raise RecordError(f"{key!r}: the entry of pair {pair} must be {size} bytes")
+        result[pair] = bytes(value)
     return result
 
 
@@ -208,6 +293,8 @@ def _assignment_to(a: m.ClusterAssignment, r: Record) -> None:
         r["neighbours.ids"] = ids
         r["neighbours.degrees"] = [len(a.neighbours[i]) for i in ids]
         r["neighbours.peers"] = [int(p) for i in ids for p in sorted(a.neighbours[i])]
+    if a.keys:
+        _key_adverts_to(a.keys, r)
 
 
 def _assignment_from(r: Mapping[str, Any]) -> m.ClusterAssignment:
@@ -236,7 +323,57 @@ def _assignment_from(r: Mapping[str, Any]) -> m.ClusterAssignment:
         bits=bits,
         neighbours=neighbours,
         signed=get_bool(r, "signed"),
+        keys=_key_adverts_from(r, len(members)),
     )
+
+
+_KEY_ADVERT_FIELDS = ("scope", "encryption_public", "mask_public", "signature")
+
+
+def _key_advert_to(a: KeyAdvert, r: Record) -> None:
+    r.update(sender=a.sender, **{n: bytes(getattr(a, n)) for n in _KEY_ADVERT_FIELDS})
+
+
+def _key_advert_from(r: Mapping[str, Any]) -> KeyAdvert:
+    """Sizes only: whether the keys are usable X25519 keys (and the signature verifies) is
+    :func:`~sharefl.protocol.keys.check_key_advert`'s to say."""
+    scope = get_bytes(r, "scope")
+    if len(scope) > MAX_SCOPE_BYTES:
+        raise RecordError(f"'scope' has {len(scope)} bytes; at most {MAX_SCOPE_BYTES}")
+    return KeyAdvert(
+        sender=get_int(r, "sender"),
+        scope=scope,
+        encryption_public=get_bytes(r, "encryption_public", (KEY_BYTES,)),
+        mask_public=get_bytes(r, "mask_public", (KEY_BYTES,)),
+        signature=get_bytes(r, "signature", (0, SIGNATURE_BYTES)),
+    )
+
+
+def _key_adverts_to(adverts: tuple[KeyAdvert, ...], r: Record) -> None:
+    r["keys.sender"] = [int(a.sender) for a in adverts]
+    for name in _KEY_ADVERT_FIELDS:
+        r[f"keys.{name}"] = [bytes(getattr(a, name)) for a in adverts]
+
+
+def _key_adverts_from(r: Mapping[str, Any], cap: int) -> tuple[KeyAdvert, ...]:
+    """The ``keys.*`` lists (empty if absent): at most ``cap`` (the members), one advert
+    per sender."""
+    names = ("keys.sender", *(f"keys.{n}" for n in _KEY_ADVERT_FIELDS))
+    if not any(name in r for name in names):
+        return ()
+    senders = get_ids(r, "keys.sender", cap)
+    columns = {n: _list(r, f"keys.{n}", cap) for n in _KEY_ADVERT_FIELDS}
+    if any(len(c) != len(senders) for c in columns.values()):
+        raise RecordError("the 'keys.*' lists differ in length")
+    adverts = []
+    for i, sender in enumerate(senders):
+        try:
+            adverts.append(
+                _key_advert_from({"sender": sender, **{n: c[i] for n, c in columns.items()}})
+            )
+        except RecordError as exc:
+            raise RecordError(f"the key advert of client {sender}: {exc}") from None
+    return tuple(adverts)
 
 
 def _advert_to(a: m.AdvertiseKeys, r: Record) -> None:
@@ -329,6 +466,31 @@ def _masked_from(r: Mapping[str, Any]) -> m.MaskedInput:
     return m.MaskedInput(get_int(r, "sender"), _context(r), _vector(r), get_ids(r, "complaints"))
 
 
+def _masked_shares_to(x: m.MaskedShares, r: Record) -> None:
+    r.update(
+        sender=x.sender,
+        context=x.context.to_bytes(),
+        vector=x.vector,
+        seed_commitment=bytes(x.seed_commitment),
+    )
+    put_map(r, "pair_commitments", x.pair_commitments)
+    put_map(r, "bundles", x.bundles)
+
+
+def _masked_shares_from(r: Mapping[str, Any]) -> m.MaskedShares:
+    """Every bundle is the size a dealer of ``len(pair_commitments)`` neighbours seals;
+    whether those are the sender's neighbours is the server's to check."""
+    commitments = get_map(r, "pair_commitments", COMMITMENT_BYTES, MAX_DEALT_PEERS)
+    return m.MaskedShares(
+        get_int(r, "sender"),
+        _context(r),
+        _vector(r),
+        get_bytes(r, "seed_commitment", (COMMITMENT_BYTES,)),
+        commitments,
+        get_map(r, "bundles", dealt_bytes(len(commitments)), MAX_DEALT_PEERS),
+    )
+
+
 def _consistency_to(x: m.ConsistencyRequest, r: Record) -> None:
     r.update(context=x.context.to_bytes(), survivors=list(x.survivors))
 
@@ -350,6 +512,8 @@ def _signature_from(r: Mapping[str, Any]) -> m.ConsistencySignature:
 def _unmask_request_to(x: m.UnmaskRequest, r: Record) -> None:
     r.update(context=x.context.to_bytes(), survivors=list(x.survivors), dropped=list(x.dropped))
     put_map(r, "signatures", x.signatures)
+    if x.bundles:
+        put_map(r, "bundles", x.bundles)
 
 
 def _unmask_request_from(r: Mapping[str, Any]) -> m.UnmaskRequest:
@@ -358,6 +522,7 @@ def _unmask_request_from(r: Mapping[str, Any]) -> m.UnmaskRequest:
         get_ids(r, "survivors"),
         get_ids(r, "dropped"),
         get_map(r, "signatures", SIGNATURE_BYTES),
+        _optional_map(r, "bundles", DEALT_SIZES, MAX_DEALT_PEERS),
     )
 
 
@@ -366,6 +531,10 @@ def _unmask_response_to(x: m.UnmaskResponse, r: Record) -> None:
     put_map(r, "seed_shares", x.seed_shares)
     put_map(r, "key_shares", x.key_shares)
     put_map(r, "pair_seeds", x.pair_seeds)
+    if x.pair_shares:
+        _put_pair_map(r, "pair_shares", x.pair_shares)
+    if x.complaints:
+        r["complaints"] = [int(c) for c in x.complaints]
 
 
 def _unmask_response_from(r: Mapping[str, Any]) -> m.UnmaskResponse:
@@ -375,6 +544,8 @@ def _unmask_response_from(r: Mapping[str, Any]) -> m.UnmaskResponse:
         get_map(r, "seed_shares", SHARE_BYTES),
         get_map(r, "key_shares", SHARE_BYTES),
         get_map(r, "pair_seeds", KEY_BYTES),
+        _get_pair_map(r, "pair_shares", SHARE_BYTES, MAX_PAIR_SHARES),
+        get_ids(r, "complaints") if "complaints" in r else (),
     )
 
 
@@ -447,6 +618,8 @@ _CONVERTERS: dict[type, tuple[Any, Any]] = {
     m.EncryptedShares: (_shares_to, _shares_from),
     m.MaskingRequest: (_masking_to, _masking_from),
     m.MaskedInput: (_masked_to, _masked_from),
+    m.MaskedShares: (_masked_shares_to, _masked_shares_from),
+    KeyAdvert: (_key_advert_to, _key_advert_from),
     m.ConsistencyRequest: (_consistency_to, _consistency_from),
     m.ConsistencySignature: (_signature_to, _signature_from),
     m.UnmaskRequest: (_unmask_request_to, _unmask_request_from),
@@ -457,12 +630,12 @@ _CONVERTERS: dict[type, tuple[Any, Any]] = {
 _BY_NAME = {cls.__name__: cls for cls in _CONVERTERS}
 
 Recordable: TypeAlias = (
-    m.ClientMessage | m.ServerMessage | m.ClusterAssignment | RingEncoding | RoundPlan
+    m.ClientMessage | m.ServerMessage | m.ClusterAssignment | KeyAdvert | RingEncoding | RoundPlan
 )
 
 
 def to_record(value: Recordable) -> Record:
-    """The record of one protocol message, assignment, encoding or round plan.
+    """The record of one protocol message, assignment, key advert, encoding or round plan.
 
     Raises ``TypeError`` for any other value.
     """
@@ -505,10 +678,14 @@ CLIENT_MESSAGES: tuple[type, ...] = (
     m.AdvertiseKeys,
     m.EncryptedShares,
     m.MaskedInput,
+    m.MaskedShares,
     m.ConsistencySignature,
     m.UnmaskResponse,
 )
-"""The classes a server accepts from a client (``from_record(r, CLIENT_MESSAGES)``)."""
+"""The classes a server accepts from a client within a cluster's round
+(``from_record(r, CLIENT_MESSAGES)``). A :class:`~sharefl.protocol.keys.KeyAdvert` is
+not one of them: a client sends it once per scope, outside any round, and a receiver asks
+for it by name (``from_record(r, KeyAdvert)``)."""
 
 SERVER_MESSAGES: tuple[type, ...] = (
     m.KeysBroadcast,

@@ -13,6 +13,7 @@ advertised_keys_message``...) at call time, so a test can patch one and see a ve
 from __future__ import annotations
 
 import json
+import struct
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -22,7 +23,8 @@ import numpy as np
 
 from sharefl.crypto import aead, kdf, shamir, signatures
 from sharefl.deploy import wire
-from sharefl.protocol import bundles, plan
+from sharefl.protocol import bundles, keys, plan, records
+from sharefl.protocol import messages as m
 from sharefl.protocol.clustering import Clustering
 
 HERE = Path(__file__).resolve().parent
@@ -142,6 +144,185 @@ def chunk_vectors(inputs: Inputs) -> Outputs:
     return out
 
 
+# ---- the two codecs of every protocol message (records for Flower, protobuf for gRPC) -------
+
+
+def _fill(byte: int, size: int) -> bytes:
+    return bytes([byte & 0xFF]) * size
+
+
+def codec_messages(inputs: Inputs) -> dict[str, Any]:
+    """One fixed value of every message and assignment the codecs carry, by label.
+
+    Four-exchange values (version 2 contexts) use only the fields that existed before the
+    two-exchange round, so their vectors pin the old formats: a receiver still decodes
+    them, and a sender of such a value still writes exactly these bytes (their outputs
+    were generated before the two-exchange fields were added to the codecs). The
+    two-exchange values (version 3) fill every new field. Bundles, shares and signatures
+    are fillers of the right size (a codec checks sizes, never contents)."""
+    plan_digest = bytes.fromhex(inputs["plan"])
+    v2 = kdf.KeyContext(**inputs["context"], version=kdf.PROTOCOL_VERSION, plan=plan_digest)
+    members = tuple(inputs["members"])
+    u, v, w = members
+    enc, mask = bytes.fromhex(inputs["encryption_public"]), bytes.fromhex(inputs["mask_public"])
+    commitment = bytes.fromhex(inputs["commitment"])
+    signature = bytes.fromhex(inputs["signature"])
+    sealed = bundles.SEALED_BYTES
+    share, key = shamir.SHARE_BYTES, kdf.KEY_BYTES
+    vector = np.asarray(inputs["vector"], dtype=np.uint32)
+    advert = m.AdvertiseKeys(u, v2, enc, mask, commitment, signature)
+    values: dict[str, Any] = {
+        "assignment_v2": m.ClusterAssignment(
+            v2,
+            members,
+            2,
+            len(vector),
+            32,
+            {u: frozenset({v, w}), v: frozenset({u}), w: frozenset({u})},
+            True,
+        ),
+        "advertise_keys": advert,
+        "keys_broadcast": m.KeysBroadcast(
+            v2, (advert, m.AdvertiseKeys(v, v2, mask, enc, commitment))
+        ),
+        "encrypted_shares": m.EncryptedShares(u, v2, {v: _fill(v, sealed), w: _fill(w, sealed)}),
+        "masking_request": m.MaskingRequest(v2, u, members, {v: _fill(v, sealed)}),
+        "masked_input": m.MaskedInput(u, v2, vector, (w,)),
+        "consistency_request": m.ConsistencyRequest(v2, members),
+        "consistency_signature": m.ConsistencySignature(u, v2, signature),
+        "unmask_request_v2": m.UnmaskRequest(v2, (u, v), (w,), {u: signature, v: signature}),
+        "unmask_response_v2": m.UnmaskResponse(
+            u,
+            v2,
+            {u: _fill(u, share), v: _fill(v, share)},
+            {w: _fill(w, share)},
+            {w: _fill(7, key)},
+        ),
+    }
+    v3 = kdf.KeyContext(**inputs["context"], version=kdf.TWO_EXCHANGE_VERSION, plan=plan_digest)
+    scope = bytes.fromhex(inputs["scope"])
+    key_adverts = (
+        keys.KeyAdvert(u, scope, enc, mask, signature),
+        keys.KeyAdvert(v, scope, mask, enc),
+        keys.KeyAdvert(w, b"", _fill(w, key), _fill(w + 1, key), signature),
+    )
+    dealt_u = bundles.dealt_bytes(2)  # u's neighbours: v and w
+    dealt_v = bundles.dealt_bytes(1)  # v's neighbour: u
+    values |= {
+        "key_advert": key_adverts[0],
+        "assignment_v3": m.ClusterAssignment(
+            v3,
+            members,
+            2,
+            len(vector),
+            32,
+            {u: frozenset({v, w}), v: frozenset({u}), w: frozenset({u})},
+            True,
+            key_adverts,
+        ),
+        "masked_shares": m.MaskedShares(
+            u,
+            v3,
+            vector,
+            commitment,
+            {v: _fill(v, bundles.COMMITMENT_BYTES), w: _fill(w, bundles.COMMITMENT_BYTES)},
+            {v: _fill(v, dealt_u), w: _fill(w, dealt_u)},
+        ),
+        "unmask_request_v3": m.UnmaskRequest(
+            v3, (u, v), (w,), {u: signature, v: signature}, {v: _fill(v, dealt_v)}
+        ),
+        "unmask_response_v3": m.UnmaskResponse(
+            u,
+            v3,
+            {u: _fill(u, share)},
+            {},
+            pair_shares={(u, w): _fill(u, share), (v, w): _fill(v, share)},
+            complaints=(v,),
+        ),
+    }
+    return values
+
+
+def _value_bytes(value: Any) -> bytes:
+    """One record value as tagged bytes: its type is pinned with its contents."""
+    if isinstance(value, bool):
+        return b"b" + bytes([value])
+    if isinstance(value, int):
+        return b"i" + value.to_bytes(8, "big")
+    if isinstance(value, float):
+        return b"f" + struct.pack(">d", value)
+    if isinstance(value, str):
+        return b"s" + value.encode()
+    if isinstance(value, bytes):
+        return b"y" + value
+    if isinstance(value, np.ndarray):
+        little = value.astype(value.dtype.newbyteorder("<"))
+        return b"a" + little.dtype.str.encode() + b":" + little.tobytes()
+    if isinstance(value, list) and all(isinstance(x, int) for x in value):
+        return b"l" + b"".join(int(x).to_bytes(8, "big") for x in value)
+    if isinstance(value, list) and all(isinstance(x, bytes) for x in value):
+        return b"L" + b"".join(len(x).to_bytes(4, "big") + x for x in value)
+    raise TypeError(f"not a record value: {type(value).__name__}")
+
+
+def record_vectors(inputs: Inputs) -> Outputs:
+    """Every record key of every value of :func:`codec_messages` (``label/key``) and its
+    tagged value (:func:`_value_bytes`): a key added, dropped or renamed differs too."""
+    out: Outputs = {}
+    for label, value in codec_messages(inputs).items():
+        for key, item in records.to_record(value).items():
+            out[f"{label}/{key}"] = _value_bytes(item).hex()
+    return out
+
+
+def _wire_messages(label: str, value: Any) -> dict[str, Any]:
+    if isinstance(value, m.ClusterAssignment):
+        return {label: wire.assignment_to_proto(value, None)}
+    if isinstance(value, m.MaskedInput | m.MaskedShares):
+        to_proto = (
+            wire.masked_header_to_proto
+            if isinstance(value, m.MaskedInput)
+            else wire.masked_shares_header_to_proto
+        )
+        header, chunks = to_proto(value)
+        return {label: header, **{f"{label}/chunk_{i}": c for i, c in enumerate(chunks)}}
+    converters: dict[type, Callable[[Any], Any]] = {
+        keys.KeyAdvert: wire.key_advert_to_proto,
+        m.AdvertiseKeys: wire.advert_to_proto,
+        m.KeysBroadcast: wire.keys_to_proto,
+        m.EncryptedShares: wire.shares_to_proto,
+        m.MaskingRequest: wire.masking_to_proto,
+        m.ConsistencyRequest: wire.consistency_request_to_proto,
+        m.ConsistencySignature: wire.signature_to_proto,
+        m.UnmaskRequest: wire.unmask_request_to_proto,
+        m.UnmaskResponse: wire.unmask_response_to_proto,
+    }
+    return {label: converters[type(value)](value)}
+
+
+def wire_vectors(inputs: Inputs) -> Outputs:
+    """The deterministic protobuf bytes of every value of :func:`codec_messages` (a masked
+    vector's header message and its chunks)."""
+    out: Outputs = {}
+    for label, value in codec_messages(inputs).items():
+        for name, message in _wire_messages(label, value).items():
+            out[name] = message.SerializeToString(deterministic=True).hex()
+    return out
+
+
+_CODEC_INPUTS: Inputs = {
+    "context": _CONTEXT,
+    "plan": _PLAN_DIGEST,
+    "members": [3, 9, 12],
+    "encryption_public": "66" * 32,
+    "mask_public": "77" * 32,
+    "commitment": "88" * 32,
+    "signature": "99" * 64,
+    "vector": [1, 4294967295, 7],
+    "scope": "73636f7065",
+}
+
+
 FORMATS: dict[str, tuple[Callable[[Inputs], Outputs], Inputs]] = {
     "kdf": (
         kdf_vectors,
@@ -211,6 +392,8 @@ FORMATS: dict[str, tuple[Callable[[Inputs], Outputs], Inputs]] = {
             }
         },
     ),
+    "record_codec": (record_vectors, _CODEC_INPUTS),
+    "wire_messages": (wire_vectors, _CODEC_INPUTS),
 }
 
 
