@@ -939,8 +939,8 @@ class ClientSession:
 
         The record holds this client's secrets (private keys, self-mask seed, pairwise
         keys, the shares it holds, its input): keep it where only this client can read it.
-        The policy and the randomness source are not part of it; :meth:`from_state` takes
-        them again.
+        The policy, the randomness source and the long-term keys of a two-exchange session
+        are not part of it; :meth:`from_state` takes them again.
         """
         r: records.Record = {
             records.TYPE_KEY: SESSION_STATE_TYPE,
@@ -963,6 +963,12 @@ class ClientSession:
             r["mask_private"] = self._mask.private
             r["seed"] = self._seed
             r.update(records.nest("advert", records.to_record(self._advert)))
+        if self._dealt is not None:  # two-exchange: what the unmask answer needs
+            r["dealt_seed"] = self._dealt.seed_share.to_bytes()
+            records.put_map(
+                r, "dealt_pairs", {v: s.to_bytes() for v, s in self._dealt.pairs.items()}
+            )
+            records.put_map(r, "share_keys", self._share_keys)
         if "_adverts" in self.__dict__ and self.state is not ClientState.ABORTED:
             broadcast = KeysBroadcast(self.context, tuple(self._adverts.values()))
             r.update(records.nest("adverts", records.to_record(broadcast)))
@@ -977,9 +983,11 @@ class ClientSession:
         policy: ClientPolicy | None = None,
         *,
         randbytes: Callable[[int], bytes] = os.urandom,
+        keys: ClientKeys | None = None,
     ) -> ClientSession:
         """The session :meth:`export_state` saved, with this client's ``policy`` (checked
-        against the assignment again) and randomness source.
+        against the assignment again), randomness source and, for a two-exchange session,
+        its long-term ``keys``.
 
         Raises :class:`~sharefl.protocol.records.RecordError` for a record that is not a
         complete session state, and what the constructor raises.
@@ -991,7 +999,12 @@ class ClientSession:
         if vector is not None and not isinstance(vector, np.ndarray):
             raise records.RecordError("'vector' must be a numpy array")
         session = cls(
-            records.get_int(record, "id"), assignment, vector, policy, randbytes=randbytes
+            records.get_int(record, "id"),
+            assignment,
+            vector,
+            policy,
+            randbytes=randbytes,
+            keys=keys,
         )
         try:
             session.state = ClientState(record.get("state"))
@@ -1001,14 +1014,16 @@ class ClientSession:
         session._complaints = frozenset(records.get_ids(record, "complaints"))
         if "signed_survivors" in record:
             session._signed_survivors = records.get_ids(record, "signed_survivors")
-        keys = records.get_map(record, "held_keys", SHARE_BYTES)
-        seeds = records.get_map(record, "held_seeds", SHARE_BYTES)
-        if keys.keys() != seeds.keys():
+        key_shares = records.get_map(record, "held_keys", SHARE_BYTES)
+        seed_shares = records.get_map(record, "held_seeds", SHARE_BYTES)
+        if key_shares.keys() != seed_shares.keys():
             raise records.RecordError("'held_keys' and 'held_seeds' name different peers")
         try:
             session._held = {
-                p: SharePair(shamir.Share.from_bytes(keys[p]), shamir.Share.from_bytes(seeds[p]))
-                for p in keys
+                p: SharePair(
+                    shamir.Share.from_bytes(key_shares[p]), shamir.Share.from_bytes(seed_shares[p])
+                )
+                for p in key_shares
             }
             if "enc_private" in record:
                 session._enc = X25519KeyPair.from_private(
@@ -1028,6 +1043,8 @@ class ClientSession:
             session._adverts = {a.sender: a for a in broadcast.advertisements}
             session._share_keys = records.get_map(record, "share_keys", KEY_BYTES)
             session._mask_seeds = records.get_map(record, "mask_seeds", KEY_BYTES)
+        if session.two_exchange:
+            return session._restore_dealt(record)
         needs_keys = session.state in (
             ClientState.ADVERTISED,
             ClientState.SHARED,
@@ -1043,3 +1060,23 @@ class ClientSession:
         ):
             raise records.RecordError(f"a {session.state.value} session state lacks the adverts")
         return session
+
+    def _restore_dealt(self, record: Mapping[str, object]) -> ClientSession:
+        """Two-exchange state: the own shares dealt and the share keys, which a masked or
+        signed session needs to answer the unmask request."""
+        if "dealt_seed" in record:
+            seed = records.get_bytes(record, "dealt_seed", (SHARE_BYTES,))
+            pairs = records.get_map(record, "dealt_pairs", SHARE_BYTES)
+            if set(pairs) != set(self._neighbours):
+                raise records.RecordError("'dealt_pairs' must name exactly the neighbours")
+            try:
+                self._dealt = DealtShares(
+                    shamir.Share.from_bytes(seed),
+                    {v: shamir.Share.from_bytes(pairs[v]) for v in sorted(pairs)},
+                )
+            except CryptoError as exc:
+                raise records.RecordError(f"unusable dealt shares: {exc}") from exc
+            self._share_keys = records.get_map(record, "share_keys", KEY_BYTES)
+        if self.state in (ClientState.MASKED, ClientState.SIGNED) and self._dealt is None:
+            raise records.RecordError(f"a {self.state.value} session state lacks its shares")
+        return self

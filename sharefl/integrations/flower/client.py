@@ -15,6 +15,7 @@ from typing import Any, cast
 import numpy as np
 
 from sharefl.crypto.encoding import RingEncoding, encode
+from sharefl.crypto.kdf import TWO_EXCHANGE_VERSION
 from sharefl.crypto.signatures import HELLO_NONCE_BYTES, node_hello_message
 from sharefl.install_hint import install_command
 from sharefl.privacy.distributed import DistributedDPConfig, DistributedEncoder
@@ -24,6 +25,7 @@ from sharefl.protocol.budget import PrivacyCharge
 from sharefl.protocol.client import ClientPolicy, ClientSession
 from sharefl.protocol.client_round import ClientRound
 from sharefl.protocol.errors import ConfigurationError, InconsistentRequest
+from sharefl.protocol.keys import ClientKeys
 from sharefl.protocol.memory import ClientMemory, memory_path
 from sharefl.protocol.messages import ClusterAssignment, MaskingRequest, UnmaskRequest
 from sharefl.protocol.plan import RoundPlan
@@ -193,8 +195,10 @@ def make_sharefl_mod(
         )
         if stage.get("stage") == "hello":
             out = client.hello(records.get_bytes(stage, "nonce", (HELLO_NONCE_BYTES,)))
+        elif stage.get("stage") == "keys":
+            out = client.advertise_keys(records.get_bool(stage, "signed"))
         elif stage.get("stage") == "assign":
-            out = client.assign(msg.content, float(stage["max_weight"]))
+            out = client.assign(msg, float(stage["max_weight"]), call_next)
         else:
             out = client.step(msg, ctxt, call_next)
         return Message(out, reply_to=msg)
@@ -276,7 +280,43 @@ class _Client:
         put_record(out, f"{PREFIX}.hello", {"client_id": cid, "signature": signature})
         return out
 
-    def assign(self, content: RecordDict, max_weight: float) -> RecordDict:
+    def advertise_keys(self, signed: bool) -> RecordDict:
+        """``key_setup = "once"``: make this client's long-term keys for this Flower run
+        (scope: the run id), keep them in the ``Context`` and reply with their advert
+        (signed with the identity in signed rounds). Asked again (a restart lost them, or
+        the server lost the advert), it makes new ones."""
+        cid = self.signed_id() if signed else self.node_id
+        identity = self.policy.identity if signed else None
+        if signed and identity is None:
+            raise ConfigurationError("a signed round needs policy.identity and policy.directory")
+        keys = ClientKeys.generate(cid, self.run, self.randbytes)
+        self._save(
+            "keys",
+            {
+                "client_id": cid,
+                "scope": keys.scope,
+                "encryption": keys.encryption.private,
+                "mask": keys.mask.private,
+            },
+        )
+        out = RecordDict()
+        put_record(out, f"{PREFIX}.keys", records.to_record(keys.advert(identity)))
+        return out
+
+    def _keys(self) -> ClientKeys | None:
+        """The long-term keys :meth:`advertise_keys` kept (``None``: none in this
+        ``Context``)."""
+        if not has_record(self.ctxt.state, f"{_STATE}.keys"):
+            return None
+        saved = self._load("keys")
+        return ClientKeys.from_private(
+            records.get_int(saved, "client_id"),
+            records.get_bytes(saved, "scope"),
+            records.get_bytes(saved, "encryption", (32,)),
+            records.get_bytes(saved, "mask", (32,)),
+        )
+
+    def assign(self, msg: Message, max_weight: float, call_next) -> RecordDict:
         """Vet the assignment and advertise keys. A new plan starts a new round; its first
         assignment names the digest of the model the round trains on (the client trains
         when the first masking request brings the model, and refuses one with another
@@ -285,6 +325,7 @@ class _Client:
         assignment when the policy requires signed mode, and the refusals of
         :class:`ClientRound` (with :class:`~sharefl.protocol.errors.RoundReplayed` and
         :class:`~sharefl.protocol.errors.ModelReplayed` from the memory)."""
+        content = msg.content
         assignment = records.from_record(
             get_record(content, f"{PREFIX}.assignment"), ClusterAssignment
         )
@@ -339,13 +380,44 @@ class _Client:
             state = self._load("round")
             memory = self._memory(records.get_int(state, "id"))
             guard = ClientRound.from_state(state, self.policy, memory=memory)
-        session = guard.session(assignment, None, randbytes=self.randbytes)  # I4 recorded
-        advert = session.advertise()
+        keys = self._keys()
+        if assignment.context.version == TWO_EXCHANGE_VERSION and not _relayed(assignment, keys):
+            # Keys lost (a restart) or replaced: nothing of this round is answered; the new
+            # advert lets the server include this client from the next round on.
+            return self.advertise_keys(assignment.signed)
+        session = guard.session(assignment, None, randbytes=self.randbytes, keys=keys)
+        out = RecordDict()
+        if session.two_exchange:  # the assignment brings the instructions: train, then mask
+            out = self._input_for(msg, self.ctxt, call_next, guard, session)
+        reply = session.start()  # I4 recorded (by the guard, before this leaves)
         self._keep(memory)
         self._save("round", guard.export_state())
         self._save("session", session.export_state())
+        put_record(out, f"{PREFIX}.message", records.to_record(reply))
+        return out
+
+    def _input_for(
+        self, msg: Message, ctxt: Context, call_next, guard: ClientRound, session: ClientSession
+    ) -> RecordDict:
+        """Give ``session`` this client's input: trained now on the instructions ``msg``
+        carries (the round's first message that brings them; their model must be the one
+        the round's plan named), else the one kept since; the input leaves the ``Context``
+        after the round's last clustering. Returns the training reply (empty without
+        training)."""
         out = RecordDict()
-        put_record(out, f"{PREFIX}.message", records.to_record(advert))
+        if not has_record(self.ctxt.state, f"{_STATE}.input"):
+            instructions, received, legacy = _instructions(msg)
+            if arrays_digest(received) != guard.model_digest:
+                raise InconsistentRequest(
+                    "the model this message brings is not the one the round's assignment "
+                    "named (and this client's memory recorded): refusing to train on it"
+                )
+            out = self._train(msg, instructions, received, legacy, ctxt, call_next, guard.plan)
+        session.set_input(self._load("input")["vector"])
+        if session.context.reclustering + 1 >= guard.plan.reclusterings:
+            # The round's last masking: the input (d ring elements) leaves the Context,
+            # which Flower ships with every later message of this client.
+            drop_record(self.ctxt.state, f"{_STATE}.input")
         return out
 
     def step(self, msg: Message, ctxt: Context, call_next) -> RecordDict:
@@ -362,23 +434,11 @@ class _Client:
         )
         guard = ClientRound.from_state(state, self.policy, memory=memory)
         session = ClientSession.from_state(
-            self._load("session"), self.policy, randbytes=self.randbytes
+            self._load("session"), self.policy, randbytes=self.randbytes, keys=self._keys()
         )
         out = RecordDict()
         if isinstance(message, MaskingRequest):
-            if not has_record(self.ctxt.state, f"{_STATE}.input"):
-                instructions, received, legacy = _instructions(msg)
-                if arrays_digest(received) != guard.model_digest:
-                    raise InconsistentRequest(
-                        "the masking request's model is not the one the round's assignment "
-                        "named (and this client's memory recorded): refusing to train on it"
-                    )
-                out = self._train(msg, instructions, received, legacy, ctxt, call_next, guard.plan)
-            session.set_input(self._load("input")["vector"])
-            if message.context.reclustering + 1 >= guard.plan.reclusterings:
-                # The round's last masking: the input (d ring elements) leaves the Context,
-                # which Flower ships with every later message of this client.
-                drop_record(self.ctxt.state, f"{_STATE}.input")
+            out = self._input_for(msg, ctxt, call_next, guard, session)
         reply = guard.handle(session, message)  # a release is recorded in the memory first
         if memory is not None:
             self._keep(memory)
@@ -420,6 +480,17 @@ class _Client:
         for arrays in content.array_records.values():
             arrays.clear()  # the trained arrays never leave the client in the clear
         return content
+
+
+def _relayed(assignment: ClusterAssignment, keys: ClientKeys | None) -> bool:
+    """Whether ``assignment`` relays ``keys`` as this client's own (two-exchange)."""
+    if keys is None:
+        return False
+    own = [a for a in assignment.keys if a.sender == keys.client_id]
+    return len(own) == 1 and (own[0].encryption_public, own[0].mask_public) == (
+        keys.encryption.public,
+        keys.mask.public,
+    )
 
 
 def _instructions(msg: Message) -> tuple[RecordDict, list[np.ndarray], bool]:

@@ -20,7 +20,13 @@ from sharefl.protocol.atoms import chunk_atoms, complete_atoms
 from sharefl.protocol.clustering import Clustering, tolerance_warning
 from sharefl.protocol.coordinator import Release, RoundCoordinator, RoundResult
 from sharefl.protocol.drive import Outgoing, server_exchanges
-from sharefl.protocol.errors import ConfigurationError, LeakageError, RejectedMessage
+from sharefl.protocol.errors import (
+    BadAdvertisement,
+    ConfigurationError,
+    LeakageError,
+    RejectedMessage,
+)
+from sharefl.protocol.keys import KeyAdvert, check_distinct_keys, check_key_advert
 from sharefl.protocol.messages import ClusterAssignment, MaskingRequest, ServerMessage
 from sharefl.protocol.settings import (
     KeySetup,
@@ -45,6 +51,7 @@ from .common import (
     arrays_digest,
     checked_directory,
     get_record,
+    has_record,
     put_record,
     read_directory,
     round_seed,
@@ -260,6 +267,9 @@ class ShareflWorkflow:
         """Signed mode: node id → the client id it proved and trained under last round."""
         self._model: ModelPlan | None = None
         """The plan of the last round's model (reused while the model stays unchanged)."""
+        self._key_adverts: dict[int, KeyAdvert] = {}
+        """``key_setup = "once"``: each client's long-term key advert, collected by the
+        key stage of the first round it is selected in (and again after it failed)."""
         self._check()
         self.atom_size: int | None = (
             self.settings.resolved_atom_size if self.settings.atoms_on(deployment=True) else None
@@ -310,12 +320,6 @@ class ShareflWorkflow:
                 "planner",
                 '"isolate" needs a history of flagged clusters across rounds, which the '
                 'workflow does not keep: use planner="safe"',
-            )
-        if settings.key_setup is not KeySetup.PER_CLUSTER:
-            raise SettingsError(
-                "key_setup",
-                '= "once" (the two-exchange round) runs in process in this release; the '
-                'Flower workflow runs key_setup="per-cluster" (the default)',
             )
         if self.privacy is None and settings.clip is None:
             raise SettingsError(
@@ -415,6 +419,9 @@ class ShareflWorkflow:
         self.last_route = route
         clients = route.clients
         fitins = {clients[nid]: content for nid, content in contents.items() if nid in clients}
+        if self.settings.key_setup is KeySetup.ONCE:
+            self._key_stage(grid, current_round, route, fitins, failures)
+            fitins = {cid: c for cid, c in fitins.items() if cid in self._key_adverts}
         self._warn_if_intolerable(len(fitins))
         clip = self.settings.clip if self.settings.clip is not None else 1.0  # unused with DP
         codec = WeightedUpdateCodec.like(global_arrays, clip, self.max_weight)
@@ -467,6 +474,7 @@ class ShareflWorkflow:
                 prior_releases=list(known.releases) if known is not None else (),
                 on_release=released,
                 atom_partition=partition,
+                keys=self._key_adverts,
             )
         except (ConfigurationError, LeakageError) as exc:
             reason = f" — no round with {counted(len(fitins), 'client')}: {exc}"
@@ -581,6 +589,55 @@ class ShareflWorkflow:
             nodes[cid] = nid
         return Route(nodes)
 
+    def _key_stage(
+        self,
+        grid,
+        current_round: int,
+        route: Route,
+        fitins: Mapping[int, RecordDict],
+        failures: Failures,
+    ) -> None:
+        """``key_setup = "once"``: ask the selected clients without a key advert for one
+        (one exchange, in the first round a client is selected in; none afterwards; a
+        client that lost its keys sends new ones in its reply to the assignment), kept
+        as :meth:`_accept_advert` says."""
+        missing = sorted(cid for cid in fitins if cid not in self._key_adverts)
+        if not missing:
+            return
+        contents = {}
+        for cid in missing:
+            content = RecordDict()
+            put_record(content, STAGE_RECORD, {"stage": "keys", "signed": self.signed})
+            contents[route.nodes[cid]] = content
+        for reply in self._send(grid, contents, str(current_round)):
+            nid = reply.metadata.src_node_id
+            sender = route.clients.get(nid)
+            if sender is None or sender not in missing:
+                continue
+            cid = sender
+            if reply.has_error():
+                failures.append(Exception(reply.error))
+                continue
+            self._accept_advert(nid, cid, reply.content)
+
+    def _accept_advert(self, nid: int, cid: int, content: RecordDict) -> None:
+        """Keep the key advert in ``content`` as client ``cid``'s when it names ``cid``,
+        passes :func:`~sharefl.protocol.keys.check_key_advert` (signed mode: signed by the
+        directory's key of ``cid``) and repeats no key another client advertised; else name
+        node ``nid`` in ``last_node_culprits``."""
+        try:
+            advert = records.from_record(get_record(content, f"{PREFIX}.keys"), KeyAdvert)
+            if advert.sender != cid:
+                raise RejectedMessage(f"a key advert for client {advert.sender}", cid)
+            check_key_advert(advert, self._directory.get(cid) if self.signed else None)
+            others = [a for c, a in self._key_adverts.items() if c != cid]
+            check_distinct_keys([*others, advert])
+        except (records.RecordError, RejectedMessage, BadAdvertisement) as exc:
+            log.warning("sharefl: node %d: key advert refused: %s", nid, exc)
+            self.last_node_culprits[nid] = f"key advert refused: {exc}"
+            return
+        self._key_adverts[cid] = advert
+
     def _verified_hello(self, content: RecordDict, node_id: int, nonce: bytes) -> int:
         """The client id a hello reply proves. Raises :class:`RejectedMessage` for a reply
         that is malformed, names an id the directory lacks, or whose signature does not
@@ -615,10 +672,14 @@ class ShareflWorkflow:
         digest of the model (``model``: the client's memory checks it before it
         advertises); a stage message, the first reclustering's masking request with the
         training instructions (``fitins``), whose model the client checks against that
-        digest."""
+        digest. In the two-exchange round (the assignment carries keys) the first
+        reclustering's assignment brings the instructions: the client trains, then replies
+        with its masked input."""
         first = outgoing.reclustering == 0
         content = RecordDict()
         if isinstance(message, ClusterAssignment):
+            if first and message.keys:  # two-exchange: the client trains on the assignment
+                content = RecordDict(dict(fitins[cid].items()))
             if first:
                 put_record(content, MODEL_RECORD, {"digest": model})
             put_record(content, STAGE_RECORD, {"stage": "assign", "max_weight": self.max_weight})
@@ -654,6 +715,11 @@ class ShareflWorkflow:
                 continue
             if reply.has_error():
                 failures.append(Exception(reply.error))
+                continue
+            if has_record(reply.content, f"{PREFIX}.keys"):
+                # A client that lost its keys (a restart) answers its assignment with new
+                # ones: it sits this round out and takes part with them from the next.
+                self._accept_advert(reply.metadata.src_node_id, sender, reply.content)
                 continue
             self._deliver(rc, sender, reply, train_replies)
 
