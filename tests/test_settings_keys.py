@@ -31,6 +31,7 @@ from sharefl.protocol import secure_sum
 from sharefl.protocol.audit import audit
 from sharefl.protocol.coordinator import RoundCoordinator, plan_round, round_colluders
 from sharefl.protocol.errors import ConfigurationError
+from sharefl.protocol.keys import ClientKeys
 from sharefl.protocol.settings import (
     DEFAULTS,
     SETTINGS_KEYS,
@@ -378,6 +379,13 @@ def test_flower_workflow(key, monkeypatch):
         "_hello",
         lambda self, grid, round, nodes, failures: flower.Route({n - 1: n for n in nodes}),
     )
+    if key == "key_setup":  # the key stage's adverts, as the clients would send them
+
+        def key_stage(self, grid, round, route, fitins, failures):
+            for cid in fitins:
+                self._key_adverts[cid] = ClientKeys.generate(cid).advert()
+
+        monkeypatch.setattr(flower.ShareflWorkflow, "_key_stage", key_stage)
     directory = {"directory": DIRECTORY} if key == "signed" else {}
     by_keyword = flower.ShareflWorkflow(**{key: VALUES[key]}, max_empty_rounds=None, **directory)
     by_object = flower.ShareflWorkflow(expected(key), max_empty_rounds=None, **directory)
