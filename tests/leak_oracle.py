@@ -581,8 +581,12 @@ class LeakOracle:
         for s in sessions:
             own_known = s.mask_private in privates
             for peer, seed in s.pair_seeds.items():
-                if own_known or s.peer_mask_publics.get(peer) in publics or holds_secret(
-                    view.shares.get((s.run, s.client, ("pair", peer)), ()), s.threshold, seed
+                if (
+                    own_known
+                    or s.peer_mask_publics.get(peer) in publics
+                    or holds_secret(
+                        view.shares.get((s.run, s.client, ("pair", peer)), ()), s.threshold, seed
+                    )
                 ):
                     known.add(seed)
         return frozenset(known)
