@@ -47,6 +47,12 @@ PYTHON = [sys.executable, "-m", "sharefl.cli"]
 
 LOOPBACK_ANY_PORT = "127.0.0.1:0"
 
+HANG_S = 1200.0
+"""The longest a test waits for a process it started (or for a line from it) before calling
+it hung: a bound against a hang only, never a check of speed. A machine shared with other
+jobs runs these processes many times slower than an idle one, so a short fixed limit turns
+a correct run red; what a test bounds is the work (rounds, clients), not the time."""
+
 
 def keyed_client(address: str, client_id: int, keys, *extra: str) -> list[str]:
     """The command line of ``sharefl client`` with its ``sharefl keygen`` folder."""

@@ -123,7 +123,7 @@ def _deploy(folder: Path, plan: Plan) -> Outcome:
             stderr=subprocess.PIPE,
             text=True,
         )
-    status, log = run.finish(timeout=120)
+    status, log = run.finish()
     result = run.result() if status == 0 else {}
     return Outcome(status, log, result, attackers, run)
 

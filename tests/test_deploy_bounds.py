@@ -17,7 +17,7 @@ import subprocess
 import grpc
 import numpy as np
 import pytest
-from conftest import PYTHON, serving
+from conftest import HANG_S, PYTHON, serving
 
 from sharefl.deploy.client import ClientRuntime, demo_trainer, retryable
 from sharefl.deploy.config import (
@@ -238,7 +238,7 @@ def test_launch_samples_k_clients_a_round_and_the_others_sit_out(tmp_path):
         [*PYTHON, "launch", "--config", str(path), "--clients", "9", "--out", str(out)],
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=HANG_S,
     )
     assert done.returncode == 0, done.stderr
     rows = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]

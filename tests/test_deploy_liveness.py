@@ -111,7 +111,7 @@ def test_sharefl_serve_exits_stalled_with_one_line_and_its_clients_are_told(tmp_
     run.procs[ATTACKER] = subprocess.Popen(
         [*command, "--attack", "out-of-range"], stderr=subprocess.PIPE, text=True
     )
-    status, log = run.finish(timeout=120)
+    status, log = run.finish()
     assert status == ExitStatus.STALLED, log
     errors = [line for line in log.splitlines() if line.startswith("sharefl serve:")]
     assert len(errors) == 1 and "2 rounds in a row" in errors[0], log

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import PYTHON, serving, start_server
+from conftest import HANG_S, PYTHON, serving, start_server
 from test_server_resume import Crash, CrashingWriter
 
 from sharefl.deploy.client import ClientRuntime, demo_trainer
@@ -302,8 +302,8 @@ def test_sharefl_serve_out_keeps_what_the_file_says(tmp_path):
         subprocess.Popen([*PYTHON, "client", "--server", address, "--id", str(c)]) for c in range(3)
     ]
     try:
-        assert server.wait(timeout=90) == 0, (tmp_path / "server.log").read_text()
-        assert [c.wait(timeout=30) for c in clients] == [0, 0, 0]
+        assert server.wait(timeout=HANG_S) == 0, (tmp_path / "server.log").read_text()
+        assert [c.wait(timeout=HANG_S) for c in clients] == [0, 0, 0]
     finally:
         for process in (*clients, server):
             if process.poll() is None:

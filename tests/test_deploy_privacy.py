@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import PYTHON, serving, start_server
+from conftest import HANG_S, PYTHON, serving, start_server
 
 from sharefl.deploy.client import ClientRuntime, demo_trainer
 from sharefl.deploy.config import load_config
@@ -130,8 +130,8 @@ def test_serve_and_client_processes_run_a_private_deployment_as_documented(tmp_p
         )
         for c in range(3)
     ]
-    codes = [c.wait(timeout=180) for c in clients]
-    assert server.wait(timeout=60) == 0
+    codes = [c.wait(timeout=HANG_S) for c in clients]
+    assert server.wait(timeout=HANG_S) == 0
     assert codes == [0] * 3, [c.stderr.read()[-2000:] for c in clients]
     rounds = json.loads((out / "result.json").read_text())["rounds"]
     assert len(rounds) == 2

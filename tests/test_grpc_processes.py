@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import PYTHON, start_server
+from conftest import HANG_S, PYTHON, start_server
 
 from sharefl.deploy.client import demo_trainer
 from sharefl.deploy.keygen import keygen
@@ -59,13 +59,13 @@ class Deployment:
         self.procs[cid] = proc
         return proc
 
-    def finish(self, timeout: float = 90) -> tuple[int, str]:
+    def finish(self, timeout: float = HANG_S) -> tuple[int, str]:
         try:
             _, log = self.server.communicate(timeout=timeout)
         finally:
             for cid, proc in self.procs.items():
                 try:
-                    self.logs[cid] = proc.communicate(timeout=15)[1]
+                    self.logs[cid] = proc.communicate(timeout=HANG_S)[1]
                 except subprocess.TimeoutExpired:
                     proc.kill()
         return self.server.returncode, log
@@ -214,8 +214,8 @@ def test_tls_round_and_refusal_of_wrong_certificate_or_identity(tmp_path):
     wrong_identity = run.client(11, "--keys", str(mixed), "--retries", "1")
     # The impostors are refused before the honest clients start: the server, waiting for
     # four clients, is certainly still there for them (no race with the end of the run).
-    wrong_cert.wait(timeout=60)
-    wrong_identity.wait(timeout=60)
+    wrong_cert.wait(timeout=HANG_S)
+    wrong_identity.wait(timeout=HANG_S)
     for cid in range(4):
         run.client(cid, "--keys", str(keys))
     status, log = run.finish()
@@ -238,7 +238,7 @@ def test_launch_runs_a_server_and_clients_and_reports(tmp_path):
         [*PYTHON, "launch", "--config", str(config), "--clients", "4", "--out", str(out)],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=HANG_S,
     )
     assert done.returncode == 0, done.stderr
     assert "round 1/1" in done.stderr and "4 of 4 clients exited cleanly" in done.stderr
@@ -255,7 +255,7 @@ def test_server_stops_cleanly_on_sigterm(tmp_path):
     run.client(0)  # the server waits for three more that never come
     time.sleep(1.5)
     run.server.send_signal(signal.SIGTERM)
-    status, log = run.finish(timeout=30)
+    status, log = run.finish()
     assert status == 130 and "interrupted" in log
 
 
@@ -267,7 +267,7 @@ def test_client_without_a_server_retries_then_exits_with_a_clear_message():
             [*PYTHON, "client", "--server", address, "--id", "1", "--retries", "2"],
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=HANG_S,
         )
     assert done.returncode == 3
     assert "unreachable after 2 attempts" in done.stderr
@@ -277,7 +277,7 @@ def test_bad_config_is_reported_without_a_traceback(tmp_path):
     config = tmp_path / "bad.toml"
     config.write_text("[secure_aggregation]\ncluster_size = 1\n")
     done = subprocess.run(
-        [*PYTHON, "serve", "--config", str(config)], capture_output=True, text=True, timeout=60
+        [*PYTHON, "serve", "--config", str(config)], capture_output=True, text=True, timeout=HANG_S
     )
     assert done.returncode == 2
     assert "cluster_size must be >= 2" in done.stderr and "Traceback" not in done.stderr

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import keyed_client
+from conftest import HANG_S, keyed_client
 from test_malicious_server import (
     CLIENTS,
     DIM,
@@ -274,7 +274,7 @@ def rounds(tmp_path_factory):
 
     try:
         played = asyncio.run(_serve(keys, start))
-        logs = [proc.communicate(timeout=20)[1] for proc in procs]
+        logs = [proc.communicate(timeout=HANG_S)[1] for proc in procs]
     finally:
         for proc in procs:
             if proc.poll() is None:

@@ -23,7 +23,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-from conftest import keyed_client
+from conftest import HANG_S, keyed_client
 
 from sharefl.crypto.encoding import choose_encoding
 from sharefl.crypto.kdf import KeyContext
@@ -346,7 +346,7 @@ def attacked(tmp_path_factory):
 
     try:
         seen, _ = asyncio.run(_serve(keys, started))
-        logs = [proc.communicate(timeout=20)[1] for proc in procs]
+        logs = [proc.communicate(timeout=HANG_S)[1] for proc in procs]
     finally:
         for proc in procs:
             if proc.poll() is None:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import keyed_client
+from conftest import HANG_S, keyed_client
 from test_atoms import small_sums_determined
 from test_malicious_server import (
     CLIENTS,
@@ -97,7 +97,7 @@ def _session(keys: Path, plans: dict[str, RoundPlan], first_step: int) -> dict[s
             await server.stop(grace=2.0)
         for proc in procs:
             try:
-                proc.communicate(timeout=20)
+                proc.communicate(timeout=HANG_S)
             finally:
                 if proc.poll() is None:
                     proc.kill()

@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import PYTHON, start_server
+from conftest import HANG_S, PYTHON, start_server
 
 from sharefl.deploy.keygen import keygen
 
@@ -82,7 +82,7 @@ def _rounds(out: Path) -> int:
     return path.read_text().count("\n") if path.exists() else 0
 
 
-def _wait_rounds(out: Path, count: int, server: subprocess.Popen, timeout: float = 60) -> None:
+def _wait_rounds(out: Path, count: int, server: subprocess.Popen, timeout: float = HANG_S) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if _rounds(out) >= count:
@@ -115,7 +115,7 @@ class Run:
         ]
         self.stderr: list[str] = []
 
-    def finish(self, timeout: float = 60) -> tuple[int, list[int]]:
+    def finish(self, timeout: float = HANG_S) -> tuple[int, list[int]]:
         try:
             status = self.server.wait(timeout=timeout)
         finally:
@@ -125,7 +125,7 @@ class Run:
             codes = []
             for proc in self.clients:
                 try:
-                    self.stderr.append(proc.communicate(timeout=20)[1])
+                    self.stderr.append(proc.communicate(timeout=HANG_S)[1])
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     self.stderr.append(proc.communicate()[1])
@@ -193,7 +193,7 @@ def test_a_restored_old_out_folder_gets_no_contribution_under_a_new_plan(tmp_pat
     shutil.copytree(backup, out)
     prefix = len(_journal(out))
     second = Run(tmp_path, config, keys, "run2", "--resume", str(out))
-    status, codes = second.finish(timeout=90)
+    status, codes = second.finish()
     log = second.log
     # The resumed run ends (its refused rounds fail, nothing hangs), every client cleanly.
     assert status == 0, log

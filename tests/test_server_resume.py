@@ -25,7 +25,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-from conftest import PYTHON, serving, start_server
+from conftest import HANG_S, PYTHON, serving, start_server
 
 from sharefl.crypto.signatures import IdentityKey, stream_hello_message
 from sharefl.deploy import wire
@@ -429,15 +429,15 @@ def test_a_client_stopped_past_a_stage_deadline_is_not_excluded_and_finishes(tmp
     ]
     try:
         rounds = out / "rounds.jsonl"
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + HANG_S
         while not (rounds.exists() and rounds.read_text().count("\n") >= 1):
             assert time.monotonic() < deadline, "round 1 never finished"
             time.sleep(0.02)
         os.kill(clients[3].pid, signal.SIGSTOP)
         time.sleep(2.5)
         os.kill(clients[3].pid, signal.SIGCONT)
-        codes = [c.wait(timeout=60) for c in clients]
-        assert server.wait(timeout=60) == 0
+        codes = [c.wait(timeout=HANG_S) for c in clients]
+        assert server.wait(timeout=HANG_S) == 0
     finally:
         for process in (*clients, server):
             if process.poll() is None:
