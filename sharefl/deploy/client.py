@@ -79,12 +79,14 @@ from sharefl.protocol.errors import (
     PlanRefused,
     ProtocolError,
 )
+from sharefl.protocol.keys import ClientKeys
 from sharefl.protocol.memory import UNAUTHENTICATED, ClientMemory, memory_path, model_digest
 from sharefl.protocol.messages import (
     ClusterAssignment,
     ConsistencySignature,
     EncryptedShares,
     MaskedInput,
+    MaskedShares,
     UnmaskResponse,
 )
 from sharefl.wording import counted
@@ -412,6 +414,9 @@ class ClientRuntime:
             None if state_dir is None else memory_path(state_dir, client_id),
             server=self.server_identity,
         )
+        self.keys = ClientKeys.generate(client_id, self.server_identity)
+        """This process's long-term keys (the two-exchange round): advertised after every
+        Hello, so a restarted server (or client) gets them again."""
 
     @property
     def server_identity(self) -> bytes:
@@ -549,6 +554,8 @@ class ClientRuntime:
                 )
             ),
         )
+        advert = self.keys.advert(self.identity)
+        await self._send(call, pb.ClientMessage(key_advert=wire.key_advert_to_proto(advert)))
         update: np.ndarray | None = None
         session: ClientSession | None = None
         round_guard = RoundGuard()
@@ -654,16 +661,26 @@ class ClientRuntime:
                 )
             vector = self._input(update, assignment, encoding)
             if round_guard.guard is not None:
-                session = round_guard.guard.session(assignment, vector)
+                session = round_guard.guard.session(assignment, vector, keys=self.keys)
             else:
-                session = ClientSession(self.client_id, assignment, vector, self.policy)
+                session = ClientSession(
+                    self.client_id, assignment, vector, self.policy, keys=self.keys
+                )
+            first = session.start()
         except (ClientRefusal, wire.WireError, ProtocolError, ValueError) as exc:
             await self._refuse(call, proto.context, exc)
             return None
+        if isinstance(first, MaskedShares):  # two-exchange: the masked input and its shares
+            self._maybe_exit("mask")
+            self._contributed.add(first.context.round)
+            self.report.contributed = len(self._contributed)
+            header, chunks = wire.masked_shares_header_to_proto(first)
+            await self._send(call, pb.ClientMessage(masked_shares=header))
+            for chunk in chunks:
+                await self._send(call, pb.ClientMessage(chunk=chunk))
+            return session
         self._maybe_exit("advertise")
-        await self._send(
-            call, pb.ClientMessage(advertise=wire.advert_to_proto(session.advertise()))
-        )
+        await self._send(call, pb.ClientMessage(advertise=wire.advert_to_proto(first)))
         return session
 
     def _input(

@@ -68,7 +68,7 @@ from pathlib import Path
 from typing import Any
 
 from sharefl.protocol.errors import ConfigurationError
-from sharefl.protocol.settings import KeySetup, Planner, SecureAggregationSettings, SettingsError
+from sharefl.protocol.settings import Planner, SecureAggregationSettings, SettingsError
 from sharefl.toml_tables import build_dataclass
 
 KEEP_ALL_AGGREGATES = -1
@@ -168,8 +168,7 @@ class SecureAggregationSection(SecureAggregationSettings):
 
     What the server cannot honour is refused here, naming the key: ``cluster_size`` 1 (a
     deployment is secure aggregation) and ``planner = "isolate"`` (the server keeps no
-    history of flagged clusters across rounds), and ``key_setup = "once"`` (the two-exchange
-    round has no gRPC messages yet).
+    history of flagged clusters across rounds).
     """
 
     exclude_after: int = 1
@@ -190,12 +189,6 @@ class SecureAggregationSection(SecureAggregationSettings):
             'across rounds, which the gRPC server does not keep: use planner = "safe"',
         )
         _require(self.exclude_after >= 0, "secure_aggregation.exclude_after must be >= 0")
-        _require(
-            self.key_setup is KeySetup.PER_CLUSTER,
-            'secure_aggregation.key_setup = "once" (the two-exchange round) runs in process '
-            '(secure_sum, sharefl simulate) in this release; the gRPC server runs "per-cluster": '
-            "remove the key",
-        )
 
 
 @dataclass(frozen=True)

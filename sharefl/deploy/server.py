@@ -64,12 +64,18 @@ from sharefl.protocol.atoms import chunk_atoms, complete_atoms
 from sharefl.protocol.clustering import Clustering
 from sharefl.protocol.coordinator import Exclusions, Release, RoundCoordinator, RoundResult
 from sharefl.protocol.drive import server_exchanges
-from sharefl.protocol.errors import ConfigurationError, LeakageError, RejectedMessage
+from sharefl.protocol.errors import (
+    BadAdvertisement,
+    ConfigurationError,
+    LeakageError,
+    RejectedMessage,
+)
 from sharefl.protocol.keyfiles import read_directory
+from sharefl.protocol.keys import ClientKeys, KeyAdvert, check_distinct_keys, check_key_advert
 from sharefl.protocol.model_step import descend  # the one model step; re-exported here
 from sharefl.protocol.plan import RoundPlan
 from sharefl.protocol.server import ClusterSum
-from sharefl.protocol.settings import SecureAggregationSettings
+from sharefl.protocol.settings import KeySetup, SecureAggregationSettings
 from sharefl.wording import counted
 
 if TYPE_CHECKING:  # grpc ships no type stubs here: to mypy this is Any, kept for the reader
@@ -177,7 +183,7 @@ class ClientLink:
     bytes_in: int = 0
     bytes_out: int = 0
     error: StreamError | None = None
-    pending: tuple[pb.MaskedInput, wire.VectorAssembler] | None = None
+    pending: tuple[pb.MaskedInput | pb.MaskedShares, wire.VectorAssembler] | None = None
     heard: float = 0.0
     """``time.monotonic()`` when the last message of the client arrived."""
     ended: bool = False
@@ -560,6 +566,9 @@ class ServerRun:
                 f"the strategy's model has shape {self.model.shape}; "
                 f"model.dim is {config.model.dim}"
             )
+        self.key_adverts: dict[int, KeyAdvert] = {}
+        """Each client's long-term key advert (sent after its Hello; a reconnect replaces
+        it): what the two-exchange round (``key_setup = "once"``) relays."""
         self.reports: list[RoundReport] = []
         self.empty_rounds = 0
         """Rounds in a row, up to the last, that released no cluster sum."""
@@ -620,6 +629,13 @@ class ServerRun:
     def alive(self) -> list[int]:
         return sorted(cid for cid, link in self.links.items() if link.alive)
 
+    def ready(self) -> list[int]:
+        """The connected clients a round can plan: with ``key_setup = "once"`` those whose
+        key advert arrived (it follows the Hello at once)."""
+        if self.settings.key_setup is not KeySetup.ONCE:
+            return self.alive()
+        return [cid for cid in self.alive() if cid in self.key_adverts]
+
     def misbehaved(self, link: ClientLink, error: StreamError) -> None:
         """End ``link`` for what only the transport sees (undecodable or oversized bytes,
         broken chunking) and name its client in the current round."""
@@ -642,6 +658,11 @@ class ServerRun:
                 raise wire.WireError("a vector's chunks were interrupted by another message")
             elif kind == "masked":
                 self._on_masked_header(link, envelope.masked)
+            elif kind == "masked_shares":
+                wire.masked_shares_check(envelope.masked_shares)  # before the vector comes
+                self._on_masked_header(link, envelope.masked_shares)
+            elif kind == "key_advert":
+                self._on_key_advert(link, wire.key_advert_from_proto(envelope.key_advert))
             elif kind == "refusal":
                 self.peer_log.line(
                     link.client_id, f"client {link.client_id} refused: {envelope.refusal.reason}"
@@ -679,7 +700,23 @@ class ServerRun:
             )
         self.changed.set()
 
-    def _on_masked_header(self, link: ClientLink, header: pb.MaskedInput) -> None:
+    def _on_key_advert(self, link: ClientLink, advert: KeyAdvert) -> None:
+        """Keep a client's long-term key advert: it names the stream's client, passes
+        :func:`~sharefl.protocol.keys.check_key_advert` (signed mode: signed by the
+        directory's key of that client) and repeats no key another client advertised.
+        Raises :class:`RejectedMessage` (the stream is ended) otherwise."""
+        cid = link.client_id
+        if advert.sender != cid:
+            raise RejectedMessage(f"client {cid} sent a key advert for client {advert.sender}", cid)
+        try:
+            check_key_advert(advert, self.directory.get(cid) if self.settings.signed else None)
+            check_distinct_keys([*(a for c, a in self.key_adverts.items() if c != cid), advert])
+        except BadAdvertisement as exc:
+            raise RejectedMessage(f"client {cid}: key advert refused: {exc}", cid) from exc
+        self.key_adverts[cid] = advert
+        self.changed.set()
+
+    def _on_masked_header(self, link: ClientLink, header: pb.MaskedInput | pb.MaskedShares) -> None:
         # Every cluster of a run has the inputs' length and the ring's width, so a masked
         # input is reassembled before its context is checked (a late one is then dropped).
         dtype = np.uint32 if self.settings.bits == 32 else np.uint64
@@ -698,19 +735,22 @@ class ServerRun:
     def _finish_masked(self, link: ClientLink) -> None:
         header, assembler = link.pending  # type: ignore[misc]
         link.pending = None
-        self._deliver(link, wire.masked_from_parts(header, assembler.result()))
+        if isinstance(header, pb.MaskedShares):
+            self._deliver(link, wire.masked_shares_from_parts(header, assembler.result()))
+        else:
+            self._deliver(link, wire.masked_from_parts(header, assembler.result()))
 
     # -- the run ----------------------------------------------------------------------------
 
     async def wait_for_clients(self) -> None:
         wanted = self.config.server.clients
         deadline = time.monotonic() + self.config.server.connect_timeout_s
-        while len(self.alive()) < wanted and time.monotonic() < deadline:
+        while len(self.ready()) < wanted and time.monotonic() < deadline:
             self.changed.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.changed.wait(), deadline - time.monotonic())
         self.accepting = False
-        have = len(self.alive())
+        have = len(self.ready())
         self.log(f"{have} of {counted(wanted, 'client')} connected")
         if have < 2:
             raise ConfigurationError(f"only {counted(have, 'client')} connected; need at least 2")
@@ -766,7 +806,7 @@ class ServerRun:
     async def _round(self, round_index: int) -> RoundReport:
         start = time.monotonic()
         before = {cid: (link.bytes_in, link.bytes_out) for cid, link in self.links.items()}
-        eligible = self.exclusions.eligible(self.alive())
+        eligible = self.exclusions.eligible(self.ready())
         rc = self._coordinator(round_index, eligible)
         participants = list(rc.plan.participants)
         self.round = rc
@@ -907,6 +947,7 @@ class ServerRun:
             prior_releases=list(record.releases) if record is not None else (),
             on_release=released,
             atom_partition=partition,
+            keys=self.key_adverts,
         )
         if record is None:
             self.current = ModelRecord(digest, rc.plan.clusterings)
@@ -1252,6 +1293,9 @@ def validate_deployment(
                 f"{settings.resolved_atom_size} (secure_aggregation.atom_size): use more "
                 "clients, or secure_aggregation.atoms = false (docs/security.md: what leaks then)"
             )
+    keys = None
+    if settings.key_setup is KeySetup.ONCE:  # stand-ins for the adverts clients will send
+        keys = {cid: ClientKeys.generate(cid).advert() for cid in participants}
     rc = RoundCoordinator(
         settings,
         round=0,
@@ -1260,6 +1304,7 @@ def validate_deployment(
         rng=rng,
         directory=directory,
         atom_partition=partition,
+        keys=keys,
     )
     rc.open_reclustering()
     check = getattr(strategy, "check", None)

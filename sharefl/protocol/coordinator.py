@@ -90,6 +90,7 @@ from sharefl.protocol.isolation import Suspicion, isolating_reclusterings
 from sharefl.protocol.keys import KeyAdvert
 from sharefl.protocol.messages import ClientMessage, ClusterAssignment, ServerMessage
 from sharefl.protocol.plan import RoundPlan
+from sharefl.protocol.records import MAX_DEALT_PEERS
 from sharefl.protocol.server import ClusterSum, FailedCluster, ServerSession
 from sharefl.protocol.settings import KeySetup
 from sharefl.protocol.settings import Planner as Planner  # re-exported: its old home
@@ -669,6 +670,13 @@ class RoundCoordinator:
                 raise_to_floor=self.settings.raise_threshold_to_floor,
             )
             if context.version == TWO_EXCHANGE_VERSION:
+                degree = max(len(assignment.neighbours_of(c)) for c in assignment.members)
+                if degree > MAX_DEALT_PEERS:
+                    raise ConfigurationError(
+                        f"a two-exchange client deals shares to at most {MAX_DEALT_PEERS} "
+                        f"neighbours; a cluster of {len(members)} gives {degree}: use smaller "
+                        "clusters or secure_aggregation.neighbour_degree"
+                    )
                 assignment = replace(
                     assignment, keys=tuple(self._keys[c] for c in assignment.members)
                 )
