@@ -76,8 +76,6 @@ KEYS = [f.name for f in dataclasses.fields(SecureAggregationSettings)]
 
 REFUSED: dict[tuple[str, str], str] = {
     ("launch", "signed"): "secure_aggregation.signed",
-    ("launch", "key_setup"): 'secure_aggregation.key_setup = "once"',
-    ("serve", "key_setup"): 'secure_aggregation.key_setup = "once"',
 }
 """(entry point, key) → what the refusal names, where the entry point cannot honour the
 key at :data:`VALUES`' value (the decentralized loop refuses every key)."""
