@@ -13,6 +13,13 @@ error ends a command: an :class:`~sharefl.exit_status.ExitStatus` for errors a u
 and can fix (the CLI prints the message, which says what to change, as one line), ``None``
 for errors that mean sharefl itself went wrong (the CLI lets them through, with their
 traceback). A subclass states its status where it is defined.
+
+:class:`ConfigurationError` is the one root of configuration errors, whatever the package (a
+file, option or argument that cannot work: exit status 2): the protocol's and deploy's
+(``sharefl.protocol.errors`` re-exports it), and the bases whose errors are all the user's
+input (:class:`~sharefl.simulator.errors.SimulatorError`,
+:class:`~sharefl.privacy.errors.PrivacyError`, :class:`~sharefl.robust.base.AggregationError`)
+derive from it. Every error whose status is ``CONFIG`` is one.
 """
 
 from __future__ import annotations
@@ -24,6 +31,13 @@ class ShareflError(Exception):
     """Base class of every exception sharefl defines."""
 
     exit_status: ExitStatus | None = None
+
+
+class ConfigurationError(ShareflError, ValueError):
+    """A configuration that cannot work (a file's key, a command-line option, an argument):
+    the message names it and says what to change; the command exits 2."""
+
+    exit_status = ExitStatus.CONFIG
 
 
 class UserError(ShareflError):

@@ -24,6 +24,8 @@ class ExitStatus(enum.IntEnum):
     USER_CODE_FAILED = 7
     STALLED = 8
     ROUNDS_REFUSED = 9
+    NO_CLIENTS = 10
+    CLIENTS_LOST = 11
     INTERRUPTED = 130
 
 
@@ -38,6 +40,9 @@ MEANING: dict[ExitStatus, str] = {
     ExitStatus.USER_CODE_FAILED: "user code failed: a --trainer function raised",
     ExitStatus.STALLED: "stalled: server.max_empty_rounds rounds in a row released no sum (server)",
     ExitStatus.ROUNDS_REFUSED: "this client refused every round it was offered (client)",
+    ExitStatus.NO_CLIENTS: "too few clients connected within server.connect_timeout_s (server)",
+    ExitStatus.CLIENTS_LOST: "too few clients left for a round: they left (e.g. their trainers "
+    "raised) or were excluded (server)",
     ExitStatus.INTERRUPTED: "interrupted (Ctrl-C or SIGTERM); finished rounds and runs are kept",
 }
 """One line per status, as ``sharefl --help`` and README print them."""

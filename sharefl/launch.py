@@ -1,14 +1,10 @@
 """Process-level entry points behind ``sharefl serve``, ``sharefl client``, ``sharefl launch``.
 
 Each returns a process exit status and handles SIGINT/SIGTERM by cancelling its asyncio
-task, so the gRPC server stops cleanly and a client closes its stream.
-
-Exit statuses: 0 done; 2 bad configuration (message on stderr); 3 server unreachable or
-silent (stopped, dead link) beyond the client's ``--server-timeout``; 4 refused by the
-server (identity, certificate, malformed message, a run the server stopped, with its
-reason); 5 the server's stream could not be followed (a client leaves a misbehaving server);
-130 interrupted (SIGINT or SIGTERM; ``serve`` keeps every finished round, ``launch`` stops
-its server and clients first).
+task, so the gRPC server stops cleanly and a client closes its stream (status 130; ``serve``
+keeps every finished round, ``launch`` stops its server and clients first). Every other
+error ends the command by propagating to :func:`sharefl.cli.main`, which maps it to its
+``exit_status`` once (:mod:`sharefl.exit_status` has the table).
 """
 
 from __future__ import annotations
@@ -27,15 +23,10 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-import grpc
-
 from sharefl.deploy.client import (
     READ_TIMEOUT_S,
     SERVER_TIMEOUT_S,
     ClientRuntime,
-    ConnectionLost,
-    RoundsRefused,
-    TrainerFailed,
     check_took_part,
     load_trainer,
     read_tls,
@@ -43,11 +34,12 @@ from sharefl.deploy.client import (
 from sharefl.deploy.config import DeploymentConfig, load_config
 from sharefl.deploy.keygen import load_identity
 from sharefl.deploy.results import ResultsWriter, load_checkpoint
-from sharefl.deploy.server import RunResult, RunStalled, load_directory, serve
+from sharefl.deploy.server import RunResult, load_directory, serve
+from sharefl.errors import ShareflError
 from sharefl.exit_status import ExitStatus
 from sharefl.machine import keep_freed_memory, sigterm_interrupts
 from sharefl.protocol.client import ClientPolicy
-from sharefl.protocol.errors import ConfigurationError, LeakageError, ProtocolError
+from sharefl.protocol.errors import ConfigurationError
 from sharefl.wording import counted
 
 CANCEL_RETRY_S = 0.2
@@ -148,11 +140,10 @@ def run_server(
                 listening=write_address(Path(port_file)) if port_file else None,
             )
         )
-    except (ConfigurationError, LeakageError, ValueError, RunStalled) as exc:
+    except ShareflError as exc:  # the CLI prints it and exits with its status
         if writer is not None and writer.rows:  # a run stopped after some rounds: keep them
             writer.finish(error=str(exc))
-        _error("serve", str(exc))
-        return ExitStatus.STALLED if isinstance(exc, RunStalled) else ExitStatus.CONFIG
+        raise
     except KeyboardInterrupt:
         kept = ""
         if writer is not None:
@@ -187,7 +178,7 @@ def _server_config(config_path: str, out: str | None) -> tuple[DeploymentConfig,
 def _client_trainer(config_path: str | None, trainer: str, client_id: int) -> Any:
     """The client's trainer: a simulation file's client of the run; ``trainer`` (a
     ``module:function``) with the noise of a deployment file's ``[privacy]`` table; or
-    ``trainer`` alone without a file. Raises ``ValueError`` for a deployment file
+    ``trainer`` alone without a file. Raises :class:`ConfigurationError` for a deployment file
     without ``[privacy]`` (nothing in it is for a client)."""
     if config_path is None:
         return load_trainer(trainer)
@@ -256,7 +247,7 @@ def client_runtime(
     atom plans (``None``: as ``config``'s ``secure_aggregation.atoms`` says for a
     deployment, on without a file); ``max_rounds``/``max_epsilon``: the client's own
     budget (:mod:`sharefl.protocol.budget`). Raises
-    ``ValueError`` / ``OSError`` for missing keys, an unreadable memory or an insecure
+    :class:`ConfigurationError` for missing keys, an unreadable memory or an insecure
     connection not asked for."""
     identity = tls = directory = None
     signed = False
@@ -294,16 +285,17 @@ def client_runtime(
 def keys_folder(keys: str, client_id: int) -> Path:
     """``--keys`` as a folder holding what client ``client_id`` needs from ``sharefl
     keygen`` (the CA, its certificate and key, its identity, the directory: with keys a
-    client always uses TLS and signs); ``ValueError`` naming ``--keys`` otherwise."""
+    client always uses TLS and signs); :class:`ConfigurationError` naming ``--keys``
+    otherwise."""
     folder = Path(keys)
     if not folder.is_dir():
-        raise ValueError(
+        raise ConfigurationError(
             f"--keys {keys} is not a folder: give the folder sharefl keygen --out wrote"
         )
     needed = ["ca.pem", *(f"client-{client_id}.{x}" for x in ("pem", "key", "identity"))]
     missing = [name for name in [*needed, "directory.json"] if not (folder / name).is_file()]
     if missing:
-        raise ValueError(
+        raise ConfigurationError(
             f"--keys {keys} has no {', '.join(missing)}: give the folder sharefl keygen "
             f"--out wrote, with keys for client {client_id} (keygen --clients N covers ids "
             "0..N-1)"
@@ -312,33 +304,14 @@ def keys_folder(keys: str, client_id: int) -> Path:
 
 
 def run_client(client_id: int, address: str, **kwargs: Any) -> int:
-    """``sharefl client``: take part until the server finishes; return an exit status."""
+    """``sharefl client``: take part until the server finishes; return an exit status. An
+    error that ends the run propagates with its ``exit_status`` (unreachable 3, refused 4,
+    a server it left 5, trainer 7, every round refused 9, configuration 2)."""
     keep_freed_memory()
     try:
         runtime = client_runtime(client_id, address, **kwargs)
         report = _run_cancellable(runtime.run())
         check_took_part(report)
-    except (ValueError, OSError) as exc:
-        _error("client", str(exc))
-        return ExitStatus.CONFIG
-    except ConnectionLost as exc:
-        _error("client", str(exc))
-        return ExitStatus.UNREACHABLE
-    except TrainerFailed as exc:
-        _error("client", f"{exc} (fix the trainer; --debug shows its traceback)")
-        return ExitStatus.USER_CODE_FAILED
-    except RoundsRefused as exc:  # before ProtocolError
-        _error("client", str(exc))
-        return ExitStatus.ROUNDS_REFUSED
-    except grpc.aio.AioRpcError as exc:  # before ProtocolError: a ServerEnded is both
-        _error(
-            "client",
-            f"client {client_id}: the server refused: {exc.code().name}: {exc.details()}",
-        )
-        return ExitStatus.REFUSED
-    except ProtocolError as exc:  # ServerMisbehaved: nothing was revealed
-        _error("client", f"client {client_id}: leaving the server: {exc}")
-        return ExitStatus.SERVER_MISBEHAVED
     except KeyboardInterrupt:
         _error("client", f"client {client_id} interrupted")
         return ExitStatus.INTERRUPTED
@@ -406,28 +379,24 @@ def launch(config_path: str, clients: int | None, *, trainer: str, out: str | No
     (clients still running when it ends are terminated). Without ``out`` a warning says
     that the results are not kept.
     """
-    from sharefl.simulator.config import SimulationConfigError, is_simulation_config
+    from sharefl.simulator.config import is_simulation_config
 
     simulation = is_simulation_config(config_path)
-    try:
-        if simulation:
-            from sharefl.simulation_bridge import deployment_section, single_run
+    if simulation:  # what a deployment cannot run is refused before any process starts
+        from sharefl.simulation_bridge import deployment_section, single_run
 
-            run = single_run(config_path)
-            deployment_section(run)  # what a deployment cannot run, refused before any process
-            clients = clients or run.clients.total
-            if clients != run.clients.total:
-                raise ConfigurationError(
-                    f"the run has {run.clients.total} clients; drop --clients or set "
-                    "clients.honest/byzantine"
-                )
-            config = DeploymentConfig()
-        else:
-            config = load_config(config_path)
-            clients = clients or config.server.clients
-    except (ConfigurationError, SimulationConfigError) as exc:
-        _error("launch", str(exc))
-        return ExitStatus.CONFIG
+        run = single_run(config_path)
+        deployment_section(run)
+        clients = clients or run.clients.total
+        if clients != run.clients.total:
+            raise ConfigurationError(
+                f"the run has {run.clients.total} clients; drop --clients or set "
+                "clients.honest/byzantine"
+            )
+        config = DeploymentConfig()
+    else:
+        config = load_config(config_path)
+        clients = clients or config.server.clients
     if not out:
         print(
             "sharefl launch: no --out: the results are not kept (give --out DIR to keep "

@@ -207,6 +207,43 @@ def test_launch_takes_clients_from_the_file_and_a_raising_trainer_exits_7(tmp_pa
     assert "no --out: the results are not kept" in result.stderr
 
 
+def test_serve_without_clients_exits_10_and_serve_whose_trainers_all_raised_exits_11(tmp_path):
+    (tmp_path / "fails.py").write_text(
+        "def train(model, *, round, client_id):\n    raise RuntimeError('no data here')\n"
+    )
+    (tmp_path / "deploy.toml").write_text(
+        "[server]\nclients = 3\nrounds = 1\nconnect_timeout_s = 0.1\n"
+        "[model]\ndim = 10\n[secure_aggregation]\ncluster_size = 3\n"
+    )
+    alone = sharefl("serve", "--config", "deploy.toml", "--address", "127.0.0.1:0", cwd=tmp_path)
+    line = alone.stderr.strip().splitlines()[-1]
+    assert alone.returncode == ExitStatus.NO_CLIENTS, alone.stderr
+    assert line.startswith("sharefl serve: only 0 clients connected"), line
+    assert "connect_timeout_s" in line and "Traceback" not in alone.stderr
+
+    (tmp_path / "deploy.toml").write_text(
+        "[server]\nclients = 3\nrounds = 2\nstage_timeout_s = 10.0\n"
+        "[model]\ndim = 10\n[secure_aggregation]\ncluster_size = 3\n"
+    )
+    raised = sharefl("launch", "deploy.toml", "--trainer", "fails:train", cwd=tmp_path)
+    assert f"server exited {int(ExitStatus.CLIENTS_LOST)};" in raised.stderr, raised.stderr
+    assert "sharefl serve: round 2: only 0" in raised.stderr
+    assert "Traceback" not in raised.stderr
+
+
+def test_main_maps_only_sharefl_errors_a_bug_keeps_its_traceback(monkeypatch):
+    """A ``ValueError`` that no sharefl error class names is a bug: ``main`` lets it
+    through (exit 1 with its traceback), never "bad configuration"."""
+    import sharefl.launch
+
+    def broken(*args, **kwargs):
+        raise ValueError("an internal bug")
+
+    monkeypatch.setattr(sharefl.launch, "run_server", broken)
+    with pytest.raises(ValueError, match="an internal bug"):
+        main(["serve", "--config", "any.toml"])
+
+
 def test_launch_file_is_positional_and_config_is_its_alias():
     parser = build_parser()
     assert parser.parse_args(["launch", "a.toml"]).file == "a.toml"
@@ -232,6 +269,17 @@ def test_every_status_is_documented_in_help_and_readme():
         ("sharefl.protocol.errors", "ConfigurationError", ExitStatus.CONFIG),
         ("sharefl.protocol.errors", "LeakageError", ExitStatus.CONFIG),
         ("sharefl.deploy.results", "ResumeError", ExitStatus.CONFIG),
+        ("sharefl.protocol.keyfiles", "KeyFileError", ExitStatus.CONFIG),
+        ("sharefl.deploy.client", "ConnectionLost", ExitStatus.UNREACHABLE),
+        ("sharefl.deploy.client", "ServerSilent", ExitStatus.UNREACHABLE),
+        ("sharefl.deploy.client", "ServerRefused", ExitStatus.REFUSED),
+        ("sharefl.deploy.client", "ServerEnded", ExitStatus.REFUSED),
+        ("sharefl.deploy.client", "ServerMisbehaved", ExitStatus.SERVER_MISBEHAVED),
+        ("sharefl.deploy.client", "TrainerFailed", ExitStatus.USER_CODE_FAILED),
+        ("sharefl.deploy.client", "RoundsRefused", ExitStatus.ROUNDS_REFUSED),
+        ("sharefl.deploy.server", "RunStalled", ExitStatus.STALLED),
+        ("sharefl.deploy.server", "TooFewClients", ExitStatus.NO_CLIENTS),
+        ("sharefl.deploy.server", "ClientsLost", ExitStatus.CLIENTS_LOST),
         ("sharefl.protocol.errors", "StageError", None),  # sharefl went wrong: a traceback
         ("sharefl.crypto.errors", "DecryptionError", None),
     ],

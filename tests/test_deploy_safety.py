@@ -36,6 +36,7 @@ from sharefl.deploy.config import (
 )
 from sharefl.deploy.keygen import keygen, load_identity
 from sharefl.deploy.server import deployment_rng, validate_deployment
+from sharefl.exit_status import ExitStatus
 from sharefl.proto import sharefl_pb2 as pb
 from sharefl.proto import sharefl_pb2_grpc as pb_grpc
 from sharefl.protocol.client import ClientPolicy
@@ -412,8 +413,8 @@ def test_a_run_the_server_stops_is_reported_to_clients_as_a_refusal(tmp_path):
         text=True,
         timeout=HANG_S,
     )
-    assert server.wait(timeout=30) == 2
-    assert client.returncode == 4, client.stderr
+    assert server.wait(timeout=30) == ExitStatus.NO_CLIENTS
+    assert client.returncode == ExitStatus.REFUSED, client.stderr
     assert "FAILED_PRECONDITION" in client.stderr and "only 1 client connected" in client.stderr
     assert "unreachable" not in client.stderr
 
@@ -853,7 +854,8 @@ def test_a_run_the_server_stops_after_some_rounds_keeps_them_in_result_json(tmp_
     try:
         wait_for_rounds(out / "rounds.jsonl", 2)
         clients[0].kill()
-        assert server.wait(timeout=60) == 2, (tmp_path / "server.log").read_text()
+        status = server.wait(timeout=HANG_S)
+        assert status == ExitStatus.CLIENTS_LOST, (tmp_path / "server.log").read_text()
         finished = [json.loads(x) for x in (out / "rounds.jsonl").read_text().splitlines()]
         result = json.loads((out / "result.json").read_text())
         assert result["rounds"] == finished and len(finished) >= 2

@@ -21,7 +21,7 @@ import pytest
 import sharefl
 from sharefl.crypto.errors import CryptoError
 from sharefl.deploy.errors import DeployError
-from sharefl.errors import ShareflError, UserError
+from sharefl.errors import ConfigurationError, ShareflError, UserError
 from sharefl.exit_status import ExitStatus
 from sharefl.privacy.errors import PrivacyError
 from sharefl.protocol.errors import ProtocolError
@@ -71,7 +71,7 @@ def test_every_public_exception_derives_from_its_package_base():
         base = BASES.get(_package(module))
         if base is None:
             wrong.append(f"{module}.{cls.__name__}: no base exception for {_package(module)}")
-        elif not issubclass(cls, base):
+        elif not issubclass(cls, (base, ConfigurationError)):  # or the configuration root
             wrong.append(f"{module}.{cls.__name__} does not derive from {base.__name__}")
     assert len(exceptions) > 40  # the walk found the package's exceptions
     assert not wrong, "\n".join(wrong)
@@ -83,6 +83,22 @@ def test_every_exception_has_the_one_root_and_says_what_the_command_line_exits_w
     for cls in exceptions:
         assert cls.exit_status is None or isinstance(cls.exit_status, ExitStatus), cls
     assert UserError("x", ExitStatus.REFUSED).exit_status is ExitStatus.REFUSED
+
+
+def test_every_configuration_error_has_the_one_root_which_alone_states_its_status():
+    """Exit status 2 ("bad command line or configuration") is stated once, by
+    :class:`ConfigurationError`; every error with that status derives from it, and the
+    protocol's name for it is the same class."""
+    from sharefl.protocol.errors import ConfigurationError as ProtocolConfigurationError
+
+    assert ProtocolConfigurationError is ConfigurationError
+    assert ConfigurationError.exit_status is ExitStatus.CONFIG
+    exceptions = [c for _, c in _defined_classes() if issubclass(c, BaseException)]
+    config = [c for c in exceptions if c.exit_status is ExitStatus.CONFIG]
+    assert len(config) > 20  # the walk found them
+    assert [c for c in config if not issubclass(c, ConfigurationError)] == []
+    restated = [c for c in config if c is not ConfigurationError and "exit_status" in vars(c)]
+    assert restated == []
 
 
 def test_package_bases_are_distinct_and_deploy_errors_are_protocol_errors():

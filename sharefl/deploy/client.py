@@ -168,17 +168,44 @@ def retryable(error: grpc.aio.AioRpcError) -> bool:
 class ConnectionLost(DeployError):
     """The server could not be reached (or was lost) after all retries."""
 
+    exit_status = ExitStatus.UNREACHABLE
+
 
 class ServerSilent(DeployError):
     """The server sent nothing within a read deadline (it may be stopped or unreachable)."""
+
+    exit_status = ExitStatus.UNREACHABLE
 
 
 class TrainerFailed(DeployError):
     """The user's trainer raised; the client leaves the run (the server counts it as
     dropped). The original exception is the ``__cause__``."""
 
+    exit_status = ExitStatus.USER_CODE_FAILED
 
-class ServerEnded(DeployError, grpc.aio.AioRpcError):
+
+class ServerRefused(DeployError, grpc.aio.AioRpcError):
+    """The server refused this client or stopped the run: a gRPC status that is not retried
+    (wrong identity, certificate, malformed message, a run the server stopped, with its
+    reason). Also the ``AioRpcError`` of that code and reason; its message is one line."""
+
+    exit_status = ExitStatus.REFUSED
+
+    def __init__(self, code: grpc.StatusCode, details: str | None) -> None:
+        grpc.aio.AioRpcError.__init__(self, code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
+
+    @classmethod
+    def of(cls, error: grpc.aio.AioRpcError) -> ServerRefused:
+        """``error`` as a :class:`ServerRefused` (itself when it is one)."""
+        if isinstance(error, ServerRefused):
+            return error
+        return cls(error.code(), error.details())
+
+    def __str__(self) -> str:
+        return f"the server refused this client: {self.code().name}: {self.details()}"
+
+
+class ServerEnded(ServerRefused):
     """The server ended this client's stream and said why (``Goodbye``: the status code and
     reason it then sends as the gRPC status). Also an ``AioRpcError`` with that code and
     reason, so it is handled as the status would be, even when the status itself only
@@ -186,13 +213,17 @@ class ServerEnded(DeployError, grpc.aio.AioRpcError):
 
     def __init__(self, goodbye: pb.Goodbye) -> None:
         code = grpc.StatusCode.__members__.get(goodbye.code, grpc.StatusCode.UNKNOWN)
-        reason = wire.printable(goodbye.reason)
-        grpc.aio.AioRpcError.__init__(self, code, grpc.aio.Metadata(), grpc.aio.Metadata(), reason)
+        super().__init__(code, wire.printable(goodbye.reason))
 
 
 class ServerMisbehaved(DeployError):
     """The server's stream cannot be followed (no Challenge, a malformed or oversized model
     stream); the client closes it. Nothing of the protocol was revealed."""
+
+    exit_status = ExitStatus.SERVER_MISBEHAVED
+
+    def __str__(self) -> str:
+        return f"leaving the server: {super().__str__()}"
 
 
 @dataclass
@@ -448,8 +479,9 @@ class ClientRuntime:
 
         Raises :class:`ConnectionLost` when the server stays unreachable or silent (see the
         module docstring for the bound), :class:`ServerMisbehaved` when its stream cannot be
-        followed, and ``grpc.aio.AioRpcError`` when the server refuses this client (wrong
-        identity, certificate, malformed message, a run it stopped) — not retried;
+        followed, :class:`TrainerFailed` when the trainer raises, and :class:`ServerRefused`
+        when the server refuses this client (wrong identity, certificate, malformed message,
+        a run it stopped) — not retried;
         :class:`ConfigurationError` before connecting in plaintext to a non-loopback address without
         ``insecure``.
         """
@@ -467,7 +499,7 @@ class ClientRuntime:
                 return self.report
             except grpc.aio.AioRpcError as exc:
                 if not retryable(exc):
-                    raise
+                    raise ServerRefused.of(exc) from exc
                 cause: Exception = exc
                 why = f"{exc.code().name}: {exc.details()}"
             except _GrpcInternalError as exc:
@@ -620,7 +652,7 @@ class ClientRuntime:
             name = f"{getattr(trainer, '__module__', '?')}:{name}"
             raise TrainerFailed(
                 f"client {self.client_id}: the trainer {name} raised in round {round_index + 1}: "
-                f"{type(exc).__name__}: {exc}"
+                f"{type(exc).__name__}: {exc} (fix the trainer; --debug shows its traceback)"
             ) from exc
 
     async def _read_vector(self, call: SessionCall, header: pb.VectorHeader) -> np.ndarray:
@@ -752,11 +784,17 @@ class ClientRuntime:
 
 
 def read_tls(ca: str | None, cert: str | None = None, key: str | None = None) -> ClientTLS | None:
-    """TLS settings from PEM files (None when no CA is given)."""
+    """TLS settings from PEM files (None when no CA is given); raises
+    :class:`ConfigurationError` naming a file that cannot be read."""
     if not ca:
         return None
-    return ClientTLS(
-        Path(ca).read_bytes(),
-        Path(cert).read_bytes() if cert else None,
-        Path(key).read_bytes() if key else None,
-    )
+
+    def read(path: str) -> bytes:
+        try:
+            return Path(path).read_bytes()
+        except OSError as exc:
+            raise ConfigurationError(
+                f"cannot read {path}: {exc.strerror or exc}; give the files sharefl keygen wrote"
+            ) from exc
+
+    return ClientTLS(read(ca), read(cert) if cert else None, read(key) if key else None)

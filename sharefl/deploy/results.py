@@ -58,9 +58,9 @@ from sharefl.deploy.config import (
     check_keep_aggregates,
 )
 from sharefl.deploy.errors import DeployError
-from sharefl.exit_status import ExitStatus
 from sharefl.protocol.clustering import Clustering
 from sharefl.protocol.coordinator import Release
+from sharefl.protocol.errors import ConfigurationError
 from sharefl.protocol.memory import model_digest
 from sharefl.protocol.plan import RoundPlan
 
@@ -76,10 +76,8 @@ OUTPUT_DTYPE = np.float32
 model's on the wire (:func:`sharefl.deploy.wire.vector_to_proto` of a float32 model)."""
 
 
-class ResumeError(DeployError, ValueError):
+class ResumeError(DeployError, ConfigurationError):
     """A results folder that cannot be resumed (say what is wrong with it)."""
-
-    exit_status = ExitStatus.CONFIG
 
 
 def model_id(model: np.ndarray) -> str:

@@ -129,6 +129,20 @@ class RunStalled(DeployError):
     exit_status = ExitStatus.STALLED
 
 
+class TooFewClients(DeployError):
+    """Fewer than two clients connected within ``server.connect_timeout_s``: no round can
+    run. The message says how many came and what to change."""
+
+    exit_status = ExitStatus.NO_CLIENTS
+
+
+class ClientsLost(DeployError):
+    """A round found fewer clients left (connected and not excluded) than it needs: the
+    others left (their trainers raised, they were stopped or cut off) or were excluded."""
+
+    exit_status = ExitStatus.CLIENTS_LOST
+
+
 STALL_REASON_CHARS = 160
 """Most characters of one cluster's reason in a :class:`RunStalled` message."""
 STALL_CLUSTERS = 4
@@ -753,7 +767,11 @@ class ServerRun:
         have = len(self.ready())
         self.log(f"{have} of {counted(wanted, 'client')} connected")
         if have < 2:
-            raise ConfigurationError(f"only {counted(have, 'client')} connected; need at least 2")
+            raise TooFewClients(
+                f"only {counted(have, 'client')} connected within server.connect_timeout_s = "
+                f"{self.config.server.connect_timeout_s:g} s; a run needs at least 2 (start the "
+                "clients with this server's address, or raise connect_timeout_s)"
+            )
 
     async def run(self) -> list[RoundReport]:
         """All rounds, then the final model to every client. A failure of the run (too few
@@ -776,7 +794,7 @@ class ServerRun:
                     report.total = None
                 self.reports.append(report)
                 self._check_progress(report)
-        except (ConfigurationError, LeakageError, RunStalled) as exc:
+        except (ConfigurationError, LeakageError, RunStalled, TooFewClients, ClientsLost) as exc:
             self.abort(f"the server stopped the run: {exc}")
             raise
         self._finish()
@@ -923,9 +941,10 @@ class ServerRun:
             again = " of the model's planned clients" if record is not None else ""
             if self.atoms is not None:
                 again = " in complete atoms"
-            raise ConfigurationError(
-                f"round {round_index}: only {len(live)}{again} left (connected and not "
-                f"excluded); a round needs at least {needed}"
+            raise ClientsLost(
+                f"round {round_index + 1}: only {len(live)}{again} left (connected and not "
+                f"excluded); a round needs at least {needed} (the clients' own lines say why "
+                "they left)"
             )
 
         def released(release: Release) -> None:

@@ -7,14 +7,12 @@ generic handlers keep working.
 
 from __future__ import annotations
 
-from sharefl.errors import ShareflError
-from sharefl.exit_status import ExitStatus
+from sharefl.errors import ConfigurationError
 
 
-class PrivacyError(ShareflError):
-    """Base class of every error raised by :mod:`sharefl.privacy`."""
-
-    exit_status = ExitStatus.CONFIG
+class PrivacyError(ConfigurationError):
+    """Base class of every error raised by :mod:`sharefl.privacy`: a configuration error
+    (exit status 2)."""
 
 
 class PrivacyConfigError(PrivacyError, ValueError):

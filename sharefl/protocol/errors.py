@@ -13,18 +13,14 @@ Two families:
 
 from __future__ import annotations
 
+from sharefl.errors import ConfigurationError as ConfigurationError  # the one root, re-exported
 from sharefl.errors import ShareflError
-from sharefl.exit_status import ExitStatus
 
 
 class ProtocolError(ShareflError):
-    """Base class of every error raised by :mod:`sharefl.protocol`."""
-
-
-class ConfigurationError(ProtocolError, ValueError):
-    """A cluster or session configuration that cannot run (say what to change)."""
-
-    exit_status = ExitStatus.CONFIG
+    """Base class of every error raised by :mod:`sharefl.protocol` (its configuration
+    errors derive from :class:`~sharefl.errors.ConfigurationError`, the root of every
+    package's, re-exported here)."""
 
 
 class ClientRefusal(ProtocolError):
@@ -138,8 +134,6 @@ class StageError(ProtocolError):
     """A method was called in a state where it is not allowed (a driver bug)."""
 
 
-class LeakageError(ProtocolError):
+class LeakageError(ProtocolError, ConfigurationError):
     """The planned clusterings let the server solve for individual updates or for sums of
     fewer than m clients; pass ``allow_leakage=True`` only if that is acceptable."""
-
-    exit_status = ExitStatus.CONFIG

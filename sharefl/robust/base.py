@@ -24,15 +24,13 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from sharefl.errors import ShareflError
-from sharefl.exit_status import ExitStatus
+from sharefl.errors import ConfigurationError
 
 
-class AggregationError(ShareflError, ValueError):
+class AggregationError(ConfigurationError):
     """Bad parameters or inputs of a robust rule: f too large for n, a negative threshold,
-    a non-2-D or non-floating input, weights of the wrong shape or sign."""
-
-    exit_status = ExitStatus.CONFIG
+    a non-2-D or non-floating input, weights of the wrong shape or sign (a configuration
+    error: exit status 2)."""
 
 
 def check_matrix(X: object, *, name: str = "X") -> Tensor:

@@ -9,11 +9,9 @@ asked, bad arguments to a gradient-leakage attack) raises a subclass of
 
 from __future__ import annotations
 
-from sharefl.errors import ShareflError
-from sharefl.exit_status import ExitStatus
+from sharefl.errors import ConfigurationError
 
 
-class SimulatorError(ShareflError):
-    """Base class of every error defined by :mod:`sharefl.simulator`."""
-
-    exit_status = ExitStatus.CONFIG
+class SimulatorError(ConfigurationError):
+    """Base class of every error defined by :mod:`sharefl.simulator`: a configuration
+    error (exit status 2) unless a subclass states another status."""
