@@ -1,0 +1,107 @@
+"""Tables of docs/results/fed-cdp.md, from the committed run folders.
+
+- ``fed-cdp sigma probe``: ``docs/results/fed-cdp/sigma-probe/`` (``sharefl simulate
+  experiments/fed_cdp_sigma_probe.toml --out docs/results/fed-cdp/sigma-probe``): Fed-αCDP in
+  Table IV's setting for 10 rounds, one row per (σ, learning rate, C): test accuracy and loss
+  at every evaluated round, ε, wall time;
+- ``fed-cdp sigma arithmetic``: ``docs/results/fed-cdp/sigma-arithmetic.json`` (``python
+  experiments/fed_cdp_sigma_arithmetic.py --json ...``): the noise one local step and one round
+  add at initialisation against the model's norm and the most signal a round can carry.
+
+``python experiments/results_pages.py`` writes them into the page (``--check`` compares).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+PROBE = Path("docs/results/fed-cdp/sigma-probe")
+ARITHMETIC = Path("docs/results/fed-cdp/sigma-arithmetic.json")
+
+
+def _loss(x: float | None) -> str:
+    if x is None or math.isnan(x):
+        return "NaN"
+    if math.isinf(x):
+        return "inf"
+    return f"{x:.3g}"
+
+
+def probe_table(root: Path) -> str:
+    folder = root / PROBE
+    runs = []
+    for run in sorted(folder.iterdir()) if folder.is_dir() else []:
+        path = run / "summary.json"
+        if not path.is_file():
+            continue
+        s = json.loads(path.read_text())
+        records = [
+            json.loads(line) for line in (run / "rounds.jsonl").read_text().splitlines() if line
+        ]
+        c = s["config"]
+        private = c["privacy"]["enabled"]
+        p, t = c["privacy"], c["training"]
+        key = (1, p["noise_multiplier"], -t["learning_rate"], -p["clip"]) if private else (0,)
+        runs.append((key, s, records))
+    if not runs:
+        return "(not run)"
+    rounds = [r["round"] for r in runs[0][2]]
+    head = " | ".join(f"round {r}" for r in rounds)
+    lines = [
+        f"| run | {head} | final loss | ε (δ = 1e-5) | wall (s) |",
+        "|---" * (len(rounds) + 4) + "|",
+    ]
+    for _, s, records in sorted(runs, key=lambda r: r[0]):
+        accs = " | ".join(f"{100 * r['accuracy']:.1f}" for r in records)
+        eps = "—" if s["epsilon"] is None else f"{s['epsilon']:.3g}"
+        lines.append(
+            f"| {s['label']} | {accs} | {_loss(records[-1]['loss'])} | {eps} | "
+            f"{s['wall_seconds']:.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def arithmetic_table(root: Path) -> str:
+    path = root / ARITHMETIC
+    if not path.is_file():
+        return "(not run)"
+    a = json.loads(path.read_text())
+    st = a["setting"]
+    lines = [
+        f"Model norm at initialisation {a['model_norm_total']:.2f} (per layer: "
+        + ", ".join(f"{k} {v:.2f}" for k, v in a["model_norm"].items())
+        + f"); largest per-example layer gradient norm over {st['batches']} batches of "
+        f"B = {st['B']}: "
+        + ", ".join(f"{k} {v:.2f}" for k, v in a["max_example_layer_norm"].items())
+        + f"; so S = min(C, max layer norm) = {a['S']:.2f} (range over batches "
+        f"{a['S_range'][0]:.2f}–{a['S_range'][1]:.2f}); norm of the clipped mean gradient "
+        f"{a['mean_clipped_gradient_norm']:.2f} (mean over batches). d = {st['d']:,}, "
+        f"lr = {st['lr']}, L = {st['L']}, K_t = {st['K']}.",
+        "",
+        "| σ | noise std per coordinate (σS/B) | noise norm, one local step | signal norm, one "
+        "local step | noise norm, one round (global model) | signal norm, one round, at most "
+        "| round noise / model norm |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for sigma, v in a["per_sigma"].items():
+        lines.append(
+            f"| {float(sigma):g} | {v['noise_std_per_coordinate_of_the_gradient']:.3g} | "
+            f"{v['step_noise_norm']:.3g} | {v['step_signal_norm']:.3g} | "
+            f"{v['round_noise_norm']:.3g} | {v['round_signal_norm_at_most']:.3g} | "
+            f"{v['round_noise_over_model_norm']:.3g} |"
+        )
+    return "\n".join(lines)
+
+
+def blocks(root: Path) -> dict[str, str]:
+    return {
+        "fed-cdp sigma arithmetic": arithmetic_table(root),
+        "fed-cdp sigma probe": probe_table(root),
+    }
+
+
+if __name__ == "__main__":
+    for name, text in blocks(Path(".")).items():
+        print(f"## {name}\n\n{text}\n")
