@@ -10,6 +10,8 @@ SuperNodes, each for one warm-up round and ``--rounds`` measured rounds:
 
 - ``sharefl``: ``ShareflWorkflow(cluster_size=5, clip=1.0)`` with ``sharefl_mod``
   (unsigned, as in ``bench_flower.py``: Flower's SecAgg+ has no signatures either);
+- ``sharefl_once``: the same with ``key_setup = "once"`` (the two-exchange round; its key
+  stage falls in the warm-up round);
 - ``secaggplus_complete``: ``SecAggPlusWorkflow(num_shares=N, reconstruction_threshold=N //
   2 + 1)`` with ``secaggplus_mod`` (a complete graph: SecAgg);
 - ``fedavg``: ``DefaultWorkflow``'s fit round, no secure aggregation.
@@ -53,7 +55,7 @@ sys.path.insert(0, str(EXAMPLE))
 
 import deploy_local as dl  # noqa: E402  (the example's deployment helpers)
 
-METHODS = ("sharefl", "secaggplus_complete", "fedavg")
+METHODS = ("sharefl", "sharefl_once", "secaggplus_complete", "fedavg")
 BENCH_LINE = re.compile(r"BENCH (\{.*\})")
 
 PYPROJECT = """\
@@ -164,9 +166,31 @@ class Recording(FedAvg):
         return parameters, metrics
 
 
+class Counting:
+    """The grid, counting the exchanges (sends of a non-empty batch) of a round."""
+
+    def __init__(self, grid):
+        self.grid, self.exchanges = grid, 0
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        self.exchanges += bool(messages)
+        return self.grid.push_messages(messages)
+
+    def send_and_receive(self, messages, *, timeout=None):
+        messages = list(messages)
+        self.exchanges += bool(messages)
+        return self.grid.send_and_receive(messages, timeout=timeout)
+
+    def __getattr__(self, name):
+        return getattr(self.grid, name)
+
+
 def workflow(method: str, n: int):
     if method == "sharefl":
         return ShareflWorkflow(cluster_size=5, clip=1.0)
+    if method == "sharefl_once":
+        return ShareflWorkflow(cluster_size=5, clip=1.0, key_setup="once")
     if method == "secaggplus_complete":
         return SecAggPlusWorkflow(
             num_shares=n, reconstruction_threshold=n // 2 + 1, clipping_range=2.0
@@ -198,11 +222,12 @@ def main(grid, context: Context) -> None:
     stats = []
 
     def fit(grid_, ctx):
+        counting = Counting(grid_)
         wall, cpu = time.perf_counter(), time.thread_time()
-        (inner or default_fit_workflow)(grid_, ctx)
+        (inner or default_fit_workflow)(counting, ctx)
         wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
         error = float(np.abs(strategy.aggregated[0] - strategy.sent[0] - exact).max())
-        stats.append((wall, cpu, error))
+        stats.append((wall, cpu, error, counting.exchanges))
 
     legacy = LegacyContext(context, config=ServerConfig(num_rounds=rounds + 1), strategy=strategy)
     DefaultWorkflow(fit_workflow=fit)(grid, legacy)
@@ -214,6 +239,7 @@ def main(grid, context: Context) -> None:
         "warmup_round_s": round(stats[0][0], 3),
         "server_cpu_s": statistics.median(s[1] for s in measured),
         "max_error": max(s[2] for s in stats),
+        "exchanges": measured[0][3],
     }
     log(INFO, "BENCH %s", json.dumps(summary))
 '''
@@ -352,6 +378,21 @@ def main() -> None:
                     raise RuntimeError(f"processes of the deployment survived: {left}")
         finally:
             shutil.rmtree(work, ignore_errors=True)
+        once = done["sharefl_once"]
+        record = {
+            "kind": "ratio",
+            "name": f"sharefl_once_vs_baselines_deployment_n{n}",
+            "clients": n,
+            "exchanges": once.get("exchanges"),
+            "sharefl_once_over_fedavg_round": once["round_s"] / done["fedavg"]["round_s"],
+            "sharefl_over_sharefl_once_round": done["sharefl"]["round_s"] / once["round_s"],
+            "secaggplus_complete_over_sharefl_once_round": done["secaggplus_complete"]["round_s"]
+            / once["round_s"],
+            "target": "sharefl_once_over_fedavg_round <= 2",
+            "pass": once["round_s"] <= 2 * done["fedavg"]["round_s"],
+        }
+        emit(record)
+        records.append(record)
         ours = done["sharefl"]
         record = {
             "kind": "ratio",
