@@ -15,10 +15,19 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from test_flower import NODES, SHAPES, fedavg, task_identity, updates_for
+from test_flower import (
+    DIRECTORY,
+    NODES,
+    SHAPES,
+    fedavg,
+    run_round,
+    signed_mods,
+    task_identity,
+    updates_for,
+)
 from test_flower_message_api import fedavg_strategy, start, train_app
 
-from sharefl.integrations.flower import ShareflStrategy
+from sharefl.integrations.flower import ShareflStrategy, ShareflWorkflow
 from sharefl.integrations.flower.common import PREFIX, drop_record
 
 __all__ = ["task_identity"]
@@ -108,3 +117,34 @@ def test_a_client_that_lost_its_keys_sends_new_ones_and_rejoins():
     assert grid.sent.count("keys") == len(NODES)  # no extra key stage
     last = strategy.secure.last_result
     assert victim in {m for c in last.clusters for m in c.members}
+
+
+def test_signed_two_exchange_round_takes_three_exchanges_and_equals_fedavg():
+    """Signed mode (legacy API): hello and key stage in the first round; then assignment,
+    consistency and unmask — three exchanges, the adverts signed by each client's identity
+    and checked by every peer; a drop-out at the consistency stage still counts."""
+    updates = updates_for(NODES, seed=14)
+    global_arrays = [np.full(s, -0.25, np.float32) for s in SHAPES]
+    workflow = ShareflWorkflow(
+        atoms=False,
+        cluster_size=5,
+        clip=1.0,
+        seed=3,
+        signed=True,
+        directory=DIRECTORY,
+        key_setup="once",
+    )
+    lost = NODES[6]
+    new, grid = run_round(
+        workflow, updates, global_arrays, mods=signed_mods(), error_at={lost: "ConsistencyRequest"}
+    )
+    counts = _counts(grid.sent)
+    assert counts["keys"] == len(NODES) and counts["hello"] == len(NODES)
+    assert counts["assign"] == counts["ConsistencyRequest"] == len(NODES)
+    assert "MaskingRequest" not in counts and "KeysBroadcast" not in counts
+    result = workflow.last_result
+    assert result is not None and not result.failed and not workflow.last_node_culprits
+    summed = set().union(*(set(c.members) for c in result.clusters))
+    assert summed == set(range(len(NODES)))
+    for got, g, want in zip(new, global_arrays, fedavg(updates, NODES), strict=True):
+        np.testing.assert_allclose(got - g, want, atol=1e-5)
