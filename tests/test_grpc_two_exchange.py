@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 from test_grpc_processes import Deployment, clear_sum, write_config
 
+from sharefl.deploy.keygen import keygen
+
 
 def test_two_rounds_equal_the_clear_sum(tmp_path):
     sa = {"key_setup": "once", "atoms": False}
@@ -57,3 +59,30 @@ def test_with_atoms_a_client_killed_before_its_input_takes_its_atom_out_whole(tm
     assert len(contributors) == 6 and 5 not in contributors
     np.testing.assert_array_equal(run.aggregate(0), clear_sum(contributors, 0, 200))
     assert 5 not in second["participants"] and len(second["participants"]) == 6
+
+
+def test_signed_tls_two_exchange_round_with_a_client_killed_before_its_input(tmp_path):
+    """Signed mode over TLS (``sharefl keygen``'s keys): the key adverts are signed with each
+    client's identity and checked by the server and every peer; a round is three exchanges
+    (assignment, consistency, unmask). Client 2 killed before its masked input is left out
+    of the exact sum of the other four."""
+    keys = keygen(tmp_path / "keys", range(5))
+    tls = {
+        "cert": str(keys / "server.pem"),
+        "key": str(keys / "server.key"),
+        "client_ca": str(keys / "ca.pem"),
+        "directory": str(keys / "directory.json"),
+    }
+    sa = {"signed": True, "cluster_size": 5, "key_setup": "once", "atoms": False}
+    config = write_config(tmp_path, clients=5, tls=tls, secure_aggregation=sa)
+    run = Deployment(tmp_path, config, 5)
+    for cid in range(5):
+        extra = ["--exit-before", "mask"] if cid == 2 else []
+        run.client(cid, "--keys", str(keys), "--no-atoms", *extra)
+    status, log = run.finish()
+    assert status == 0, log
+    (record,) = run.result()["rounds"]
+    assert record["failed"] == [] and record["culprits"] == {}
+    contributors = {m for c in record["clusters"] for m in c["members"]}
+    assert contributors == {0, 1, 3, 4}
+    np.testing.assert_array_equal(run.aggregate(0), clear_sum(contributors, 0, 200))
