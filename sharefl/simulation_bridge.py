@@ -55,7 +55,8 @@ from sharefl.simulator.results import RoundRecord, RunWriter, device_description
 
 def single_run(path: str | Path, seed: int | None = None) -> RunConfig:
     """The one run of a simulation file to deploy (a grid must be narrowed by ``seed``),
-    checked before any data loads (:func:`~sharefl.simulator.preflight.check_run`)."""
+    checked before any data loads (:func:`~sharefl.simulator.preflight.check_run`): a run
+    of another loop than the federated one is refused (only that loop has a deployment)."""
     runs = load_runs(path)
     if seed is not None:
         runs = [r for r in runs if r.seed == seed]
@@ -63,6 +64,12 @@ def single_run(path: str | Path, seed: int | None = None) -> RunConfig:
         raise SimulationConfigError(
             f"{path} describes {len(runs)} runs; a deployment runs exactly one "
             "(remove the lists, or pick a seed)"
+        )
+    loop = runs[0].algorithm.name
+    if loop != "federated":
+        raise SimulationConfigError(
+            f'{path} runs the {loop} loop ([algorithm] name = "{loop}"); sharefl launch and '
+            "serve deploy the federated loop only: run it with sharefl simulate"
         )
     check_run(runs[0])
     return runs[0]

@@ -53,6 +53,7 @@ from sharefl.protocol.client import default_colluders
 from sharefl.protocol.errors import ConfigurationError
 from sharefl.protocol.settings import Planner, SecureAggregationSettings
 from sharefl.simulator.errors import SimulatorError
+from sharefl.simulator.loop_keys import INSTEAD, readers, unread_keys
 from sharefl.toml_tables import build_dataclass
 
 _GREEK = str.maketrans(
@@ -339,8 +340,10 @@ class SecureAggregationConfig(SecureAggregationSettings):
             once, R = 1) or ``"fixed_plan"`` (round 1's R clusterings reused every round).
 
     What no simulation loop can honour is refused here, naming the key:
-    ``planner = "isolate"`` (no loop keeps a history of flagged clusters). Each loop
-    refuses what it alone cannot run (:class:`RunConfig`, the loops).
+    ``planner = "isolate"`` (no loop keeps a history of flagged clusters). A key the run's
+    loop does not read is refused by :func:`expand` (:mod:`sharefl.simulator.loop_keys`:
+    the decentralized loop reads none of this table, the DP-RSA loop not ``clustering``);
+    what a loop reads but cannot run, by :class:`RunConfig` and the loops.
     """
 
     enabled: bool = True
@@ -588,13 +591,6 @@ class RunConfig:
         )
         if self.privacy.enabled and self.privacy.level == "client":
             _check_client_level(self)
-        _check_secure_aggregation(self)
-        if self.algorithm.name in ("dp_rsa", "decentralized"):
-            _require(
-                not self.privacy.enabled,
-                f"the {self.algorithm.name} loop adds its own noise (dp_rsa: algorithm.method "
-                "and epsilon; decentralized: decentralized.noise): set privacy.enabled = false",
-            )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -657,8 +653,6 @@ NOISE_SPLITS = ("participants", "cluster")
 DISTRIBUTED_MECHANISMS = ("gaussian", "discrete_gaussian", "skellam")
 ROTATIONS = ("hadamard", "none")
 
-_SA_DEFAULTS: dict[str, Any] = dataclasses.asdict(SecureAggregationConfig())
-
 _SHARE_DEFAULTS: dict[str, Any] = {
     "training": TrainingConfig(),
     "privacy": PrivacyConfig(),
@@ -691,35 +685,6 @@ _SHARE_KEYS = (
 """Keys added after runs were recorded (SHARE's, then distributed DP's, then the protocol
 settings a simulation file gained when ``[secure_aggregation]`` became the protocol's one
 settings type): left out of :attr:`RunConfig.run_id` at their defaults."""
-
-
-def _check_secure_aggregation(run: RunConfig) -> None:
-    """What a loop cannot honour in ``[secure_aggregation]`` is refused, naming the key.
-
-    - ``decentralized``: the loop has no secure aggregation (agents exchange models with
-      their neighbours), so any key set away from its default is refused;
-    - ``dp_rsa``: the sign messages are summed by :func:`~sharefl.protocol.secure_sum` with
-      new clusters every iteration, so ``clustering`` (SHARE's schedule) is refused.
-
-    (SHARE with a discrete ``privacy.distributed`` refuses a ``bits`` other than its ring
-    words' width: :meth:`~sharefl.simulator.federated.share.ShareAggregation.build`.)
-
-    Every other key reaches the protocol (``tests/test_settings_keys.py`` checks each)."""
-    sa, name = run.secure_aggregation, run.algorithm.name
-    if name == "decentralized":
-        changed = {k: v for k, v in dataclasses.asdict(sa).items() if v != _SA_DEFAULTS[k]}
-        _require(
-            not changed,
-            f"secure_aggregation.{next(iter(changed), '')} is set, but the decentralized loop "
-            "has no secure aggregation (agents exchange models with their neighbours): "
-            "remove the [secure_aggregation] table",
-        )
-    if name == "dp_rsa":
-        _require(
-            sa.clustering == "random",
-            f'secure_aggregation.clustering = "{sa.clustering}" is SHARE\'s schedule of the '
-            "federated loop; the dp_rsa loop draws new clusters every iteration: remove it",
-        )
 
 
 def _check_client_level(run: RunConfig) -> None:
@@ -836,6 +801,27 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+def _refuse_unread(resolved: dict[str, Any]) -> None:
+    """Refuse a key the run's loop does not read (:mod:`sharefl.simulator.loop_keys`),
+    naming it, the loop and the loops that do read it."""
+    algorithm = resolved.get("algorithm", {})
+    loop = algorithm.get("name", "federated") if isinstance(algorithm, dict) else "federated"
+    unread = unread_keys(resolved, str(loop))
+    if not unread:
+        return
+    table, _, key = unread[0].partition(".")
+    written = json.dumps(resolved[table][key], default=str)
+    others = readers(unread[0])
+    plural = "s read" if len(others) > 1 else " reads"
+    where = f" (the {' and '.join(others)} loop{plural} it)" if others else ""
+    instead = INSTEAD.get((str(loop), table))
+    more = f"; also {', '.join(unread[1:])}" if unread[1:] else ""
+    raise SimulationConfigError(
+        f"{unread[0]} = {written} is not read by the {loop} loop ([algorithm] name = "
+        f'"{loop}"): remove it{where}' + (f"; {instead}" if instead else "") + more
+    )
+
+
 def expand(data: dict[str, Any]) -> list[RunConfig]:
     """The runs of a parsed configuration (see the module docstring)."""
     data = copy.deepcopy(data)
@@ -860,6 +846,7 @@ def expand(data: dict[str, Any]) -> list[RunConfig]:
             resolved["label"] = _format_label(resolved.get("label", ""), resolved, names)
             if resolved.get("paper") is None and resolved["label"] in paper:
                 resolved["paper"] = paper[resolved["label"]]
+            _refuse_unread(resolved)
             runs.append(build_dataclass(RunConfig, resolved, "", SimulationConfigError))
     ids = [r.run_id for r in runs]
     _require(len(set(ids)) == len(ids), "the grid has duplicate runs; remove repeated values")
