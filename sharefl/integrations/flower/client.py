@@ -54,6 +54,7 @@ try:  # flwr is the [flower] extra
     import flwr.compat.common.recorddict_compat as compat
     from flwr.app import ArrayRecord, Context, Message, RecordDict
     from flwr.app.message_type import MessageType
+    from flwr.clientapp.typing import ClientAppCallable, Mod
     from flwr.common import parameters_to_ndarrays
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
@@ -111,7 +112,7 @@ def make_sharefl_mod(
     state_dir: str | Callable[[Context], str | None] | None = None,
     ephemeral_memory: bool = False,
     privacy_charge: Callable[[Context], PrivacyCharge | None] | None = None,
-):
+) -> Mod:
     """A client mod with this client's :class:`ClientPolicy` (or a function of the
     ``Context`` that returns it, e.g. :func:`policy_from_node_config`); :data:`sharefl_mod`
     uses the default policy.
@@ -174,7 +175,7 @@ def make_sharefl_mod(
             return directory_id(policy)
         return int(client_id(context) if callable(client_id) else client_id)
 
-    def mod(msg: Message, ctxt: Context, call_next) -> Message:
+    def mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Message:
         if msg.metadata.message_type != MessageType.TRAIN or not has_record(
             msg.content, STAGE_RECORD
         ):
@@ -316,7 +317,7 @@ class _Client:
             records.get_bytes(saved, "mask", (32,)),
         )
 
-    def assign(self, msg: Message, max_weight: float, call_next) -> RecordDict:
+    def assign(self, msg: Message, max_weight: float, call_next: ClientAppCallable) -> RecordDict:
         """Vet the assignment and advertise keys. A new plan starts a new round; its first
         assignment names the digest of the model the round trains on (the client trains
         when the first masking request brings the model, and refuses one with another
@@ -397,7 +398,12 @@ class _Client:
         return out
 
     def _input_for(
-        self, msg: Message, ctxt: Context, call_next, guard: ClientRound, session: ClientSession
+        self,
+        msg: Message,
+        ctxt: Context,
+        call_next: ClientAppCallable,
+        guard: ClientRound,
+        session: ClientSession,
     ) -> RecordDict:
         """Give ``session`` this client's input: trained now on the instructions ``msg``
         carries (the round's first message that brings them; their model must be the one
@@ -420,7 +426,7 @@ class _Client:
             drop_record(self.ctxt.state, f"{_STATE}.input")
         return out
 
-    def step(self, msg: Message, ctxt: Context, call_next) -> RecordDict:
+    def step(self, msg: Message, ctxt: Context, call_next: ClientAppCallable) -> RecordDict:
         message = records.from_record(
             get_record(msg.content, f"{PREFIX}.message"), records.SERVER_MESSAGES
         )
@@ -454,7 +460,7 @@ class _Client:
         received: list[np.ndarray],
         legacy: bool,
         ctxt: Context,
-        call_next,
+        call_next: ClientAppCallable,
         plan: RoundPlan,
     ) -> RecordDict:
         """Run the client app on the strategy's ``instructions`` (:func:`_instructions`),

@@ -77,6 +77,7 @@ try:  # flwr is the [flower] extra
     from flwr.server.compat.legacy_context import LegacyContext
     from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD
     from flwr.server.workflow.constant import Key as WorkflowKey
+    from flwr.serverapp import Grid
     from flwr.serverapp.strategy import Strategy
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
@@ -356,7 +357,7 @@ class ShareflWorkflow:
 
     # -- one round --------------------------------------------------------------------------
 
-    def __call__(self, grid, context: Context) -> None:
+    def __call__(self, grid: Grid, context: Context) -> None:
         """Run one fit round (the ``fit_workflow`` contract of ``DefaultWorkflow``): the
         strategy's ``configure_fit`` samples the clients and writes their instructions; the
         kept parameters are the secure aggregate applied, bit for bit (the arrays of
@@ -399,7 +400,7 @@ class ShareflWorkflow:
 
     def secure_round(
         self,
-        grid,
+        grid: Grid,
         current_round: int,
         contents: Mapping[int, RecordDict],
         global_arrays: Sequence[np.ndarray],
@@ -527,7 +528,7 @@ class ShareflWorkflow:
             )
         return SecureRoundOutcome(None, {}, failures)
 
-    def _send(self, grid, contents: Mapping[int, RecordDict], group: str) -> list[Message]:
+    def _send(self, grid: Grid, contents: Mapping[int, RecordDict], group: str) -> list[Message]:
         """Send each node its content (a TRAIN message) and return the replies that came
         before the stage's deadlines (``timeout``, ``first_reply_timeout``)."""
         messages = [
@@ -551,7 +552,9 @@ class ShareflWorkflow:
         if text is not None:
             log.warning("sharefl: ShareflWorkflow(byzantine=%d): %s", self.byzantine, text)
 
-    def _hello(self, grid, current_round: int, node_ids: list[int], failures: Failures) -> Route:
+    def _hello(
+        self, grid: Grid, current_round: int, node_ids: list[int], failures: Failures
+    ) -> Route:
         """The hello stage of a signed round: the route of the client ids each selected
         node proved. A node that trained in the previous round under the id it proved keeps
         that id without a new hello (:attr:`_proven`); every other node gets a fresh nonce,
@@ -591,7 +594,7 @@ class ShareflWorkflow:
 
     def _key_stage(
         self,
-        grid,
+        grid: Grid,
         current_round: int,
         route: Route,
         fitins: Mapping[int, RecordDict],
@@ -697,7 +700,7 @@ class ShareflWorkflow:
 
     def _collect(
         self,
-        grid,
+        grid: Grid,
         rc: RoundCoordinator,
         route: Route,
         contents: Mapping[int, RecordDict],
@@ -831,7 +834,7 @@ class ShareflStrategy(Strategy):
         self.strategy.summary()
 
     def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         messages = list(self.strategy.configure_train(server_round, arrays, config, grid))
         self._replies = []
@@ -861,7 +864,7 @@ class ShareflStrategy(Strategy):
         return self._arrays, metrics
 
     def configure_evaluate(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         return self.strategy.configure_evaluate(server_round, arrays, config, grid)
 
