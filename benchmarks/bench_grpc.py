@@ -33,6 +33,10 @@ from sharefl.protocol import secure_sum
 from sharefl.protocol.keys import ClientKeys
 from sharefl.protocol.settings import KeySetup
 
+HANG_S = 1800
+"""Seconds a run may take before it counts as hung: a bound against a hang only (a loaded
+machine runs the server and its clients many times slower than an idle one)."""
+
 CONFIG = """
 [server]
 clients = {clients}
@@ -72,9 +76,9 @@ def grpc_rounds(clients: int, d: int, rounds: int, folder: Path, key_setup: str)
         )
         for cid in range(clients)
     ]
-    _, log = server.communicate(timeout=600)
+    _, log = server.communicate(timeout=HANG_S)
     for proc in procs:
-        proc.wait(timeout=60)
+        proc.wait(timeout=HANG_S)
     if server.returncode != 0:
         raise RuntimeError(f"server failed:\n{log}")
     return json.loads((out / "result.json").read_text())
