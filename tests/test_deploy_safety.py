@@ -415,7 +415,8 @@ def test_a_run_the_server_stops_is_reported_to_clients_as_a_refusal(tmp_path):
     )
     assert server.wait(timeout=30) == ExitStatus.NO_CLIENTS
     assert client.returncode == ExitStatus.REFUSED, client.stderr
-    assert "FAILED_PRECONDITION" in client.stderr and "only 1 client connected" in client.stderr
+    assert "client 0: the server refused this client: FAILED_PRECONDITION" in client.stderr
+    assert "only 1 client connected" in client.stderr
     assert "unreachable" not in client.stderr
 
 

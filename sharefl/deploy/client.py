@@ -187,22 +187,20 @@ class TrainerFailed(DeployError):
 class ServerRefused(DeployError, grpc.aio.AioRpcError):
     """The server refused this client or stopped the run: a gRPC status that is not retried
     (wrong identity, certificate, malformed message, a run the server stopped, with its
-    reason). Also the ``AioRpcError`` of that code and reason; its message is one line."""
+    reason). Also the ``AioRpcError`` of that code and reason; its message is one line,
+    naming the client when it is known."""
 
     exit_status = ExitStatus.REFUSED
 
-    def __init__(self, code: grpc.StatusCode, details: str | None) -> None:
+    def __init__(
+        self, code: grpc.StatusCode, details: str | None, client_id: int | None = None
+    ) -> None:
         grpc.aio.AioRpcError.__init__(self, code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
-
-    @classmethod
-    def of(cls, error: grpc.aio.AioRpcError) -> ServerRefused:
-        """``error`` as a :class:`ServerRefused` (itself when it is one)."""
-        if isinstance(error, ServerRefused):
-            return error
-        return cls(error.code(), error.details())
+        self.client_id = client_id
 
     def __str__(self) -> str:
-        return f"the server refused this client: {self.code().name}: {self.details()}"
+        who = "" if self.client_id is None else f"client {self.client_id}: "
+        return f"{who}the server refused this client: {self.code().name}: {self.details()}"
 
 
 class ServerEnded(ServerRefused):
@@ -499,7 +497,7 @@ class ClientRuntime:
                 return self.report
             except grpc.aio.AioRpcError as exc:
                 if not retryable(exc):
-                    raise ServerRefused.of(exc) from exc
+                    raise ServerRefused(exc.code(), exc.details(), self.client_id) from exc
                 cause: Exception = exc
                 why = f"{exc.code().name}: {exc.details()}"
             except _GrpcInternalError as exc:
