@@ -4,8 +4,10 @@ A :class:`ClientSession` is built from the server's :class:`ClusterAssignment`, 
 client's own :class:`ClientPolicy` and its input vector (already in Z_2^b). It consumes
 server messages and returns the reply to send; it never touches sockets, threads or clocks.
 
-States: ``NEW → ADVERTISED → SHARED → MASKED → [SIGNED] → DONE``; any refusal moves it to
-``ABORTED`` (secrets dropped, nothing more revealed). The refusals that protect the client
+States: ``NEW → ADVERTISED → SHARED → MASKED → [SIGNED] → DONE``, or in the two-exchange
+round (protocol version 3, long-term :class:`~sharefl.protocol.keys.ClientKeys`)
+``NEW → MASKED → [SIGNED] → DONE``; any refusal moves it to ``ABORTED`` (secrets dropped,
+nothing more revealed). The refusals that protect the client
 against a misbehaving server:
 
 - a threshold below the policy's floor (:func:`threshold_floor`: t > (holders +
@@ -28,6 +30,12 @@ pair mask with every neighbour in U2, whatever the bundles, and no pair seed is 
 before unmasking; **I2** (:meth:`ClientSession._on_unmask`) of each peer the server gets
 one secret at most, under a survivor list at least t clients long (and, signed, the one
 this client signed, with t signatures).
+
+The two-exchange round keeps both invariants in its own form (:meth:`ClientSession.
+_mask_and_deal`, :meth:`ClientSession._reveal`): the masked input carries a pair mask with
+every neighbour and leaves with sealed Shamir shares of b_u and of each pair seed; at
+unmasking a share of b_w leaves only for a survivor w, a share of s_wv only for a survivor
+w and a dropped v. A version the client does not speak is refused (:class:`VersionRefused`).
 
 What needs the whole round (one cluster per reclustering, the committed plan, cluster size
 and degree, releases that leak across clusters) is
