@@ -1,7 +1,7 @@
 """Tables of docs/results/distributed-dp.md, from the committed run folders.
 
-Reads ``docs/results/distributed-dp/runs/`` (the folders written by ``sharefl simulate
-experiments/distributed_dp_mnist.toml --out docs/results/distributed-dp/runs``: each has
+Reads ``docs/results/distributed-dp/runs-20/`` (the folders written by ``sharefl simulate
+experiments/distributed_dp_mnist.toml --out docs/results/distributed-dp/runs-20``: each has
 ``config.json``, ``rounds.jsonl``, ``summary.json`` with the commit, command, threads, CPU
 capability and BLAS) and the earlier record ``docs/results/distributed-dp/runs.json``
 (final accuracies only, 27 Nov 2026), and returns the page's generated blocks:
@@ -26,7 +26,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-RUNS = Path("docs/results/distributed-dp/runs")
+RUNS = Path("docs/results/distributed-dp/runs-20")
 EARLIER = Path("docs/results/distributed-dp/runs.json")
 MECHANISMS = ("gaussian", "discrete_gaussian", "skellam")
 NAMES = {
@@ -165,7 +165,7 @@ def changes_table(rows: list[dict[str, Any]], root: Path) -> str:
         "change (points) |",
         "|---|---|---|---|---|---|---|",
     ]
-    diffs = []
+    diffs: dict[bool, list[float]] = {True: [], False: []}  # continuous?
     for _cell, runs in sorted(cells.items(), key=lambda kv: (kv[0][2], *_key(kv[1][0]))):
         label = runs[0]["label"]
         pairs = [(r["seed"], earlier.get((label, r["seed"])), r["accuracy"]) for r in runs]
@@ -174,7 +174,7 @@ def changes_table(rows: list[dict[str, Any]], root: Path) -> str:
         new = [n for _, o, n in pairs if o is not None]
         if not old:
             continue
-        diffs += [n - o for o, n in zip(old, new, strict=True)]
+        diffs[runs[0]["mechanism"] == "gaussian"] += [n - o for o, n in zip(old, new, strict=True)]
         change = statistics.fmean(new) - statistics.fmean(old)
         lines.append(
             f"| {label} | {_seed_list(seeds)} | "
@@ -182,15 +182,20 @@ def changes_table(rows: list[dict[str, Any]], root: Path) -> str:
             f"{', '.join(f'{n:.2f}' for n in new)} | {statistics.fmean(old):.1f} | "
             f"{statistics.fmean(new):.1f} | {change:+.1f} |"
         )
-    if diffs:
-        same = sum(abs(d) < 0.005 for d in diffs)
-        lines += [
-            "",
-            f"{len(diffs)} runs in both records: {same} with the same final accuracy; the "
-            f"differences run by run have mean {statistics.fmean(diffs):+.2f} and standard "
-            f"deviation {statistics.stdev(diffs) if len(diffs) > 1 else 0.0:.2f} points, "
-            f"the largest {max(diffs, key=abs):+.2f}.",
-        ]
+    for continuous, name in ((True, "continuous"), (False, "discrete")):
+        d = diffs[continuous]
+        if not d:
+            continue
+        same = sum(abs(x) < 0.005 for x in d)
+        line = f"{name.capitalize()} runs in both records: {len(d)}, {same} of them with the "
+        line += "same final accuracy"
+        if same < len(d):
+            sd = statistics.stdev(d) if len(d) > 1 else 0.0
+            line += (
+                f"; the differences run by run have mean {statistics.fmean(d):+.2f} and "
+                f"standard deviation {sd:.2f} points, the largest {max(d, key=abs):+.2f}"
+            )
+        lines += ["", line + "."]
     return "\n".join(lines)
 
 

@@ -81,8 +81,8 @@ def arithmetic_table(root: Path) -> str:
         f"lr = {st['lr']}, L = {st['L']}, K_t = {st['K']}.",
         "",
         "| σ | noise std per coordinate (σS/B) | noise norm, one local step | signal norm, one "
-        "local step | noise norm, one round (global model) | signal norm, one round, at most "
-        "| round noise / model norm |",
+        "local step | noise norm, one round (global model) | signal norm, one round, every step "
+        "aligned | round noise / model norm |",
         "|---|---|---|---|---|---|---|",
     ]
     for sigma, v in a["per_sigma"].items():

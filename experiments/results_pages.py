@@ -76,6 +76,13 @@ def _share(name: str) -> Callable[[Path], str]:
     return build
 
 
+def _fed_cdp(name: str) -> Callable[[Path], str]:
+    def build(root: Path) -> str:
+        return str(_script("fed_cdp_summary").blocks(root)[name])
+
+    return build
+
+
 def _distributed_dp(name: str) -> Callable[[Path], str]:
     def build(root: Path) -> str:
         return str(_script("distributed_dp_summary").blocks(root)[name])
@@ -83,7 +90,7 @@ def _distributed_dp(name: str) -> Callable[[Path], str]:
     return build
 
 
-_DDP_RUNS = "docs/results/distributed-dp/runs/"
+_DDP_RUNS = "docs/results/distributed-dp/runs-20/"
 BLOCKS: tuple[Block, ...] = (
     Block(
         "atoms.md",
@@ -122,6 +129,33 @@ BLOCKS: tuple[Block, ...] = (
             ("figure8", "figures-5-8"),
         )
     ),
+    *(
+        Block(
+            "distributed-dp.md",
+            f"distributed-dp {part}",
+            _DDP_RUNS + extra,
+            _distributed_dp(f"distributed-dp {part}"),
+        )
+        for part, extra in (
+            ("results", ""),
+            ("pooled", ""),
+            ("provenance", ""),
+            ("changes", ", docs/results/distributed-dp/runs.json"),
+            ("seeds", ""),
+        )
+    ),
+    Block(
+        "fed-cdp.md",
+        "fed-cdp sigma arithmetic",
+        "docs/results/fed-cdp/sigma-arithmetic.json",
+        _fed_cdp("fed-cdp sigma arithmetic"),
+    ),
+    Block(
+        "fed-cdp.md",
+        "fed-cdp sigma probe",
+        "docs/results/fed-cdp/sigma-probe/",
+        _fed_cdp("fed-cdp sigma probe"),
+    ),
 )
 
 HAND_WRITTEN: dict[str, tuple[int, str]] = {
@@ -133,14 +167,18 @@ HAND_WRITTEN: dict[str, tuple[int, str]] = {
         "design and timing tables; Table I (experiments/decentralized_table1.py's printout); the "
         "1,000-iteration runs (folders not committed); the claims (judgement); DLG leakage",
     ),
-    "distributed-dp.md": (1, "re-run in progress (issue 41)"),
+    "distributed-dp.md": (0, ""),
     "dp-filter.md": (
         4,
         "the configuration index; Table 15 / Figure 1 / Table 3 (folders not committed); "
         "Tables 5 and 11 (folders committed, not yet generated)",
     ),
     "dp-rsa.md": (9, "runs under /work/runs not committed, but for runs-eps (not yet generated)"),
-    "fed-cdp.md": (4, "the configuration index; no run folders committed"),
+    "fed-cdp.md": (
+        5,
+        "the configuration index; our choices against the authors' code (a comparison, "
+        "not results); Tables III, IV, VI (no run folders committed)",
+    ),
     "share.md": (
         8,
         "the settings, claims and leak-audit tables (the audit's draws: a script's printout); "
