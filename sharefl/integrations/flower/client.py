@@ -318,11 +318,13 @@ class _Client:
         )
 
     def assign(self, msg: Message, max_weight: float, call_next: ClientAppCallable) -> RecordDict:
-        """Vet the assignment and advertise keys. A new plan starts a new round; its first
-        assignment names the digest of the model the round trains on (the client trains
-        when the first masking request brings the model, and refuses one with another
-        digest), so the memory checks and records the round, model and clusterings
-        before the advert leaves. Raises :class:`InconsistentRequest` for an unsigned
+        """Vet the assignment and send the session's first reply: the advert (four-exchange
+        round), or — two-exchange round — train on the instructions the first assignment
+        brings and send the masked input with its shares (or, when the assignment does not
+        relay this client's own keys, a new key advert instead). A new plan starts a new
+        round; its first assignment names the digest of the model the round trains on (the
+        client trains on that model only), so the memory checks and records the round,
+        model and clusterings before anything leaves. Raises :class:`InconsistentRequest` for an unsigned
         assignment when the policy requires signed mode, and the refusals of
         :class:`ClientRound` (with :class:`~sharefl.protocol.errors.RoundReplayed` and
         :class:`~sharefl.protocol.errors.ModelReplayed` from the memory)."""
