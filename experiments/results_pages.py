@@ -167,7 +167,7 @@ HAND_WRITTEN: dict[str, tuple[int, str]] = {
         "design and timing tables; Table I (experiments/decentralized_table1.py's printout); the "
         "1,000-iteration runs (folders not committed); the claims (judgement); DLG leakage",
     ),
-    "distributed-dp.md": (0, ""),
+    "distributed-dp.md": (1, "the earlier page's conclusions beside the re-run's (judgement)"),
     "dp-filter.md": (
         4,
         "the configuration index; Table 15 / Figure 1 / Table 3 (folders not committed); "
