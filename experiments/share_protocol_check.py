@@ -10,8 +10,9 @@ compares, for the two runs found under a results folder:
 - ``rounds.jsonl``: every line, all keys except the wall-clock ``seconds`` (accuracy and
   loss as written, i.e. the float32 loss's full repr: equal strings, not a tolerance);
 - ``model.npz``: every array, byte for byte;
-- ``summary.json``: every key except ``wall_seconds``, ``label`` and ``run_id`` (the audit
-  verdict, the final and best accuracy, the device), and its ``config`` except ``label`` and
+- ``summary.json``: every key except ``wall_seconds``, ``label``, ``run_id`` and
+  ``environment`` (the process that finished the run, whose command differs): the audit
+  verdict, the final and best accuracy, the device, and its ``config`` except ``label`` and
   ``secure_aggregation.enabled`` (the only two settings the runs may differ in).
 
 Optionally (``--reference FOLDER``) it also compares the clear run's rows with a longer
@@ -31,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-IGNORED_SUMMARY = {"wall_seconds", "label", "run_id", "folder", "name"}
+IGNORED_SUMMARY = {"wall_seconds", "label", "run_id", "folder", "name", "environment"}
 
 
 def rows(folder: Path) -> list[dict]:

@@ -153,8 +153,10 @@ def _csv(folder: Path) -> list[dict[str, str]]:
 
 
 def _summary(folder: Path) -> dict[str, Any]:
+    """The summary but its wall time and its environment (which process finished the run,
+    with which command and when: a resumed run's differ by design)."""
     summary = json.loads((folder / SUMMARY_FILE).read_text())
-    return {k: v for k, v in summary.items() if k != "wall_seconds"}
+    return {k: v for k, v in summary.items() if k not in ("wall_seconds", "environment")}
 
 
 def _assert_same_folder(a: Path, b: Path) -> None:
