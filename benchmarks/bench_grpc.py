@@ -7,6 +7,11 @@ then the round times (the server's own measurement of the round, from the model 
 to the last unmasked cluster; process start-up excluded), their ratio, and the bytes each
 client sent (protobuf message sizes as received by the server) over d·b/8.
 
+The server's round includes the clients' training (the demo trainer), so the in-process
+baseline is timed both ways: the protocol alone (``in_process_round_s``, ``ratio``) and the
+same work as the server's round, the trainer's updates then the protocol
+(``in_process_with_training_s``, ``ratio_with_training``, which the targets use).
+
 Targets (issue #4), 20 clients, d = 10^6: bytes per client ≤ 1.05 × d·b/8 plus the
 key/share traffic; gRPC round ≤ 3× the in-process round; with ``key_setup = "once"`` (the
 two-exchange round, measured in the same run, keys set up before the rounds) ≤ 2×. Run:
@@ -92,19 +97,22 @@ def measure(args: argparse.Namespace, key_setup: str) -> dict:
     keys = None
     if key_setup == "once":  # set up before the rounds, as the processes did
         keys = {cid: ClientKeys.generate(cid) for cid in range(args.clients)}
-    in_process_times = []
+    in_process_times, with_training_times = [], []
     for round_index in range(args.rounds):
+        start = time.perf_counter()
         updates = {
             cid: demo_trainer(np.zeros(args.d, np.float32), round=round_index, client_id=cid)
             for cid in range(args.clients)
         }
-        start = time.perf_counter()
+        trained = time.perf_counter()
         local = secure_sum(
             updates, cluster_size=5, clip=1.0, seed=1, key_setup=key_setup, client_keys=keys
         )
-        in_process_times.append(time.perf_counter() - start)
+        in_process_times.append(time.perf_counter() - trained)
+        with_training_times.append(time.perf_counter() - start)
         assert not local.failed
     in_process = min(in_process_times)
+    with_training = min(with_training_times)
     best = min(grpc_times)
     ring_bytes = args.d * 4
     sent = [t["bytes_in"] / args.rounds for t in result["traffic_total"].values()]
@@ -121,12 +129,17 @@ def measure(args: argparse.Namespace, key_setup: str) -> dict:
         "grpc_round_s_all": grpc_times,
         "in_process_round_s": in_process,
         "ratio": best / in_process,
+        "in_process_with_training_s": with_training,
+        "ratio_with_training": best / with_training,
         "bytes_sent_per_client_max": max(sent),
         "bytes_sent_over_d_b_8": max(sent) / ring_bytes,
         "flower_int64_bytes_over_d_b_8": 2.0,
         "clusters_ok": [len(r["clusters"]) for r in result["rounds"]],
-        "target": f"bytes <= 1.05 d*b/8 + key/share traffic; round <= {limit}x in-process",
-        "pass": best <= limit * in_process and max(sent) <= vector_traffic + 4096,
+        "target": (
+            f"bytes <= 1.05 d*b/8 + key/share traffic; round <= {limit}x in-process "
+            "(the same work: the trainer's updates and the protocol)"
+        ),
+        "pass": best <= limit * with_training and max(sent) <= vector_traffic + 4096,
     }
 
 
