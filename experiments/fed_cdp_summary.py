@@ -8,6 +8,10 @@
   experiments/fed_cdp_sigma_arithmetic.py --json ...``): the noise one local step and one round
   add at initialisation against the model's norm and the most signal a round can carry.
 
+- ``fed-cdp layer noise``: ``docs/results/fed-cdp/layer-noise/`` (``sharefl simulate
+  experiments/fed_cdp_layer_noise.toml --out docs/results/fed-cdp/layer-noise``): Fed-CDP at
+  σ = 0.5 with our calibration (σ·√3·C) and with the authors' (σ·C per layer).
+
 ``python experiments/results_pages.py`` writes them into the page (``--check`` compares).
 """
 
@@ -18,6 +22,7 @@ import math
 from pathlib import Path
 
 PROBE = Path("docs/results/fed-cdp/sigma-probe")
+LAYER_NOISE = Path("docs/results/fed-cdp/layer-noise")
 ARITHMETIC = Path("docs/results/fed-cdp/sigma-arithmetic.json")
 
 
@@ -63,6 +68,37 @@ def probe_table(root: Path) -> str:
     return "\n".join(lines)
 
 
+def layer_noise_table(root: Path) -> str:
+    folder = root / LAYER_NOISE
+    lines = [
+        "| run | noise per coordinate on the sum | round 20 | round 40 | round 60 | round 80 | "
+        "round 100 | paper | ε (δ = 1e-5) | wall (s) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    found = False
+    for run in sorted(folder.iterdir()) if folder.is_dir() else []:
+        path = run / "summary.json"
+        if not path.is_file():
+            continue
+        found = True
+        s = json.loads(path.read_text())
+        records = {
+            r["round"]: r for r in map(json.loads, (run / "rounds.jsonl").read_text().splitlines())
+        }
+        c = s["config"]["privacy"]
+        noise = c["noise_multiplier"] * math.sqrt(3) * c["clip"]  # 3 layers clipped to C
+        accs = " | ".join(
+            f"{100 * records[t]['accuracy']:.1f}" if t in records else "–"
+            for t in (20, 40, 60, 80, 100)
+        )
+        paper = "–" if s["paper"] is None else f"{100 * s['paper']:.1f}"
+        lines.append(
+            f"| {s['label']} | {noise:.2f} | {accs} | {paper} | {s['epsilon']:.3g} | "
+            f"{s['wall_seconds']:.0f} |"
+        )
+    return "\n".join(lines) if found else "(not run)"
+
+
 def arithmetic_table(root: Path) -> str:
     path = root / ARITHMETIC
     if not path.is_file():
@@ -99,6 +135,7 @@ def blocks(root: Path) -> dict[str, str]:
     return {
         "fed-cdp sigma arithmetic": arithmetic_table(root),
         "fed-cdp sigma probe": probe_table(root),
+        "fed-cdp layer noise": layer_noise_table(root),
     }
 
 

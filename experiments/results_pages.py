@@ -156,6 +156,12 @@ BLOCKS: tuple[Block, ...] = (
         "docs/results/fed-cdp/sigma-probe/",
         _fed_cdp("fed-cdp sigma probe"),
     ),
+    Block(
+        "fed-cdp.md",
+        "fed-cdp layer noise",
+        "docs/results/fed-cdp/layer-noise/",
+        _fed_cdp("fed-cdp layer noise"),
+    ),
 )
 
 HAND_WRITTEN: dict[str, tuple[int, str]] = {
