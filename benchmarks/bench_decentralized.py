@@ -47,6 +47,7 @@ Run: ``python benchmarks/bench_decentralized.py [--quick] [--threads N] [--stric
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 from pathlib import Path
 
@@ -111,7 +112,7 @@ def the_run(smoke: bool) -> tuple[object, Dataset, Dataset, str]:
         if r.name == "decentralized_mnist_iid_sign_flipping" and r.label == "iid: ios C=2"
     ]
     if smoke:
-        run = expand({**_as_data(run), "eval_every": 20})[0]
+        run = dataclasses.replace(run, eval_every=20)
         train = synthetic_dataset(6_000, shape=(1, 28, 28), seed=0)
         return (
             run,
@@ -126,13 +127,6 @@ def the_run(smoke: bool) -> tuple[object, Dataset, Dataset, str]:
         train = synthetic_dataset(60_000, shape=(1, 28, 28), seed=0)
         test = synthetic_dataset(10_000, shape=(1, 28, 28), seed=0, split="test")
         return run, train, test, "synthetic"
-
-
-def _as_data(run) -> dict:
-    data = run.to_dict()
-    for key in ("paper", "run_id"):
-        data.pop(key, None)
-    return data
 
 
 def time_the_run(smoke: bool, repeat: int) -> dict:
