@@ -232,8 +232,9 @@ def provenance(rows: list[dict[str, Any]]) -> str:
             if dirty
             else ""
         )
-        + ". Commands: "
-        + "; ".join(f"`{c}`" for c in commands)
+        + ". Commands as the summaries record them (their --out folder since moved to "
+        + f"{RUNS.name}/, see above): "
+        + "; ".join(f"“{c}”" for c in commands)
         + ".",
         "",
         f"Device {', '.join(sorted({r['device'] for r in rows}))}; CPU {values('cpu')}; "
