@@ -292,11 +292,15 @@ class Game:
         self.masked_count = self.response_count = 0
         # Two-exchange round: every client's long-term keys, set up once (the colluders'
         # are the server's).
-        self.long_term = {u: ClientKeys.generate(u, RUN_ID, self.randbytes) for u in self.clients}
+        self.long_term: dict[int, ClientKeys] = {}
+        if s.two_exchange:
+            self.long_term = {
+                u: ClientKeys.generate(u, RUN_ID, self.randbytes) for u in self.clients
+            }
         self.key_adverts = {
             u: k.advert(IDENTITIES[u] if s.signed else None) for u, k in self.long_term.items()
         }
-        for u in self.colluders:
+        for u in self.colluders & self.long_term.keys():  # (atoms redraw the clients)
             self.enc_privates[self.long_term[u].encryption.public] = self.long_term[
                 u
             ].encryption.private

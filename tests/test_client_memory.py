@@ -393,7 +393,6 @@ class Script(pb_grpc.AggregationServicer):
         incoming = request_iterator.__aiter__()
         await context.write(pb.ServerMessage(challenge=pb.Challenge(nonce=os.urandom(32))))
         await incoming.__anext__()  # Hello
-        await incoming.__anext__()  # the key advert every client sends after its Hello
         replies: list[pb.ClientMessage] = []
         self.replies.append(replies)
         encoding = choose_encoding(1.0, 4)

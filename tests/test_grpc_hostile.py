@@ -217,8 +217,6 @@ class HostileServer(pb_grpc.AggregationServicer):
 
     async def _read(self, incoming):
         message = await incoming.__anext__()
-        if message.WhichOneof("body") == "key_advert":  # sent after the Hello; unused here
-            message = await incoming.__anext__()
         self.received.append(message)
         return message
 

@@ -68,8 +68,6 @@ class Double(pb_grpc.AggregationServicer):
 
         async def read() -> None:
             async for message in incoming:
-                if message.WhichOneof("body") == "key_advert":
-                    continue  # sent after every Hello; only the two-exchange round reads it
                 await link.inbox.put(message)
 
         reader = asyncio.create_task(read())

@@ -444,7 +444,7 @@ class ClientRuntime:
             server=self.server_identity,
         )
         self.keys = ClientKeys.generate(client_id, self.server_identity)
-        """This process's long-term keys (the two-exchange round): advertised after every
+        """This process's long-term keys (the two-exchange round): advertised in every
         Hello, so a restarted server (or client) gets them again."""
 
     @property
@@ -581,11 +581,10 @@ class ClientRuntime:
                     client_id=self.client_id,
                     identity_public=self.identity.public,
                     signature=self.identity.sign(stream_hello_message(nonce, self.client_id)),
+                    key_advert=wire.key_advert_to_proto(self.keys.advert(self.identity)),
                 )
             ),
         )
-        advert = self.keys.advert(self.identity)
-        await self._send(call, pb.ClientMessage(key_advert=wire.key_advert_to_proto(advert)))
         update: np.ndarray | None = None
         session: ClientSession | None = None
         round_guard = RoundGuard()

@@ -581,8 +581,8 @@ class ServerRun:
                 f"model.dim is {config.model.dim}"
             )
         self.key_adverts: dict[int, KeyAdvert] = {}
-        """Each client's long-term key advert (sent after its Hello; a reconnect replaces
-        it): what the two-exchange round (``key_setup = "once"``) relays."""
+        """Each client's long-term key advert (in its Hello; a reconnect replaces it): what
+        the two-exchange round (``key_setup = "once"``) relays."""
         self.reports: list[RoundReport] = []
         self.empty_rounds = 0
         """Rounds in a row, up to the last, that released no cluster sum."""
@@ -645,7 +645,7 @@ class ServerRun:
 
     def ready(self) -> list[int]:
         """The connected clients a round can plan: with ``key_setup = "once"`` those whose
-        key advert arrived (it follows the Hello at once)."""
+        key advert arrived (in their Hello)."""
         if self.settings.key_setup is not KeySetup.ONCE:
             return self.alive()
         return [cid for cid in self.alive() if cid in self.key_adverts]
@@ -676,7 +676,7 @@ class ServerRun:
                 wire.masked_shares_check(envelope.masked_shares)  # before the vector comes
                 self._on_masked_header(link, envelope.masked_shares)
             elif kind == "key_advert":
-                self._on_key_advert(link, wire.key_advert_from_proto(envelope.key_advert))
+                self.on_key_advert(link, wire.key_advert_from_proto(envelope.key_advert))
             elif kind == "refusal":
                 self.peer_log.line(
                     link.client_id, f"client {link.client_id} refused: {envelope.refusal.reason}"
@@ -714,12 +714,11 @@ class ServerRun:
             )
         self.changed.set()
 
-    def _on_key_advert(self, link: ClientLink, advert: KeyAdvert) -> None:
-        """Keep a client's long-term key advert: it names the stream's client, passes
-        :func:`~sharefl.protocol.keys.check_key_advert` (signed mode: signed by the
-        directory's key of that client) and repeats no key another client advertised.
-        Raises :class:`RejectedMessage` (the stream is ended) otherwise."""
-        cid = link.client_id
+    def check_key_advert(self, cid: int, advert: KeyAdvert) -> None:
+        """Raise :class:`RejectedMessage` unless ``advert`` may be client ``cid``'s: it names
+        ``cid``, passes :func:`~sharefl.protocol.keys.check_key_advert` (signed mode:
+        signed by the directory's key of ``cid``) and repeats no key another client
+        advertised."""
         if advert.sender != cid:
             raise RejectedMessage(f"client {cid} sent a key advert for client {advert.sender}", cid)
         try:
@@ -727,7 +726,12 @@ class ServerRun:
             check_distinct_keys([*(a for c, a in self.key_adverts.items() if c != cid), advert])
         except BadAdvertisement as exc:
             raise RejectedMessage(f"client {cid}: key advert refused: {exc}", cid) from exc
-        self.key_adverts[cid] = advert
+
+    def on_key_advert(self, link: ClientLink, advert: KeyAdvert) -> None:
+        """Keep a client's long-term key advert (its Hello's, or a later one), checked
+        (:meth:`check_key_advert`; its :class:`RejectedMessage` ends the stream)."""
+        self.check_key_advert(link.client_id, advert)
+        self.key_adverts[link.client_id] = advert
         self.changed.set()
 
     def _on_masked_header(self, link: ClientLink, header: pb.MaskedInput | pb.MaskedShares) -> None:
@@ -1087,10 +1091,18 @@ class AggregationService(pb_grpc.AggregationServicer):
         await context.write(
             pb.ServerMessage(challenge=pb.Challenge(nonce=nonce, server_version=__version__))
         )
-        client_id, identity = await self._authenticate(incoming, nonce)
+        client_id, identity, advert = await self._authenticate(incoming, nonce)
         if self.require_certificate:
             check_certificate(context.auth_context(), client_id)
-        return self.run.register(client_id, identity)
+        if advert is not None:
+            try:
+                self.run.check_key_advert(client_id, advert)
+            except RejectedMessage as exc:
+                raise StreamError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
+        link = self.run.register(client_id, identity)
+        if advert is not None:
+            self.run.on_key_advert(link, advert)
+        return link
 
     async def _serve(
         self,
@@ -1139,9 +1151,9 @@ class AggregationService(pb_grpc.AggregationServicer):
 
     async def _authenticate(
         self, incoming: AsyncIterator[pb.ClientMessage], nonce: bytes
-    ) -> tuple[int, bytes]:
-        """The client id and Ed25519 identity of a stream whose first message is a valid
-        signed Hello.
+    ) -> tuple[int, bytes, KeyAdvert | None]:
+        """The client id, Ed25519 identity and long-term key advert (``None`` when the
+        Hello carries none) of a stream whose first message is a valid signed Hello.
 
         Raises :class:`StreamError`: ``DEADLINE_EXCEEDED`` when no message came within
         ``server.hello_timeout_s``; ``INVALID_ARGUMENT`` for no Hello, bytes that do not
@@ -1180,7 +1192,13 @@ class AggregationService(pb_grpc.AggregationServicer):
             raise StreamError(
                 grpc.StatusCode.UNAUTHENTICATED, f"client {client_id}: Hello signature invalid"
             ) from exc
-        return client_id, bytes(hello.identity_public)
+        advert = None
+        if hello.HasField("key_advert"):
+            try:
+                advert = wire.key_advert_from_proto(hello.key_advert)
+            except wire.WireError as exc:
+                raise StreamError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
+        return client_id, bytes(hello.identity_public), advert
 
     async def _read(self, link: ClientLink, incoming: AsyncIterator[pb.ClientMessage]) -> None:
         """Route the client's messages until its stream ends; a failure ends this stream.

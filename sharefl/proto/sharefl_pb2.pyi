@@ -60,14 +60,16 @@ class Challenge(_message.Message):
     def __init__(self, nonce: _Optional[bytes] = ..., server_version: _Optional[str] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("client_id", "identity_public", "signature")
+    __slots__ = ("client_id", "identity_public", "signature", "key_advert")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     IDENTITY_PUBLIC_FIELD_NUMBER: _ClassVar[int]
     SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    KEY_ADVERT_FIELD_NUMBER: _ClassVar[int]
     client_id: int
     identity_public: bytes
     signature: bytes
-    def __init__(self, client_id: _Optional[int] = ..., identity_public: _Optional[bytes] = ..., signature: _Optional[bytes] = ...) -> None: ...
+    key_advert: KeyAdvert
+    def __init__(self, client_id: _Optional[int] = ..., identity_public: _Optional[bytes] = ..., signature: _Optional[bytes] = ..., key_advert: _Optional[_Union[KeyAdvert, _Mapping]] = ...) -> None: ...
 
 class Cluster(_message.Message):
     __slots__ = ("members",)
