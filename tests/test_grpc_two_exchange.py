@@ -1,5 +1,5 @@
 """The two-exchange round (``key_setup = "once"``) over gRPC between real processes on
-127.0.0.1: each client advertises its long-term keys after its Hello; a round is the
+127.0.0.1: each client advertises its long-term keys in its Hello; a round is the
 assignment (after the RoundStart) answered by the masked input with its shares, then the
 unmask request. A client killed (SIGKILL) before either reply is recovered exactly."""
 
