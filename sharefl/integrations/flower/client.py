@@ -324,8 +324,8 @@ class _Client:
         relay this client's own keys, a new key advert instead). A new plan starts a new
         round; its first assignment names the digest of the model the round trains on (the
         client trains on that model only), so the memory checks and records the round,
-        model and clusterings before anything leaves. Raises :class:`InconsistentRequest` for an unsigned
-        assignment when the policy requires signed mode, and the refusals of
+        model and clusterings before anything leaves. Raises :class:`InconsistentRequest`
+        for an unsigned assignment when the policy requires signed mode, and the refusals of
         :class:`ClientRound` (with :class:`~sharefl.protocol.errors.RoundReplayed` and
         :class:`~sharefl.protocol.errors.ModelReplayed` from the memory)."""
         content = msg.content
