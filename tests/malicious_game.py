@@ -557,6 +557,42 @@ class Game:
         )
         return Member(u, session, guard, secrets)
 
+    def opening(
+        self, plan: RoundPlan, r: int, k: int, model: int, guards: dict[int, ClientRound]
+    ) -> tuple[int, KeyContext, tuple[int, ...], ClusterAssignment, dict[int, Member]]:
+        """A cluster run's start, both rounds: its run id, context (version 3 in two-exchange
+        settings), members, planned assignment (a sparse graph, a lowered threshold) and the
+        members that joined — each sent its variant of the assignment (two-exchange: with
+        the key adverts :meth:`keys_for` chose), unless not contacted."""
+        tape, two = self.tape, self.setting.two_exchange
+        rid = next(self.runs)
+        context, members = plan.context(r, k), plan.members(r, k)
+        if two:
+            context = dataclasses.replace(context, version=TWO_EXCHANGE_VERSION)
+        graph = self.graph(members)
+        if "graph" in self.hooks:
+            graph = self.hooks["graph"](members)
+        base = self.assignment(context, members, graph)
+        if base.threshold > 2 and tape.deviate("thresholds", f"threshold lowered in ({r},{k})"):
+            base = dataclasses.replace(base, threshold=base.threshold - 1)
+        if self.trace is not None:
+            self.note(f" run {rid}: ({r},{k}) {members} t={base.threshold} graph={base.neighbours}")
+        alive: dict[int, Member] = {}
+        for u in members:
+            a = base if u in self.colluders else self.variant(base, plan, u)
+            if two:
+                a = dataclasses.replace(
+                    a,
+                    context=dataclasses.replace(a.context, version=TWO_EXCHANGE_VERSION),
+                    keys=self.keys_for(u, a.members),
+                )
+            if u not in self.colluders and tape.deviate("dropouts", f"{u} not contacted"):
+                continue
+            member = self.join(u, a, model, guards, rid)
+            if member is not None:
+                alive[u] = member
+        return rid, context, members, base, alive
+
     def cluster(
         self,
         plan: RoundPlan,
@@ -570,24 +606,7 @@ class Game:
         reclustering, where the server claims one member dropped (the difference of the two
         sums would be that member's input)."""
         tape, signed = self.tape, self.setting.signed
-        rid = next(self.runs)
-        context, members = plan.context(r, k), plan.members(r, k)
-        graph = self.graph(members)
-        if "graph" in self.hooks:
-            graph = self.hooks["graph"](members)
-        base = self.assignment(context, members, graph)
-        if base.threshold > 2 and tape.deviate("thresholds", f"threshold lowered in ({r},{k})"):
-            base = dataclasses.replace(base, threshold=base.threshold - 1)
-        if self.trace is not None:
-            self.note(f" run {rid}: ({r},{k}) {members} t={base.threshold} graph={base.neighbours}")
-        alive: dict[int, Member] = {}
-        for u in members:
-            a = base if u in self.colluders else self.variant(base, plan, u)
-            if u not in self.colluders and tape.deviate("dropouts", f"{u} not contacted"):
-                continue
-            member = self.join(u, a, model, guards, rid)
-            if member is not None:
-                alive[u] = member
+        rid, context, members, base, alive = self.opening(plan, r, k, model, guards)
         yield
 
         # Stage 1: advertisements.
@@ -721,30 +740,7 @@ class Game:
         inputs come back with their sealed shares; then the (signed) consistency stage and
         the unmask request carrying the bundles (altered by the ``bundles`` family)."""
         tape, signed = self.tape, self.setting.signed
-        rid = next(self.runs)
-        context = dataclasses.replace(plan.context(r, k), version=TWO_EXCHANGE_VERSION)
-        members = plan.members(r, k)
-        graph = self.graph(members)
-        if "graph" in self.hooks:
-            graph = self.hooks["graph"](members)
-        base = self.assignment(context, members, graph)
-        if base.threshold > 2 and tape.deviate("thresholds", f"threshold lowered in ({r},{k})"):
-            base = dataclasses.replace(base, threshold=base.threshold - 1)
-        if self.trace is not None:
-            self.note(f" run {rid}: ({r},{k}) {members} t={base.threshold} graph={base.neighbours}")
-        alive: dict[int, Member] = {}
-        for u in members:
-            a = base if u in self.colluders else self.variant(base, plan, u)
-            a = dataclasses.replace(
-                a,
-                context=dataclasses.replace(a.context, version=TWO_EXCHANGE_VERSION),
-                keys=self.keys_for(u, a.members),
-            )
-            if u not in self.colluders and tape.deviate("dropouts", f"{u} not contacted"):
-                continue
-            member = self.join(u, a, model, guards, rid)
-            if member is not None:
-                alive[u] = member
+        rid, context, members, base, alive = self.opening(plan, r, k, model, guards)
         yield
 
         # Exchange 1: the masked inputs with their sealed shares.
