@@ -670,32 +670,11 @@ class Game:
             masked[u] = reply
         yield
 
-        accepted = [
-            v
-            for v in sorted(masked)
-            if v in self.colluders
-            or not tape.deviate("dropouts", f"masked input of {v} ignored in {rid}")
-        ]
-        if "accepted" in self.hooks:
-            accepted = self.hooks["accepted"](rid, accepted)
-        if rerun and accepted:
-            accepted.remove(tape.pick(accepted))
-        if plan.atoms is not None:  # the honest server leaves incomplete atoms out whole
-            accepted = list(whole_atoms(accepted, plan.atoms))
-        story = self.story(sorted(masked), accepted, u2, base.threshold)
-        if "story" in self.hooks:
-            story = self.hooks["story"](rid, story)
+        story = self.told(rid, plan, base, sorted(masked), u2, rerun)
         # Stage 4 (signed): consistency signatures.
         signed_lists: dict[int, tuple[tuple[int, ...], bytes]] = {}
         if signed:
-            for u in sorted(masked):
-                member = alive[u]
-                if member.colluding:
-                    continue
-                listed = self.survivor_list(member, story[u][0], given_u2[u], "U3")
-                reply = self.send(member, ConsistencyRequest(context, tuple(listed)))
-                if reply is not None:
-                    signed_lists[u] = (tuple(sorted(listed)), reply.signature)
+            signed_lists = self.signatures(context, alive, sorted(masked), story, given_u2)
             yield
 
         # Stage 5: unmask requests.
@@ -767,32 +746,12 @@ class Game:
         yield
 
         masked = sorted(dealt)
-        accepted = [
-            v
-            for v in masked
-            if v in self.colluders
-            or not tape.deviate("dropouts", f"masked input of {v} ignored in {rid}")
-        ]
-        if "accepted" in self.hooks:
-            accepted = self.hooks["accepted"](rid, accepted)
-        if rerun and accepted:
-            accepted.remove(tape.pick(accepted))
-        if plan.atoms is not None:
-            accepted = list(whole_atoms(accepted, plan.atoms))
-        story = self.story(masked, accepted, list(members), base.threshold)
-        if "story" in self.hooks:
-            story = self.hooks["story"](rid, story)
+        story = self.told(rid, plan, base, masked, list(members), rerun)
         # Signed: consistency signatures.
         signed_lists: dict[int, tuple[tuple[int, ...], bytes]] = {}
         if signed:
-            for u in masked:
-                member = alive[u]
-                if member.colluding:
-                    continue
-                listed = self.survivor_list(member, story[u][0], list(members), "U3")
-                reply = self.send(member, ConsistencyRequest(context, tuple(listed)))
-                if reply is not None:
-                    signed_lists[u] = (tuple(sorted(listed)), reply.signature)
+            known = {u: list(members) for u in masked}
+            signed_lists = self.signatures(context, alive, masked, story, known)
             yield
 
         # Exchange 2: unmask requests carrying the bundles.
@@ -887,6 +846,57 @@ class Game:
             self.view.pair_shares(
                 rid, {(u, v): sh for v, sh in zip(peers, shares[1:], strict=True)}
             )
+
+    def told(
+        self,
+        rid: int,
+        plan: RoundPlan,
+        base: ClusterAssignment,
+        masked: list[int],
+        u2: list[int],
+        rerun: bool,
+    ) -> dict[int, tuple[list[int], list[int]]]:
+        """Both rounds: the masked inputs the server accepts (``dropouts`` ignore some; a
+        rerun drops one; the honest server leaves incomplete atoms out whole), then what
+        each client is told (:meth:`story`)."""
+        tape = self.tape
+        accepted = [
+            v
+            for v in masked
+            if v in self.colluders
+            or not tape.deviate("dropouts", f"masked input of {v} ignored in {rid}")
+        ]
+        if "accepted" in self.hooks:
+            accepted = self.hooks["accepted"](rid, accepted)
+        if rerun and accepted:
+            accepted.remove(tape.pick(accepted))
+        if plan.atoms is not None:
+            accepted = list(whole_atoms(accepted, plan.atoms))
+        story = self.story(masked, accepted, u2, base.threshold)
+        if "story" in self.hooks:
+            story = self.hooks["story"](rid, story)
+        return story
+
+    def signatures(
+        self,
+        context: KeyContext,
+        alive: dict[int, Member],
+        masked: list[int],
+        story: dict[int, tuple[list[int], list[int]]],
+        known: dict[int, list[int]],
+    ) -> dict[int, tuple[tuple[int, ...], bytes]]:
+        """Signed mode, both rounds: each honest client's signature over the survivor list
+        it is shown (``survivors`` may alter it within ``known``)."""
+        signed_lists: dict[int, tuple[tuple[int, ...], bytes]] = {}
+        for u in masked:
+            member = alive[u]
+            if member.colluding:
+                continue
+            listed = self.survivor_list(member, story[u][0], known[u], "U3")
+            reply = self.send(member, ConsistencyRequest(context, tuple(listed)))
+            if reply is not None:
+                signed_lists[u] = (tuple(sorted(listed)), reply.signature)
+        return signed_lists
 
     def story(
         self, masked: list[int], accepted: list[int], u2: list[int], threshold: int
