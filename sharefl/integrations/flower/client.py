@@ -27,7 +27,12 @@ from sharefl.protocol.client_round import ClientRound
 from sharefl.protocol.errors import ConfigurationError, InconsistentRequest
 from sharefl.protocol.keys import ClientKeys
 from sharefl.protocol.memory import ClientMemory, memory_path
-from sharefl.protocol.messages import ClusterAssignment, MaskingRequest, UnmaskRequest
+from sharefl.protocol.messages import (
+    ClientMessage,
+    ClusterAssignment,
+    MaskingRequest,
+    UnmaskRequest,
+)
 from sharefl.protocol.plan import RoundPlan
 from sharefl.protocol.updates import WeightedUpdateCodec
 
@@ -393,11 +398,7 @@ class _Client:
         if session.two_exchange:  # the assignment brings the instructions: train, then mask
             out = self._input_for(msg, self.ctxt, call_next, guard, session)
         reply = session.start()  # I4 recorded (by the guard, before this leaves)
-        self._keep(memory)
-        self._save("round", guard.export_state())
-        self._save("session", session.export_state())
-        put_record(out, f"{PREFIX}.message", records.to_record(reply))
-        return out
+        return self._answer(out, guard, session, reply, memory)
 
     def _input_for(
         self,
@@ -448,6 +449,18 @@ class _Client:
         if isinstance(message, MaskingRequest):
             out = self._input_for(msg, ctxt, call_next, guard, session)
         reply = guard.handle(session, message)  # a release is recorded in the memory first
+        return self._answer(out, guard, session, reply, memory)
+
+    def _answer(
+        self,
+        out: RecordDict,
+        guard: ClientRound,
+        session: ClientSession,
+        reply: ClientMessage,
+        memory: ClientMemory | None,
+    ) -> RecordDict:
+        """``out`` with ``reply``, after the memory (when this message used it), the round's
+        guard and the session are stored back for the next message."""
         if memory is not None:
             self._keep(memory)
         self._save("round", guard.export_state())
