@@ -45,6 +45,7 @@ PROMISES: tuple[tuple[str, tuple[frozenset[str], ...]], ...] = (
     # The rules the Flower integration takes (``ShareflWorkflow(rule=...)``).
     ("sharefl.robust", (frozenset({"sim"}), frozenset({"flower"}))),
     ("sharefl.privacy", (frozenset({"sim"}),)),
+    ("sharefl.sign", (frozenset({"sim"}), frozenset({"flower"}))),  # robust's and privacy's
     ("sharefl.simulator", (frozenset({"sim"}),)),
     ("sharefl.deploy", (frozenset({"grpc"}),)),
     ("sharefl.proto", (frozenset({"grpc"}),)),

@@ -4,6 +4,8 @@ client-level DP's noise split."""
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -38,6 +40,28 @@ def test_seed002_epsilon_gamma_table(eps, gamma):
 def test_rsa_sign_of_zero_is_plus_one():
     x = torch.tensor([-2.0, -0.0, 0.0, 3.0])
     assert rsa_sign(x).tolist() == [-1.0, 1.0, 1.0, 1.0]
+
+
+def test_rsa_and_dp_rsa_share_one_sign_and_privacy_loads_no_robust():
+    """One definition of sign(0) = +1 (``sharefl.sign``), which privacy's randomisers use
+    without importing robust (the import contract checks the code; this, what a fresh
+    interpreter loads)."""
+    import sharefl.privacy.sign
+    import sharefl.robust
+    import sharefl.sign
+
+    assert sharefl.privacy.sign.rsa_sign is sharefl.sign.rsa_sign
+    assert rsa_sign is sharefl.robust.rsa_sign is sharefl.sign.rsa_sign
+    probe = (
+        "import sys, torch\n"
+        "from sharefl.privacy import SignFlip, SignGaussian\n"
+        "SignFlip(1.0)(torch.zeros(3), torch.Generator().manual_seed(0))\n"
+        "SignGaussian(1.0, 0.1)(torch.zeros(3), torch.Generator().manual_seed(0))\n"
+        "print(sorted(m for m in sys.modules if m.startswith('sharefl.robust')))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
 
 
 @pytest.mark.parametrize("eps", [0.2, 1.38])

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sharefl.robust.rsa import rsa_sign  # sign(0) = +1: one definition for RSA and DP-RSA
+from sharefl.sign import rsa_sign  # sign(0) = +1: one definition for RSA and DP-RSA
 
 from .errors import PrivacyConfigError
 from .noise import check_generator

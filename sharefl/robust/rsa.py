@@ -32,15 +32,9 @@ import torch
 from torch import Tensor
 
 from sharefl.robust.base import AggregationError, check_positive
+from sharefl.sign import rsa_sign
 
-
-def rsa_sign(v: Tensor) -> Tensor:
-    """Element-wise sign with the paper's convention ``sign(0) = +1`` (``torch.sign`` gives
-    0, which the authors' code uses); NaN maps to -1. Same dtype and device as ``v``.
-
-    A regular worker's plain RSA message is ``rsa_sign(x_0 - x_k)``."""
-    one = torch.ones((), dtype=v.dtype, device=v.device)
-    return torch.where(v >= 0, one, -one)
+__all__ = ["RSAMaster", "rsa_sign", "rsa_worker_step"]
 
 
 @torch.no_grad()

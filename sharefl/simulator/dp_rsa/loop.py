@@ -13,7 +13,7 @@ State: the master model ``x_0`` ``[d]`` and the r regular workers' models ``x_k`
 
 with b_j the Byzantine messages (:mod:`sharefl.simulator.dp_rsa.attacks`); the steps are
 :func:`~sharefl.robust.rsa.rsa_worker_step` and :class:`~sharefl.robust.rsa.RSAMaster`.
-``sign`` is the paper's (sign(0) = +1, :func:`~sharefl.robust.rsa.rsa_sign`). With
+``sign`` is the paper's (sign(0) = +1, :func:`~sharefl.sign.rsa_sign`). With
 ``secure_aggregation.cluster_size >= 2`` the master receives Σ s + Σ b only, from
 :func:`~sharefl.protocol.driver.secure_sum` over the K = r + b workers' messages as ring
 vectors (±1 mod 2^bits, summed exactly, one reclustering's cluster sums added), with every
