@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from sharefl import robust
+from sharefl.privacy.adaptive_clipping import AdaClip, AdaptiveClipping, QuantileClipping
 from sharefl.privacy.clipping import (
     ClippingMode,
     FlatClipping,
@@ -43,19 +44,48 @@ def construct(kind: str, name: str, cls: Callable[..., Any], options: dict[str, 
         raise SimulationConfigError(f"{kind} {name!r} with options {options}: {exc}") from exc
 
 
-def build_clipping(privacy: PrivacyConfig) -> ClippingMode | None:
+def _quantile(privacy: PrivacyConfig) -> QuantileClipping:
+    options = dict(privacy.clipping_options)
+    if "count_std" not in options:
+        raise SimulationConfigError(
+            'privacy.clipping = "quantile" needs privacy.clipping_options.count_std, σ_b: the '
+            "std of the noise on one release's count (one client's local step), > σ/2 so that "
+            "the update keeps a finite noise multiplier σ_Δ = (σ⁻² − (2σ_b)⁻²)^(−1/2). Andrew "
+            "et al. take σ_b = m/20 for m expected contributions: per round, with K clients "
+            "of L steps of B examples, σ_b = 0.05·B·√(K·L) gives b̄ that noise"
+        )
+    options.setdefault("initial_norm", privacy.clip)
+    return construct("privacy.clipping", "quantile", QuantileClipping, options)
+
+
+def _adaclip(privacy: PrivacyConfig) -> AdaClip:
+    # the bound of the transformed gradient is its own (the paper's 1), not privacy.clip:
+    # AdaClip's scale b makes gradients that fit its estimates of norm 1 on average
+    return construct("privacy.clipping", "adaclip", AdaClip, dict(privacy.clipping_options))
+
+
+CLIPPING_BUILDERS: dict[str, Callable[[PrivacyConfig], ClippingMode | AdaptiveClipping]] = {
+    "flat": lambda p: FlatClipping(p.clip),
+    "per_layer": lambda p: PerLayerClipping(p.clip),
+    "l2max": lambda p: L2MaxClipping(p.clip),
+    "normalize": lambda p: Normalization(momentum=p.momentum),
+    "quantile": _quantile,
+    "adaclip": _adaclip,
+}
+"""``privacy.clipping`` → its mode, for every name of
+:data:`~sharefl.simulator.config.CLIPPINGS` (the configuration's list of the names)."""
+
+
+def build_clipping(privacy: PrivacyConfig) -> ClippingMode | AdaptiveClipping | None:
     """The per-example clipping mode of a private run: ``None`` when privacy is off or at
     client level (Fed-SDP trains without per-example clipping and clips the whole update,
-    see :meth:`~sharefl.simulator.federated.loop.Simulation.privatize_uploads`)."""
+    see :meth:`~sharefl.simulator.federated.loop.Simulation.privatize_uploads`). The
+    adaptive modes take ``privacy.clipping_options``; the initial bound defaults to
+    ``privacy.clip`` for quantile clipping (seed003 §7.6 starts at C₀ = 4); AdaClip's is its
+    ``max_norm`` option (default 1, the paper's)."""
     if not privacy.enabled or privacy.level == "client":
         return None
-    if privacy.clipping == "flat":
-        return FlatClipping(privacy.clip)
-    if privacy.clipping == "per_layer":
-        return PerLayerClipping(privacy.clip)
-    if privacy.clipping == "l2max":
-        return L2MaxClipping(privacy.clip)
-    return Normalization(momentum=privacy.momentum)
+    return CLIPPING_BUILDERS[privacy.clipping](privacy)
 
 
 def build_schedule(privacy: PrivacyConfig, sigma: float) -> float | NoiseSchedule:

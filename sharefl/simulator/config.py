@@ -168,6 +168,15 @@ class TrainingConfig:
         )
 
 
+CLIPPINGS: tuple[str, ...] = ("flat", "per_layer", "l2max", "normalize", "quantile", "adaclip")
+"""``privacy.clipping``: the per-example clipping modes
+(:func:`sharefl.simulator.components.build_clipping` builds each one): flat, per-layer,
+seed003's l2-max, seed000's normalisation, and the adaptive baselines of seed003's Table X,
+quantile clipping (Andrew et al.) and AdaClip (Pichapati et al.)."""
+ADAPTIVE_CLIPPINGS: tuple[str, ...] = ("quantile", "adaclip")
+"""The modes of :data:`CLIPPINGS` that read ``privacy.clipping_options``."""
+
+
 @dataclass(frozen=True)
 class PrivacyConfig:
     """Differential privacy of the honest clients.
@@ -204,8 +213,12 @@ class PrivacyConfig:
     epsilon: float = 0.0  # > 0: σ calibrated by the accountant for this target
     delta: float = 0.0  # 0: 1 / |D_i|^1.1 (seed000's choice; 1 / N^1.1 at client level)
     noise_multiplier: float = 0.0  # used when epsilon = 0
-    clipping: str = "flat"  # "flat", "per_layer", "l2max", "normalize"
+    clipping: str = "flat"  # one of CLIPPINGS
     clip: float = 1.0
+    # options of an adaptive mode (sharefl.privacy.adaptive_clipping): "quantile":
+    # count_std (required), target_quantile, learning_rate, initial_norm (default clip);
+    # "adaclip": beta1, beta2, h1, h2, initial_variance, max_norm (default 1, not clip)
+    clipping_options: dict[str, Any] = field(default_factory=dict)
     momentum: float = 0.0  # seed000's per-example momentum β ("normalize")
     schedule: str = "constant"  # "constant", "linear", "staircase", "exponential", "cyclic"
     schedule_options: dict[str, Any] = field(default_factory=dict)
@@ -229,8 +242,14 @@ class PrivacyConfig:
 
     def __post_init__(self) -> None:
         _require(
-            self.clipping in ("flat", "per_layer", "l2max", "normalize"),
-            'privacy.clipping must be "flat", "per_layer", "l2max" or "normalize"',
+            self.clipping in CLIPPINGS,
+            f"privacy.clipping must be one of {', '.join(map(repr, CLIPPINGS))}",
+        )
+        _require(
+            not self.clipping_options or self.clipping in ADAPTIVE_CLIPPINGS,
+            f"privacy.clipping_options are the options of an adaptive mode "
+            f"({', '.join(map(repr, ADAPTIVE_CLIPPINGS))}); privacy.clipping = "
+            f"{self.clipping!r} has none",
         )
         _require(self.epsilon >= 0 and self.noise_multiplier >= 0, "privacy: ε, σ must be >= 0")
         _require(0 <= self.delta < 1, "privacy.delta must be in [0, 1) (0: 1/|D_i|^1.1)")
@@ -633,6 +652,8 @@ class RunConfig:
                 share.pop(key, None)
         if share.get("key_setup") == "per-cluster":  # ids of runs from before the choice
             share.pop("key_setup")
+        if not settings["privacy"]["clipping_options"]:  # ids from before the adaptive modes
+            del settings["privacy"]["clipping_options"]
         if share.get("clustering") == "fixed_plan":  # recorded as "fixed" before the split
             share["clustering"] = "fixed"
         if self.decentralized == DecentralizedConfig():  # likewise

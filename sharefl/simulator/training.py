@@ -18,7 +18,13 @@ loop over clients or examples on the hot path. Per step and per client it then
   per-example gradients (flat, per-layer, seed003's l2-max or seed000's normalisation with
   per-example momentum), sums them, adds ``N(0, σ_t² S²)`` and divides by ``B`` — the same
   arithmetic as :class:`sharefl.privacy.DPSGD`, vectorised over clients; without
-  privacy (``clipping=None``) it takes the plain mean gradient of the batch;
+  privacy (``clipping=None``) it takes the plain mean gradient of the batch. The adaptive
+  modes of :mod:`sharefl.privacy.adaptive_clipping` (seed003's Table X baselines) keep
+  their state here: quantile clipping one bound C for every client (each step also
+  releases every client's noisy centred count of unclipped examples; C takes the geometric
+  update once per :meth:`VectorizedClients.train` call, i.e. once per round, from all the
+  counts of that call), AdaClip a running mean and variance per client (``[N, d]`` each,
+  updated at every local step of that client);
 * steps: ``w_k ← w_k − η_c g_k``.
 
 The upload of client ``k`` is a *pseudo-gradient*: the private gradient itself for one
@@ -38,6 +44,13 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
+from sharefl.privacy.adaptive_clipping import (
+    AdaClip,
+    AdaClipState,
+    AdaptiveClipping,
+    QuantileClipping,
+    QuantileState,
+)
 from sharefl.privacy.clipping import ClippingMode, Normalization
 from sharefl.privacy.noise import standard_normal
 from sharefl.privacy.schedules import NoiseSchedule
@@ -132,7 +145,10 @@ class LocalTraining:
         upload: ``"gradient"`` (the private gradient; needs ``local_steps = 1``) or
             ``"delta"`` (``w − w_k`` after the local steps).
         sampling: ``"poisson"``, ``"shuffle"`` or ``"replay"`` (see the module docstring).
-        clipping: a clipping mode, or ``None`` for non-private training (then σ must be 0).
+        clipping: a clipping mode, an adaptive one (:class:`~sharefl.privacy.
+            adaptive_clipping.QuantileClipping`, :class:`~sharefl.privacy.
+            adaptive_clipping.AdaClip`), or ``None`` for non-private training (then σ must
+            be 0).
         noise: σ, or a schedule σ_t indexed by the global local-step count.
         denominator: what the noisy sum is divided by (default ``batch_size``); seed000's
             label-flipping workers use one example but divide by the honest B.
@@ -146,7 +162,7 @@ class LocalTraining:
     learning_rate: float = 0.1
     upload: Upload = "delta"
     sampling: Sampling = "poisson"
-    clipping: ClippingMode | None = None
+    clipping: ClippingMode | AdaptiveClipping | None = None
     noise: float | NoiseSchedule = 0.0
     denominator: float | None = None
     momentum: float = 0.0
@@ -166,6 +182,11 @@ class LocalTraining:
             raise TrainingError("noise without clipping has unbounded sensitivity: set clipping")
         if not isinstance(self.noise, NoiseSchedule) and not self.noise >= 0:
             raise TrainingError(f"noise multiplier must be >= 0, got {self.noise}")
+        if isinstance(self.clipping, QuantileClipping):
+            try:  # σ_Δ exists (2σ_b > σ) for the base σ, or the largest σ_t of a schedule
+                self.clipping.update_sigma(self.sigma(0))
+            except ValueError as exc:
+                raise TrainingError(str(exc)) from exc
 
     def sigma(self, step: int) -> float:
         """σ at global local-step index ``step``."""
@@ -211,6 +232,16 @@ class VectorizedClients:
             padded[k, : len(part)] = torch.as_tensor(list(part), dtype=torch.long)
         self.index = padded.to(self.device)
         self.steps_done = 0  # global local-step counter (σ_t schedules, replayed batches)
+        # adaptive clipping: the bound C (quantile) and its per-round history, or every
+        # client's running mean and variance (AdaClip)
+        self.quantile: QuantileState | None = None
+        self.quantile_history: list[tuple[float, float]] = []  # (C used, b̄) per call
+        self.adaclip: AdaClipState | None = None
+        mode = training.clipping
+        if isinstance(mode, QuantileClipping):
+            self.quantile = QuantileState(mode.initial_norm)
+        elif isinstance(mode, AdaClip):
+            self.adaclip = mode.initial_state(len(partitions), model.dim, device=self.device)
         self._replay: Tensor | None = None  # [clients, ⌈E/2⌉, B] positions ("replay")
 
         module = model.module
@@ -332,6 +363,9 @@ class VectorizedClients:
         clients = torch.as_tensor(clients, dtype=torch.long, device=self.device)
         K = len(clients)
         params = w.detach().to(self.device).unsqueeze(0).repeat(K, 1)
+        adaclip = None
+        if self.adaclip is not None:  # the participants' rows, written back at the end
+            adaclip = AdaClipState(self.adaclip.mean[clients], self.adaclip.variance[clients])
         last = torch.empty_like(params)
         velocity = torch.zeros_like(params) if self.training.momentum > 0 else None
         for local_step in range(self.training.local_steps):
@@ -341,6 +375,9 @@ class VectorizedClients:
             for lo in range(0, K, step):
                 hi = min(K, lo + step)
                 state = None if momentum is None else momentum[lo:hi]
+                adaptive: QuantileState | AdaClipState | None = self.quantile
+                if adaclip is not None:
+                    adaptive = AdaClipState(adaclip.mean[lo:hi], adaclip.variance[lo:hi])
                 last[lo:hi] = self._private_gradient(
                     params[lo:hi],
                     rows[lo:hi],
@@ -349,6 +386,7 @@ class VectorizedClients:
                     generator,
                     state,
                     shared=local_step == 0,
+                    adaptive=adaptive,
                 )
             self.steps_done += 1
             if self.training.upload == "delta":
@@ -356,6 +394,14 @@ class VectorizedClients:
                 if velocity is not None:  # local heavy-ball momentum (SHARE's clients)
                     step_direction = velocity.mul_(self.training.momentum).add_(last)
                 params.sub_(step_direction, alpha=self.training.learning_rate)
+        if self.adaclip is not None and adaclip is not None:
+            self.adaclip.mean[clients] = adaclip.mean
+            self.adaclip.variance[clients] = adaclip.variance
+        mode = self.training.clipping
+        if self.quantile is not None and isinstance(mode, QuantileClipping) and K:
+            used = self.quantile.norm
+            fraction = self.quantile.update(mode)  # C ← C·exp(−η_C (b̄ − γ))
+            self.quantile_history.append((used, fraction))
         if self.training.upload == "gradient":
             return last
         return w.to(self.device).unsqueeze(0) - params
@@ -377,10 +423,12 @@ class VectorizedClients:
         momentum: Tensor | None,
         *,
         shared: bool = False,
+        adaptive: QuantileState | AdaClipState | None = None,
     ) -> Tensor:
         """One step's (private) gradient ``[K, d]`` for a chunk of clients (``params``
         ``[K, d]``, equal rows when ``shared``). Per-example gradients are computed only for
-        the sampled examples (``mask``), packed, and summed back per client."""
+        the sampled examples (``mask``), packed, and summed back per client. ``adaptive`` is
+        the state of an adaptive clipping mode (AdaClip: the chunk's rows)."""
         mode = self.training.clipping
         if mode is None:
             x, y = self._batch_data(rows)
@@ -398,6 +446,13 @@ class VectorizedClients:
             x, y = self._batch_data(rows[owner, slot])
             per_example = self._per_example_own(self.model.unflatten(params[owner]), x, y)
         layers = [per_example[n].reshape(len(owner), -1) for n in self.model.names]
+        if isinstance(mode, QuantileClipping):
+            assert isinstance(adaptive, QuantileState), "quantile clipping without its state"
+            return self._quantile_gradient(mode, adaptive, layers, owner, K, sigma, generator)
+        if isinstance(mode, AdaClip):
+            assert isinstance(adaptive, AdaClipState), "AdaClip without its state"
+            return self._adaclip_gradient(mode, adaptive, layers, owner, K, sigma, generator)
+        assert isinstance(mode, ClippingMode)
         if isinstance(mode, Normalization) and mode.momentum > 0 and momentum is not None:
             beta = mode.momentum
             state = torch.split(momentum.index_select(0, owner), list(self.model.numels), dim=1)
@@ -405,13 +460,7 @@ class VectorizedClients:
                 g.mul_(1 - beta).add_(m, alpha=beta)
         norms = torch.stack([torch.linalg.vector_norm(g, dim=1) for g in layers])  # [L, M]
         factors = mode.factors(norms)  # [L, M] or [1, M]
-        # Σ over each client's examples of factor · gradient, as one [K, M] × [M, n] product
-        # per layer (the weights matrix holds each example's factor in its client's row).
-        weights = params.new_zeros(factors.shape[0], K, len(owner))
-        weights[:, owner, torch.arange(len(owner), device=owner.device)] = factors
-        summed = torch.cat(
-            [weights[i if len(weights) > 1 else 0] @ g for i, g in enumerate(layers)], dim=1
-        )
+        summed = _sum_per_client(factors, layers, owner, K)
         if mode.data_dependent:
             raw = torch.full((K,), -math.inf, dtype=norms.dtype, device=norms.device)
             raw.scatter_reduce_(0, owner, norms.amax(dim=0), reduce="amax")
@@ -435,6 +484,98 @@ class VectorizedClients:
         if momentum is not None and isinstance(mode, Normalization):
             momentum.copy_(summed)  # seed000 Algorithm 1: the state is the last noisy upload
         return summed
+
+    def _denominator(self) -> float:
+        return self.training.denominator or self.training.batch_size
+
+    def _quantile_gradient(
+        self,
+        mode: QuantileClipping,
+        state: QuantileState,
+        layers: list[Tensor],
+        owner: Tensor,
+        K: int,
+        sigma: float,
+        generator: torch.Generator,
+    ) -> Tensor:
+        """Quantile clipping (Andrew et al.): every example's whole gradient clipped to the
+        current C, the sum noised with σ_Δ·C (σ_Δ from σ and σ_b, so that the release is
+        accounted at σ), and every client's centred count Σ(b − ½) of unclipped examples
+        released with N(0, σ_b²) into ``state`` (m = B expected examples per client)."""
+        norms = torch.linalg.vector_norm(
+            torch.stack([torch.linalg.vector_norm(g, dim=1) for g in layers]), dim=0
+        )  # [M] whole-gradient norms
+        bound = torch.tensor(state.norm, dtype=norms.dtype, device=norms.device)
+        summed = _sum_per_client(mode.factors(norms, bound)[None, :], layers, owner, K)
+        counts = norms.new_zeros(K).index_add_(0, owner, mode.centred_bits(norms, bound))
+        if sigma > 0:
+            noise = standard_normal(summed.shape, generator, device=summed.device)
+            summed.add_(noise.to(summed.dtype), alpha=mode.update_sigma(sigma) * state.norm)
+        mode.noisy_counts_(counts, generator, private=sigma > 0)
+        state.add(float(counts.sum()), K * self.training.batch_size)
+        return summed.div_(self._denominator())
+
+    def _adaclip_gradient(
+        self,
+        mode: AdaClip,
+        state: AdaClipState,
+        layers: list[Tensor],
+        owner: Tensor,
+        K: int,
+        sigma: float,
+        generator: torch.Generator,
+    ) -> Tensor:
+        """AdaClip (Pichapati et al.): every example's gradient transformed to
+        w = (g − m)/b with its client's running mean m and scale b, clipped to C, summed
+        with N(0, σ²C²), divided by B and mapped back (b ⊙ · + m); the client's estimates
+        are then updated in place (``state`` holds the chunk's rows)."""
+        scale = mode.scale(state.variance)  # [K, d]
+        numels = list(self.model.numels)
+        means = torch.split(state.mean.index_select(0, owner), numels, dim=1)
+        scales = torch.split(scale.index_select(0, owner), numels, dim=1)
+        for g, m, b in zip(layers, means, scales, strict=True):
+            g.sub_(m).div_(b)
+        norms = torch.linalg.vector_norm(
+            torch.stack([torch.linalg.vector_norm(g, dim=1) for g in layers]), dim=0
+        )
+        factors = (mode.max_norm / norms.clamp_min(1e-30)).clamp_max(1.0)
+        summed = _sum_per_client(factors[None, :], layers, owner, K)
+        return mode.release(summed, state, scale, sigma, self._denominator(), generator)
+
+    def adaptive_summary(self) -> dict[str, object] | None:
+        """What the adaptive clipping mode did (``None`` for the other modes): quantile
+        clipping's C and unclipped fraction b̄ at every round."""
+        mode = self.training.clipping
+        if isinstance(mode, QuantileClipping):
+            return {
+                "mode": "quantile",
+                "count_std": mode.count_std,
+                "target_quantile": mode.target_quantile,
+                "learning_rate": mode.learning_rate,
+                "clip_norm": [round(c, 6) for c, _ in self.quantile_history],
+                "unclipped_fraction": [round(b, 6) for _, b in self.quantile_history],
+            }
+        if isinstance(mode, AdaClip):
+            return {
+                "mode": "adaclip",
+                "max_norm": mode.max_norm,
+                "beta1": mode.beta1,
+                "beta2": mode.beta2,
+                "h1": mode.h1,
+                "h2": mode.h2,
+            }
+        return None
+
+
+def _sum_per_client(factors: Tensor, layers: list[Tensor], owner: Tensor, K: int) -> Tensor:
+    """Σ over each client's examples of factor · gradient (``factors`` ``[L, M]`` or
+    ``[1, M]``, ``layers`` ``[M, n_l]``), as one ``[K, M] × [M, n_l]`` product per layer (the
+    weights matrix holds each example's factor in its client's row)."""
+    weights = factors.new_zeros(factors.shape[0], K, len(owner))
+    weights[:, owner, torch.arange(len(owner), device=owner.device)] = factors
+    return torch.cat(
+        [weights[i if len(weights) > 1 else 0] @ g for i, g in enumerate(layers)], dim=1
+    )
 
 
 def sample_rate(batch_size: int, examples: int) -> float:

@@ -275,8 +275,11 @@ class Simulation(SteppedLoop):
 
     def extra_summary(self) -> dict[str, Any]:
         """Results beyond accuracy and ε for ``summary.json`` (SHARE: the audit verdict,
-        Zeno++ acceptance, per-client ε of the cluster noise split)."""
+        Zeno++ acceptance, per-client ε of the cluster noise split; adaptive clipping: the
+        quantile bound C and unclipped fraction of every round)."""
+        adaptive = self.honest_clients.clients.adaptive_summary()
+        extra = {} if adaptive is None else {"adaptive_clipping": adaptive}
         if self.server.share is None:
-            return {}
+            return extra
         delta = self.ledger.plan.delta if self.run.privacy.enabled else None
-        return {"share": self.server.share.summary(delta)}
+        return {**extra, "share": self.server.share.summary(delta)}
