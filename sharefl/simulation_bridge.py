@@ -82,9 +82,17 @@ def deployment_section(run: RunConfig) -> SecureAggregationSection:
     ``enabled = false`` (a deployment always runs the protocol), ``clustering`` other than
     ``"random"`` (the server draws a plan for every new model and reuses it only while the
     model is unchanged), ``signed`` (the processes of a simulation file have no
-    identities) and ``planner = "isolate"`` (refused by the section).
+    identities), ``planner = "isolate"`` (refused by the section) and ``privacy.clipping =
+    "quantile"`` (its bound is the server's, updated from every client's noisy counts, which
+    the deployment's messages do not carry).
 
     Raises :class:`SimulationConfigError` saying what to change."""
+    if run.privacy.enabled and run.privacy.clipping == "quantile":
+        raise SimulationConfigError(
+            'privacy.clipping = "quantile" adapts one bound from every client\'s noisy counts '
+            "each round, which a deployment's messages do not carry: run it with sharefl "
+            "simulate, or deploy with a fixed clipping mode"
+        )
     sa = run.secure_aggregation
     if sa.cluster_size < 2:
         raise SimulationConfigError("a deployment needs secure_aggregation.cluster_size >= 2")

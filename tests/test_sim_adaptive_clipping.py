@@ -16,6 +16,7 @@ from sim_configs import with_overrides
 
 from sharefl.privacy.adaptive_clipping import AdaClip, QuantileClipping, update_noise_multiplier
 from sharefl.privacy.calibration import compute_epsilon
+from sharefl.simulation_bridge import deployment_section
 from sharefl.simulator import components
 from sharefl.simulator.checkpoint import LoopState
 from sharefl.simulator.config import CLIPPINGS, SimulationConfigError, expand, load_runs
@@ -234,3 +235,15 @@ def test_a_loop_restored_after_a_round_is_the_uninterrupted_loop(privacy):
     key = lambda r: (r.round, r.accuracy, r.loss, r.epsilon)  # noqa: E731
     assert [key(r) for r in rest] == [key(r) for r in expected[2:]]
     assert resumed.extra_summary() == reference.extra_summary()
+
+
+def test_a_deployment_refuses_quantile_clipping_and_runs_adaclip():
+    (run,) = expand(
+        config(QUANTILE, secure_aggregation={"cluster_size": 3, "enabled": True, "clip": 1.0})
+    )
+    with pytest.raises(SimulationConfigError, match="quantile"):
+        deployment_section(run)
+    (run,) = expand(
+        config(ADACLIP, secure_aggregation={"cluster_size": 3, "enabled": True, "clip": 1.0})
+    )
+    assert deployment_section(run).cluster_size == 3
