@@ -46,8 +46,8 @@ from sharefl.protocol.errors import ConfigurationError
 from sharefl.protocol.settings import SETTINGS_KEYS
 from sharefl.robust.hierarchical import ClusterScale, HierarchicalAggregator
 from sharefl.robust.registry import build_rule
-from sharefl.simulator.client_noise import run_client_noise
 from sharefl.simulator.config import RunConfig, SimulationConfigError, load_runs
+from sharefl.simulator.federated.client_noise import run_client_noise
 from sharefl.simulator.federated.loop import Simulation
 from sharefl.simulator.preflight import check_run
 from sharefl.simulator.results import RoundRecord, RunWriter, device_description, run_summary

@@ -18,8 +18,8 @@ from test_cli_errors import in_process, one_line
 from sharefl.cli import build_parser, main
 from sharefl.exit_status import ExitStatus
 from sharefl.simulator.config import SimulationConfigError, load_runs
-from sharefl.simulator.runner import rounds_override_note
-from sharefl.simulator.setup import PrivacyPlan
+from sharefl.simulator.federated.notes import rounds_override_note
+from sharefl.simulator.federated.setup import PrivacyPlan
 from sharefl.wording import counted
 
 ROOT = Path(__file__).resolve().parent.parent

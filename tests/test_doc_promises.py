@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from sharefl.simulator.config import load_runs
-from sharefl.simulator.setup import load_data, privacy_plan
+from sharefl.simulator.federated.setup import privacy_plan
+from sharefl.simulator.setup import load_data
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "experiments" / "quickstart.toml"

@@ -22,8 +22,8 @@ from sharefl.privacy.client_budget import (
     round_rdp,
 )
 from sharefl.privacy.errors import PrivacyConfigError
-from sharefl.simulator.client_noise import run_client_noise
 from sharefl.simulator.config import SimulationConfigError, expand
+from sharefl.simulator.federated.client_noise import run_client_noise
 from sharefl.simulator.federated.share import distributed_encoder
 
 INTEGER_ORDERS = tuple(range(2, 33))

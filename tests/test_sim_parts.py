@@ -19,6 +19,7 @@ from sharefl.simulation_bridge import SimulationStrategy, SimulationTrainer
 from sharefl.simulator.config import SimulationConfigError, expand
 from sharefl.simulator.federated import populations
 from sharefl.simulator.federated.loop import Simulation
+from sharefl.simulator.federated.setup import PrivacyPlan, build_setup
 from sharefl.simulator.models import MODELS, build_model
 from sharefl.simulator.names import MODEL_ALIASES, PARTITION_ALIASES, model_name
 from sharefl.simulator.partition import SCHEMES, partition
@@ -30,7 +31,6 @@ from sharefl.simulator.results import (
     load_runs,
     run_summary,
 )
-from sharefl.simulator.setup import PrivacyPlan, build_setup
 from sharefl.simulator.stepped import SteppedLoop
 from sharefl.simulator.training import VectorizedClients
 
@@ -338,26 +338,28 @@ def test_no_experiment_file_keeps_a_codename():
 
 def test_every_algorithm_name_has_a_loop_in_the_table():
     """[algorithm] name is checked against config.ALGORITHMS and looked up in loops.LOOPS:
-    the two agree, and each entry imports to a loop class with the runner's interface."""
+    the two agree, and each entry holds its folder's loop class (imported statically, so
+    the import contracts see it) with the runner's interface and its folder's attacks."""
     import importlib
 
     from sharefl.simulator.config import ALGORITHMS
     from sharefl.simulator.loops import LOOPS
 
     assert set(LOOPS) == set(ALGORITHMS)
-    for algorithm, target in LOOPS.items():
-        module, _, name = target.partition(":")
-        cls = getattr(importlib.import_module(module), name)
+    for algorithm, entry in LOOPS.items():
+        cls = entry.loop
+        assert isinstance(cls, type) and cls.__module__ == f"sharefl.simulator.{algorithm}.loop"
         assert all(callable(getattr(cls, m, None)) for m in ("run_rounds", "final_model"))
         assert issubclass(cls, SteppedLoop) and cls.algorithm == algorithm
+        attacks = importlib.import_module(f"sharefl.simulator.{algorithm}.attacks")
+        assert entry.attacks is attacks.ATTACKS and entry.attacks[0] == "none"
+        assert callable(attacks.build_attack)
 
 
 @pytest.mark.parametrize("loop", ["federated", "dp_rsa", "decentralized"])
 def test_a_loop_refuses_a_run_of_another_loop_by_name(loop):
     """SteppedLoop.begin: a run built for one loop and handed to another is refused before
     any data loads, with the message naming the loop and where the right one comes from."""
-    import importlib
-
     from sharefl.simulator.config import load_runs
     from sharefl.simulator.loops import LOOPS
 
@@ -365,8 +367,7 @@ def test_a_loop_refuses_a_run_of_another_loop_by_name(loop):
     experiments = Path(__file__).resolve().parents[1] / "experiments"
     run = load_runs(experiments / f"{other}.toml")[0]
     assert run.algorithm.name != loop
-    module, _, name = LOOPS[loop].partition(":")
-    cls = getattr(importlib.import_module(module), name)
+    cls = LOOPS[loop].loop
     with pytest.raises(
         SimulationConfigError, match=f"runs \\[algorithm\\] name = '{loop}'.*build_loop"
     ):

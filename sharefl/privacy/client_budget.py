@@ -184,8 +184,8 @@ def client_noise(
     which the client cannot check), ``training.local_steps`` steps, σ =
     ``noise_multiplier`` (the round's σ, e.g. calibrated to a target ε) or
     ``privacy.noise_multiplier``. Client level: the client's own ``share_std`` (or discrete
-    ``mechanism``), which depends on the split (``sharefl.simulator.client_noise`` computes
-    it from a run), against ``privacy.clip``.
+    ``mechanism``), which depends on the split (``sharefl.simulator.federated.client_noise``
+    computes it from a run), against ``privacy.clip``.
 
     Raises :class:`PrivacyConfigError` when σ is 0 with a target ε (pass the calibrated
     σ), ``examples < 1``, or client level without ``share_std``/``mechanism``."""

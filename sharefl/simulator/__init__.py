@@ -22,15 +22,19 @@ The parts every loop shares, from the data up:
 * :mod:`~sharefl.simulator.training`, :mod:`~sharefl.simulator.worker_models` — many
   clients or workers trained at once (``torch.func``), plain, DP-SGD or seed000's
   normalised DP-SGD;
-* :mod:`~sharefl.simulator.config`, :mod:`~sharefl.simulator.components`,
-  :mod:`~sharefl.simulator.preflight` — the TOML schema, what it builds, what is checked
-  before any data loads;
-* :mod:`~sharefl.simulator.setup` (data, partitions, model, privacy plan — pure),
+* :mod:`~sharefl.simulator.config`, :mod:`~sharefl.simulator.components` — the TOML
+  schema and what it builds; :mod:`~sharefl.simulator.loop_keys` — the keys each loop reads;
+* :mod:`~sharefl.simulator.setup` (every loop's device and data),
   :mod:`~sharefl.simulator.stepped` (the round clock and evaluation),
-  :mod:`~sharefl.simulator.loops` (the loops by name), :mod:`~sharefl.simulator.results`
-  and :mod:`~sharefl.simulator.final_model` (the results format),
-  :mod:`~sharefl.simulator.checkpoint` (resume);
-* :mod:`~sharefl.simulator.runner`, :mod:`~sharefl.simulator.report` — grids of runs,
-  tables and plots;
-* :mod:`~sharefl.simulation_bridge` — the same run over gRPC (``sharefl launch``).
+  :mod:`~sharefl.simulator.results` and :mod:`~sharefl.simulator.final_model` (the results
+  format), :mod:`~sharefl.simulator.checkpoint` (resume);
+* :mod:`~sharefl.simulator.report` — tables and plots.
+
+Above the loops, importing every loop's folder: :mod:`~sharefl.simulator.loops` (the
+loops by name, imported statically), :mod:`~sharefl.simulator.preflight` (what is checked
+before any data loads, each loop's own check included) and
+:mod:`~sharefl.simulator.runner` (grids of runs). An import contract in ``pyproject.toml``
+keeps this layout: the loop folders import none of each other, the shared parts none of
+them. :mod:`~sharefl.simulation_bridge` runs a federated file over gRPC
+(``sharefl launch``).
 """

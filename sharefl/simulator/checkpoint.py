@@ -2,7 +2,7 @@
 
 **Argument.** Every loop is built by a deterministic function of its
 :class:`~sharefl.simulator.config.RunConfig`: the data, partitions and model come from
-:func:`~sharefl.simulator.setup.build_setup` (pure), every generator is seeded from the
+:func:`~sharefl.simulator.federated.setup.build_setup` (pure), every generator is seeded from the
 run's seed. So the loop after round t is its freshly built self plus what the rounds
 changed, and a round can change state in only three ways: rebind an attribute or a
 container's slot (``self.w = ...``, ``list.append``), modify a tensor or array in place

@@ -1,5 +1,6 @@
 """Checks of a run that need no data: every name and option of its configuration, the
-device, and whether the robust rule's ``f`` fits the rows it will aggregate.
+device, and its loop's own checks (the federated loop's: its attack, and whether the robust
+rule's ``f`` fits the rows it will aggregate).
 
 ``sharefl simulate`` and ``sharefl launch`` call :func:`check_runs` right after loading a
 file, before any dataset is read or any folder is written, so that a typo fails in a
@@ -13,12 +14,9 @@ from collections.abc import Sequence
 
 import torch
 
-from sharefl.robust.base import AggregationError
-from sharefl.simulator import components
 from sharefl.simulator.config import RunConfig, SimulationConfigError
 from sharefl.simulator.datasets import DATASETS
-from sharefl.simulator.federated import attacks
-from sharefl.simulator.federated.cluster_zeno import check_zeno_options
+from sharefl.simulator.loops import LOOPS
 from sharefl.simulator.models import MODELS
 from sharefl.simulator.names import model_name, partition_name
 from sharefl.simulator.partition import SCHEMES
@@ -59,48 +57,15 @@ def _choose(key: str, value: str, names: Sequence[str]) -> None:
         )
 
 
-def rows_per_round(run: RunConfig) -> int:
-    """How many rows the robust rule sees per round: the participants' uploads, or their
-    cluster means (``participants // cluster_size`` clusters) with secure aggregation."""
-    participants = run.clients.per_round or run.clients.total
-    size = run.secure_aggregation.cluster_size
-    return participants // size if size >= 2 else participants
-
-
 def check_run(run: RunConfig, device: str | None = None) -> None:
     """Raise :class:`SimulationConfigError` (naming the key) for anything in ``run`` that
-    cannot work, as far as it can be told without loading data."""
+    cannot work, as far as it can be told without loading data: the shared names here, the
+    loop's own tables by its entry's ``check`` (:data:`~sharefl.simulator.loops.LOOPS`)."""
     check_device(device or run.device)
     _choose("data.dataset", run.data.dataset, DATASETS)
     _choose("data.partition", partition_name(run.data.partition), SCHEMES)
     _choose("model.name", model_name(run.model.name), sorted(MODELS))
-    if run.algorithm.name != "federated":
-        return
-    privacy = run.privacy.enabled
-    attacks.build_attack(run.attack.name, run.attack.options, noise_std=1.0 if privacy else 0)
-    agg = run.aggregator
-    if agg.name == "noise_filter":
-        return
-    if agg.name == "zeno":  # SHARE's Zeno++ (simulator/federated/cluster_zeno.py): options, data
-        check_zeno_options(agg.options)
-        _require_validation_set(run)
-        return
-    rule = components.build_rule(agg.name, agg.options, agg.pre, torch.Generator())
-    rows = rows_per_round(run)
-    try:
-        rule(torch.zeros(rows, 1))
-    except AggregationError as exc:
-        what = (
-            f"{rows} cluster means ({run.clients.per_round or run.clients.total} clients in "
-            f"clusters of {run.secure_aggregation.cluster_size})"
-            if run.secure_aggregation.cluster_size >= 2
-            else f"{rows} uploads"
-        )
-        raise SimulationConfigError(
-            f"aggregator {agg.name!r} with options {agg.options} cannot aggregate the {what} "
-            f"of a round: {exc}; change aggregator.options.f, clients or "
-            "secure_aggregation.cluster_size"
-        ) from exc
+    LOOPS[run.algorithm.name].check(run)
 
 
 def check_runs(runs: Sequence[RunConfig], device: str | None = None) -> None:
@@ -111,10 +76,3 @@ def check_runs(runs: Sequence[RunConfig], device: str | None = None) -> None:
         except SimulationConfigError as exc:
             prefix = f"run {run.label!r}: " if len(runs) > 1 else ""
             raise SimulationConfigError(f"{prefix}{exc}") from exc
-
-
-def _require_validation_set(run: RunConfig) -> None:
-    if not run.data.auxiliary_per_class:
-        raise SimulationConfigError(
-            "aggregator zeno needs the server's validation set: set data.auxiliary_per_class"
-        )

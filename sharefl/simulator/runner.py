@@ -16,8 +16,9 @@ checkpoint). The resumed run is the uninterrupted one: the same rounds, records 
 bit for bit (only the wall-clock ``seconds`` differ). A finished run deletes its checkpoint.
 
 A run whose rounds the command line changed (``sharefl simulate --rounds N``) and whose σ
-is calibrated to a target ε says so before its first round (:func:`rounds_override_note`):
-the same ε over other rounds is another σ, which the user did not write.
+is calibrated to a target ε says so before its first round (the loop's
+:attr:`~sharefl.simulator.loops.LoopEntry.rounds_note`): the same ε over other rounds is
+another σ, which the user did not write.
 """
 
 from __future__ import annotations
@@ -32,8 +33,6 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from sharefl.machine import StopRequest, stop_at_a_safe_point
-from sharefl.privacy.calibration import calibrate_noise
-from sharefl.privacy.errors import CalibrationError
 from sharefl.simulator.checkpoint import (
     CHECKPOINT_FILE,
     CheckpointError,
@@ -41,9 +40,7 @@ from sharefl.simulator.checkpoint import (
     LoopState,
 )
 from sharefl.simulator.config import RunConfig
-from sharefl.simulator.federated.loop import Simulation
-from sharefl.simulator.federated.share import distributed_encoder
-from sharefl.simulator.loops import Loop, build_loop
+from sharefl.simulator.loops import Loop, build_loop, rounds_note
 from sharefl.simulator.results import (
     RoundRecord,
     RunWriter,
@@ -51,14 +48,12 @@ from sharefl.simulator.results import (
     read_summary,
     run_summary,
 )
-from sharefl.simulator.setup import PrivacyPlan
 from sharefl.wording import counted
 
 __all__ = [
     "Progress",
     "RunOutcome",
     "device_description",
-    "rounds_override_note",
     "run_grid",
     "run_one",
     "run_summary",
@@ -113,53 +108,6 @@ def _remaining(elapsed: float, done: int, total: int) -> float:
     return elapsed / max(1, done) * max(0, total - done)
 
 
-def rounds_override_note(sim: Loop, file_rounds: int) -> str | None:
-    """One line saying what running ``sim.run.rounds`` rounds instead of the file's
-    ``file_rounds`` did to σ, or ``None`` when it did nothing to it (same rounds, no
-    privacy, a configured σ, a loop without a :class:`PrivacyPlan`).
-
-    With a target ε (``privacy.epsilon``) σ is the smallest noise multiplier whose ε after
-    all the run's mechanism steps stays within the target (:func:`calibrate_noise`), so
-    fewer rounds give a smaller σ, more rounds a larger one; δ and q do not depend on the
-    rounds, so the file's σ is the calibration with the plan's δ and q over
-    ``file_rounds`` × ``steps_per_round`` steps. ``privacy.distributed`` =
-    ``"discrete_gaussian"`` / ``"skellam"`` calibrate with their own accounting (in the
-    cluster split), and so does the line's "before". Costs one calibration (~2 s).
-    """
-    run = sim.run
-    plan = sim.ledger.plan if isinstance(sim, Simulation) else None
-    if file_rounds == run.rounds or not isinstance(plan, PrivacyPlan):
-        return None
-    if not plan.enabled or plan.target_epsilon is None:
-        return None
-    head = (
-        f"--rounds {run.rounds}: σ recalibrated to reach ε = {plan.target_epsilon:g} in "
-        f"{counted(run.rounds, 'round')} instead of the file's {file_rounds}"
-    )
-    p = run.privacy
-    after = f"{plan.noise_multiplier:.3g}"
-    try:
-        if p.level == "client" and p.distributed != "gaussian":
-            head += f" (by the {p.distributed} mechanism's accounting)"
-            target = (plan.target_epsilon, plan.delta)
-            file_run = dataclasses.replace(run, rounds=file_rounds)
-            assert isinstance(sim, Simulation)  # the one loop with discrete mechanisms
-            encoder = distributed_encoder(file_run, plan.noise_multiplier, sim.dim, target=target)
-            assert encoder is not None  # a discrete mechanism at client level
-            return f"{head}: {encoder.config.noise_multiplier:.3g} → {after}"
-        before = calibrate_noise(
-            plan.target_epsilon,
-            plan.delta,
-            plan.sample_rate,
-            file_rounds * plan.steps_per_round,
-            p.accountant,
-            conversion=p.conversion,
-        )
-    except CalibrationError:  # the file's rounds need more noise than calibration tries
-        return f"{head}: σ = {after}"
-    return f"{head}: {before:.3g} → {after}"
-
-
 class UnfinishedRunError(CheckpointError):
     """A run's folder holds a checkpoint, and neither ``resume`` nor ``restart`` said what
     to do with it (exit status 2: the command line must choose)."""
@@ -200,7 +148,8 @@ def run_one(
     A skipped run's summary takes the configuration's current paper value, which is not
     part of the run's identity (:attr:`RunConfig.run_id`). ``file_rounds``: the rounds the
     file gave this run before the command line replaced them (``None``: not replaced);
-    when that changed σ, ``progress`` gets one line saying so (:func:`rounds_override_note`).
+    when that changed σ, ``progress`` gets one line saying so
+    (:func:`~sharefl.simulator.loops.rounds_note`).
     ``resume``: go on from the folder's checkpoint if it has one; ``restart``: delete it
     and start again; neither: a checkpoint is refused (not both: ``ValueError``).
     ``checkpoint_every``: seconds between checkpoints (0: every round).
@@ -239,7 +188,7 @@ def run_one(
         writer.resume(checkpoint.round)
         say(f"{label}: resumed after round {checkpoint.round}")
     if progress is not None and file_rounds is not None:
-        note = rounds_override_note(sim, file_rounds)
+        note = rounds_note(sim, file_rounds)
         if note is not None:
             say(f"{label}: {note}")
 

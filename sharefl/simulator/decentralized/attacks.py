@@ -27,9 +27,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from sharefl.simulator.config import SimulationConfigError
+from sharefl.simulator.config import RunConfig, SimulationConfigError
 
 ATTACKS = ("none", "gaussian", "sign_flipping", "isolating")
+"""The decentralized loop's ``attack.name`` values (what :func:`build_attack` builds)."""
 CENTERS = ("zero", "neighbours")
 
 
@@ -123,3 +124,19 @@ class NeighbourAttack:
         R, d = sent.shape
         b = view.byzantine_neighbours.shape[1]
         return self.distinct_messages(sent, view, generator).expand(R, b, d)
+
+
+def build_attack(name: str, options: dict[str, Any]) -> NeighbourAttack | None:
+    """The attack ``name`` of :data:`ATTACKS` with ``options`` (``[attack]``); ``None`` for
+    ``"none"`` (the Byzantine agents and their links are deleted).
+
+    Raises:
+        SimulationConfigError: an unknown attack, option or center.
+    """
+    return None if name == "none" else NeighbourAttack.from_config(name, options)
+
+
+def check_attack(run: RunConfig) -> None:
+    """The decentralized entry's data-free check (:data:`~sharefl.simulator.loops.LOOPS`):
+    its ``[attack]`` builds (:func:`build_attack`)."""
+    build_attack(run.attack.name, run.attack.options)

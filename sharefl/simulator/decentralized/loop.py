@@ -52,7 +52,7 @@ from sharefl.robust.decentralized import (
 from sharefl.simulator.config import RunConfig, SimulationConfigError
 from sharefl.simulator.datasets import Dataset
 from sharefl.simulator.decentralized.accounting import AgentPrivacy
-from sharefl.simulator.decentralized.attacks import NeighbourAttack, ReceiverView
+from sharefl.simulator.decentralized.attacks import ReceiverView, build_attack
 from sharefl.simulator.decentralized.distinct import SlotLayout, aggregator
 from sharefl.simulator.decentralized.gradients import clipped_mean_gradients
 from sharefl.simulator.decentralized.graph import AgentGraph, erdos_renyi_graph, graph_from_edges
@@ -138,9 +138,7 @@ class DecentralizedLoop(SteppedLoop):
 
         self.full_graph = build_graph(run)
         attacked = run.attack.name != "none"
-        self.attack = (
-            NeighbourAttack.from_config(run.attack.name, run.attack.options) if attacked else None
-        )
+        self.attack = build_attack(run.attack.name, run.attack.options)
         self.graph = self.full_graph if attacked else self.full_graph.without_byzantine()
         self._neighbourhoods()
 

@@ -53,7 +53,7 @@ import torch
 from torch import Tensor
 
 from sharefl.robust import rsa_sign
-from sharefl.simulator.config import SimulationConfigError
+from sharefl.simulator.config import RunConfig, SimulationConfigError
 
 
 def rsa_messages(x0: Tensor, models: Tensor) -> Tensor:
@@ -63,7 +63,8 @@ def rsa_messages(x0: Tensor, models: Tensor) -> Tensor:
     return rsa_sign(x0.unsqueeze(0) - models)
 
 
-SIGN_ATTACKS = ("none", "gaussian", "sign_flipping", "sample_duplicating")
+ATTACKS = ("none", "gaussian", "sign_flipping", "sample_duplicating")
+"""The dp_rsa loop's ``attack.name`` values (what :func:`build_attack` builds)."""
 BASELINE_FLIPS = ("model", "gradient")
 """What sign-flipping multiplies by ``scale`` for the gradient baselines: the shared model
 (the paper, §5) or the mean regular gradient (the earlier reading)."""
@@ -71,7 +72,7 @@ BASELINE_FLIPS = ("model", "gradient")
 
 @dataclass(frozen=True, kw_only=True)
 class SignAttack:
-    """One of :data:`SIGN_ATTACKS` with its options (see the module table).
+    """One of :data:`ATTACKS` with its options (see the module table).
 
     Raises:
         SimulationConfigError: an unknown name, option or value.
@@ -86,8 +87,8 @@ class SignAttack:
     baseline_flip: str = "model"
 
     def __post_init__(self) -> None:
-        if self.name not in SIGN_ATTACKS:
-            raise SimulationConfigError(f"attack.name for the dp_rsa loop: one of {SIGN_ATTACKS}")
+        if self.name not in ATTACKS:
+            raise SimulationConfigError(f"attack.name for the dp_rsa loop: one of {ATTACKS}")
         if not self.std > 0:
             raise SimulationConfigError("attack.options.std must be > 0")
         if self.message not in ("raw", "sent"):
@@ -150,3 +151,18 @@ class SignAttack:
                 f"attack.options.source must be < {regular} regular workers"
             )
         return self.source
+
+
+def build_attack(name: str, options: dict[str, Any]) -> SignAttack:
+    """The attack ``name`` of :data:`ATTACKS` with ``options`` (``[attack]``).
+
+    Raises:
+        SimulationConfigError: an unknown name, option or value.
+    """
+    return SignAttack.from_config(name, options)
+
+
+def check_attack(run: RunConfig) -> None:
+    """The dp_rsa entry's data-free check (:data:`~sharefl.simulator.loops.LOOPS`): its
+    ``[attack]`` builds (:func:`build_attack`)."""
+    build_attack(run.attack.name, run.attack.options)

@@ -70,7 +70,7 @@ from sharefl.protocol.driver import secure_sum
 from sharefl.robust import GeometricMedian, RSAMaster, rsa_sign, rsa_worker_step
 from sharefl.simulator.config import RunConfig, SecureAggregationConfig, SimulationConfigError
 from sharefl.simulator.datasets import Dataset
-from sharefl.simulator.dp_rsa.attacks import SignAttack
+from sharefl.simulator.dp_rsa.attacks import build_attack
 from sharefl.simulator.final_model import FinalModel
 from sharefl.simulator.models import build_model
 from sharefl.simulator.partition import partition
@@ -163,7 +163,7 @@ class RSALoop(SteppedLoop):
         self.rng = np.random.default_rng([run.seed, 2])  # secure_sum's plans only
         self.regular = run.clients.honest
         self.byzantine = run.clients.byzantine
-        self.attack = SignAttack.from_config(run.attack.name, run.attack.options)
+        self.attack = build_attack(run.attack.name, run.attack.options)
         self.rsa_family = algo.method in RSA_FAMILY
         self.clustered = run.secure_aggregation.cluster_size >= 2
         if self.clustered and not self.rsa_family:

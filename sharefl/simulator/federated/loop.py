@@ -1,5 +1,5 @@
 """The federated loop of one simulated run (:class:`Simulation`), a composition of the
-simulator's parts: the run's setup (:mod:`~sharefl.simulator.setup`: data, partitions,
+simulator's parts: the run's setup (:mod:`~sharefl.simulator.federated.setup`: data, partitions,
 model, privacy plan), the client populations (:mod:`~sharefl.simulator.federated.populations`), the
 server (:mod:`~sharefl.simulator.federated.server`: rule, step, evaluation, accountant) and the
 round loop (:class:`~sharefl.simulator.stepped.SteppedLoop`); records are
@@ -56,16 +56,16 @@ from sharefl.simulator.config import RunConfig
 from sharefl.simulator.datasets import Dataset
 from sharefl.simulator.federated.populations import ByzantineClients, HonestClients
 from sharefl.simulator.federated.server import Ledger, Server
+from sharefl.simulator.federated.setup import PrivacyPlan, RunSetup, build_setup
 from sharefl.simulator.final_model import FinalModel
 from sharefl.simulator.results import RoundRecord
-from sharefl.simulator.setup import PrivacyPlan, RunSetup, build_setup
 from sharefl.simulator.stepped import SteppedLoop
 
 
 class Simulation(SteppedLoop):
     """One run of :class:`~sharefl.simulator.config.RunConfig` in this process.
 
-    Parts (public): ``setup`` (:class:`~sharefl.simulator.setup.RunSetup`),
+    Parts (public): ``setup`` (:class:`~sharefl.simulator.federated.setup.RunSetup`),
     ``honest_clients``, ``byzantine_clients``, ``server``, ``ledger`` (the accountant).
     State: ``round`` (rounds done), ``generator`` (torch randomness of training, attacks and
     the rule), ``rng`` (client sampling and cluster plans); the global model is

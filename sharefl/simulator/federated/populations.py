@@ -1,9 +1,9 @@
 """The clients of a federated run: :class:`HonestClients` (vectorised local training) and
 :class:`ByzantineClients` (what the attack makes them upload).
 
-Both are built from a :class:`~sharefl.simulator.setup.RunSetup` and take every source of
+Both are built from a :class:`~sharefl.simulator.federated.setup.RunSetup` and take every source of
 state from their caller: the global model, the round index (σ comes from the run's
-:class:`~sharefl.simulator.setup.PrivacyPlan` at that round) and the generator.
+:class:`~sharefl.simulator.federated.setup.PrivacyPlan` at that round) and the generator.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from sharefl.simulator import components
 from sharefl.simulator.config import SimulationConfigError
 from sharefl.simulator.federated import attacks
 from sharefl.simulator.federated.attacks import AttackView, LabelFlipping
+from sharefl.simulator.federated.setup import RunSetup, upload_noise_std
 from sharefl.simulator.federated.share import cluster_noise_split
-from sharefl.simulator.setup import RunSetup, upload_noise_std
 from sharefl.simulator.training import LocalTraining, VectorizedClients
 
 

@@ -6,7 +6,7 @@
 clusters (``secure_aggregation.cluster_size >= 2``), over the cluster sums released by
 :func:`~sharefl.protocol.driver.secure_sum` or by a deployment: the rule over cluster means
 (SHARE, :class:`~sharefl.robust.HierarchicalAggregator`), reclusterings averaged.
-:class:`Ledger` composes the run's :class:`~sharefl.simulator.setup.PrivacyPlan`.
+:class:`Ledger` composes the run's :class:`~sharefl.simulator.federated.setup.PrivacyPlan`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from sharefl.simulator import components
 from sharefl.simulator.config import SimulationConfigError
 from sharefl.simulator.federated import share
 from sharefl.simulator.federated.cluster_zeno import ClusterZeno, ValidationGradient
-from sharefl.simulator.setup import RunSetup, describe_privacy, server_learning_rate
+from sharefl.simulator.federated.setup import RunSetup, describe_privacy, server_learning_rate
 
 
 class Ledger:
