@@ -47,7 +47,7 @@ def _file(loop: str, table: str, key: str, value: Any) -> dict[str, Any]:
 
 def test_every_table_is_listed_and_the_walk_sees_every_key():
     tables = {table for table, _, _ in KEYS}
-    assert {"algorithm", "decentralized", "secure_aggregation", "privacy"} <= tables
+    assert {"algorithm", "dp_rsa", "decentralized", "secure_aggregation", "privacy"} <= tables
     assert len(KEYS) > 80
     assert set(READS) == set(ALGORITHMS)
     listed = {table for reads in READS.values() for table in reads}
@@ -76,8 +76,9 @@ def test_every_key_at_its_default_is_accepted_where_read_and_refused_elsewhere(l
 @pytest.mark.parametrize(
     ("loop", "table", "key", "value"),
     [
-        ("federated", "algorithm", "penalty", 0.01),
-        ("federated", "algorithm", "sigma_rule", "coordinate"),
+        ("federated", "dp_rsa", "penalty", 0.01),
+        ("federated", "dp_rsa", "sigma_rule", "coordinate"),
+        ("decentralized", "dp_rsa", "method", "rsa"),
         ("federated", "decentralized", "edge_probability", 0.7),
         ("decentralized", "secure_aggregation", "cluster_size", 3),  # its default
         ("decentralized", "aggregator", "name", "mean"),
@@ -94,7 +95,7 @@ def test_a_key_the_loop_does_not_read_is_refused_even_at_its_default(loop, table
 
 
 def test_the_refusal_names_the_loops_that_read_the_key_and_every_other_unread_key():
-    data = _file("federated", "algorithm", "penalty", 0.01)
+    data = _file("federated", "dp_rsa", "penalty", 0.01)
     data["decentralized"] = {"graph": "erdos_renyi"}
     with pytest.raises(SimulationConfigError) as refused:
         expand(data)
@@ -123,9 +124,87 @@ def test_launch_refuses_another_loop_than_the_federated_before_any_process(
 
     monkeypatch.setattr(sharefl.launch.subprocess, "Popen", no_process)
     path = tmp_path / "run.toml"
-    method = '\nmethod = "rsa"' if loop == "dp_rsa" else ""
+    method = '\n[dp_rsa]\nmethod = "rsa"' if loop == "dp_rsa" else ""
     path.write_text(f'[clients]\nhonest = 4\n[algorithm]\nname = "{loop}"{method}\n')
     assert main(["launch", str(path)]) == ExitStatus.CONFIG
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith(f"sharefl launch: {path} runs the {loop} loop"), line
     assert "federated loop only: run it with sharefl simulate" in line
+
+
+def test_the_algorithm_table_holds_the_selector_only():
+    """[algorithm] name selects the loop; every key of the DP-RSA loop is [dp_rsa]'s, and
+    every [dp_rsa] key is one the dp_rsa loop reads and no other loop does."""
+    from sharefl.simulator.config import DP_RSA_KEYS, AlgorithmConfig, DPRSAConfig
+
+    assert [f.name for f in dataclasses.fields(AlgorithmConfig)] == ["name"]
+    assert {f.name for f in dataclasses.fields(DPRSAConfig)} == DP_RSA_KEYS
+    for key in DP_RSA_KEYS:
+        assert readers(f"dp_rsa.{key}") == ["dp_rsa"], key
+        assert readers(f"algorithm.{key}") == [], key
+    assert readers("algorithm.name") == list(ALGORITHMS)
+
+
+OLD_FILE = """\
+name = "old"
+label = "{algorithm.method}"
+[clients]
+honest = 4
+[algorithm]
+name = "dp_rsa"
+method = "dp_rsa_f"
+epsilon = 0.4
+"""
+
+
+@pytest.mark.parametrize("where", ["table", "variant"])
+def test_a_file_with_the_dp_rsa_keys_under_algorithm_is_told_how_to_move_them(where, tmp_path):
+    from sharefl.simulator.config import load_runs
+
+    text = OLD_FILE
+    if where == "variant":  # the base has moved them; a variant has not
+        text = text.replace('method = "dp_rsa_f"\nepsilon = 0.4\n', "")
+        text = text.replace("{algorithm.method}", "{dp_rsa.method}")
+        text += '[dp_rsa]\nmethod = "rsa"\n[[variant]]\nalgorithm = { method = "sgd" }\n'
+    path = tmp_path / "old.toml"
+    path.write_text(text)
+    with pytest.raises(SimulationConfigError) as refused:
+        load_runs(path)
+    message = str(refused.value)
+    assert "\n" not in message
+    moved = "method, epsilon" if where == "table" else "method"
+    assert message.startswith(f"[algorithm] holds the DP-RSA loop's keys {moved}, which moved")
+    assert f"keep only name in [algorithm] and write {moved} under [dp_rsa]" in message
+    # moved as the message says, the file runs the same
+    fixed = text.replace('method = "dp_rsa_f"\nepsilon = 0.4\n', "")
+    fixed = fixed.replace("{algorithm.method}", "{dp_rsa.method}")
+    if where == "table":
+        fixed += '[dp_rsa]\nmethod = "dp_rsa_f"\nepsilon = 0.4\n'
+    else:
+        fixed = fixed.replace('algorithm = { method = "sgd" }', 'dp_rsa = { method = "sgd" }')
+    path.write_text(fixed)
+    (run,) = load_runs(path)
+    assert run.dp_rsa.method == ("dp_rsa_f" if where == "table" else "sgd")
+
+
+def test_the_command_line_prints_the_move_in_one_line(tmp_path, capsys):
+    from sharefl.cli import main
+    from sharefl.exit_status import ExitStatus
+
+    path = tmp_path / "old.toml"
+    path.write_text(OLD_FILE)
+    assert main(["simulate", str(path), "--out", str(tmp_path / "out")]) == ExitStatus.CONFIG
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "moved to a [dp_rsa] table" in line and "{dp_rsa.method}" in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_label_naming_a_moved_key_says_where_it_went():
+    data = {
+        "label": "{algorithm.penalty}",
+        "clients": {"honest": 4},
+        "algorithm": {"name": "dp_rsa"},
+        "dp_rsa": {"method": "rsa", "penalty": 0.02},
+    }
+    with pytest.raises(SimulationConfigError, match=r"moved to \[dp_rsa\]: \{dp_rsa\.penalty\}"):
+        expand(data)

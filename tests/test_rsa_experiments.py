@@ -91,15 +91,15 @@ def all_runs() -> list[RunConfig]:
 
 def matches(run: RunConfig, cell: Cell) -> bool:
     settings = SETTINGS[run.data.dataset]
-    epsilon_ok = cell.epsilon is None or math.isclose(run.algorithm.epsilon, cell.epsilon)
+    epsilon_ok = cell.epsilon is None or math.isclose(run.dp_rsa.epsilon, cell.epsilon)
     return (
         run.data.dataset == cell.dataset
         and run.data.partition == cell.partition
         and run.attack.name == cell.attack
-        and run.algorithm.method == cell.method
+        and run.dp_rsa.method == cell.method
         and epsilon_ok
         and run.clients.byzantine == (cell.byzantine or settings["byzantine"])
-        and math.isclose(run.algorithm.penalty, cell.penalty or settings["penalty"])
+        and math.isclose(run.dp_rsa.penalty, cell.penalty or settings["penalty"])
     )
 
 
@@ -114,7 +114,7 @@ def test_every_cell_of_the_figure_has_a_run_with_three_seeds(figure):
 def test_every_run_has_the_papers_settings():
     for run in all_runs():
         settings = SETTINGS[run.data.dataset]
-        algo = run.algorithm
+        algo = run.dp_rsa
         assert run.clients.total == settings["workers"], run.label
         assert run.training.batch_size == settings["batch"], run.label
         assert run.model.name == settings["model"], run.label
@@ -150,9 +150,9 @@ def test_cifar10_files_run_on_cifar_shaped_synthetic_data(path):
     assert all(r.data.dataset == "cifar10" and r.device == "cuda" for r in load_runs(path))
     synthetic = [r for r in load_runs(path, CIFAR_SYNTHETIC) if r.seed == 1]
     assert [r.label for r in synthetic] == [r.label for r in runs]
-    if len({r.algorithm.method for r in synthetic}) > 1:  # comparison: a baseline, DP-RSA(G)
+    if len({r.dp_rsa.method for r in synthetic}) > 1:  # comparison: a baseline, DP-RSA(G)
         chosen = [
-            next(r for r in synthetic if r.algorithm.method == m) for m in ("sgd_gm", "dp_rsa_g")
+            next(r for r in synthetic if r.dp_rsa.method == m) for m in ("sgd_gm", "dp_rsa_g")
         ]
     else:  # a sweep: both ends
         chosen = [synthetic[0], synthetic[-1]]

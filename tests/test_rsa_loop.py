@@ -24,7 +24,7 @@ from sharefl.simulator.loops import build_loop
 from sharefl.simulator.runner import run_one
 
 
-def config(**algorithm) -> dict:
+def config(**dp_rsa) -> dict:
     base = {
         "name": "rsa_test",
         "seed": 1,
@@ -38,7 +38,8 @@ def config(**algorithm) -> dict:
         "clients": {"honest": 6, "byzantine": 0},
         "training": {"batch_size": 1},
         "secure_aggregation": {"cluster_size": 1},
-        "algorithm": {"name": "dp_rsa", "method": "rsa", **algorithm},
+        "algorithm": {"name": "dp_rsa"},
+        "dp_rsa": {"method": "rsa", **dp_rsa},
     }
     return base
 
@@ -318,6 +319,7 @@ def test_configuration_errors():
 def test_federated_run_ids_do_not_change_with_the_algorithm_section():
     data = config()
     data.pop("algorithm")
+    data.pop("dp_rsa")
     (plain,) = expand(data)
     data["algorithm"] = {"name": "federated"}
     (explicit,) = expand(data)

@@ -215,7 +215,7 @@ def test_a_fixed_plan_resists_the_colluders_of_its_audits(table):
 
 @pytest.mark.parametrize("key", KEYS)
 def test_dp_rsa_loop(key, captured):
-    run = run_config(key, VALUES[key], algorithm={"name": "dp_rsa", "method": "rsa"})
+    run = run_config(key, VALUES[key], algorithm={"name": "dp_rsa"}, dp_rsa={"method": "rsa"})
     messages = torch.where(torch.arange(CLIENTS * DIM).reshape(CLIENTS, DIM) % 3 == 0, -1.0, 1.0)
     total = secure_sign_sum(messages, run.secure_aggregation, seed=1, round=0)
     assert captured[-1] == expected(key, clip=None)  # sign messages are ring elements
@@ -242,13 +242,14 @@ def test_decentralized_loop_refuses_every_key(key):
     ],
 )
 def test_simulation_refusals_name_the_key(algorithm, table, match):
-    method = {"method": "rsa"} if algorithm == "dp_rsa" else {}
+    method = {"dp_rsa": {"method": "rsa"}} if algorithm == "dp_rsa" else {}
     with pytest.raises(SimulationConfigError, match=match):
         expand(
             {
                 "clients": {"honest": CLIENTS},
                 "secure_aggregation": table,
-                "algorithm": {"name": algorithm, **method},
+                "algorithm": {"name": algorithm},
+                **method,
             }
         )
 

@@ -64,7 +64,8 @@ RSA: dict[str, Any] = {
     "clients": {"honest": 4, "byzantine": 0},
     "training": {"batch_size": 4},
     "secure_aggregation": {"cluster_size": 1},
-    "algorithm": {"name": "dp_rsa", "method": "dp_rsa_f", "epsilon": 0.4},
+    "algorithm": {"name": "dp_rsa"},
+    "dp_rsa": {"method": "dp_rsa_f", "epsilon": 0.4},
 }
 DECENTRALIZED: dict[str, Any] = {
     "name": "outputs_dec",

@@ -88,7 +88,7 @@ def test_each_loop_refuses_a_bad_attack_before_any_data_loads(loop):
     byzantine = max(1, data["clients"].get("byzantine", 0))
     overrides = {"attack": {"name": name, "options": options}, "clients": {"byzantine": byzantine}}
     if loop == "dp_rsa":  # the file's variants set the mechanisms' ε
-        overrides["algorithm"] = {"method": "rsa"}
+        overrides["dp_rsa"] = {"method": "rsa"}
     data = with_overrides(data, overrides)
     run = expand(data)[0]
     assert run.algorithm.name == loop and name in (*LOOPS[loop].attacks, "no_such_attack")

@@ -19,8 +19,9 @@ Layout (every key optional unless noted; defaults in the dataclasses below)::
     [aggregator]  name, options, pre
     [server]      learning_rate, momentum
     [deployment]  address, stage_timeout_s, connect_timeout_s (for ``sharefl launch``)
-    [algorithm]   name ("federated", "dp_rsa" or "decentralized"), method, lr, penalty,
-                  epsilon, ... (the DP-RSA loop of seed002, :class:`AlgorithmConfig`)
+    [algorithm]   name: the loop, "federated" (default), "dp_rsa" or "decentralized"
+    [dp_rsa]      method, lr, penalty, epsilon, ... (the DP-RSA loop of seed002,
+                  :class:`DPRSAConfig`)
     [decentralized]  graph, rule, noise, clip, ... (the decentralized loop of seed004,
                   :class:`DecentralizedConfig`)
     [paper]       "<label>" = accuracy reported by the paper for that label
@@ -441,14 +442,30 @@ RSA_INITS = ("independent", "perturbed", "same")
 
 @dataclass(frozen=True)
 class AlgorithmConfig:
-    """Which training loop runs, and the parameters of the DP-RSA loop (seed002).
+    """Which training loop runs: ``[algorithm] name``, one of :data:`ALGORITHMS`.
 
-    ``name = "federated"`` (default) is :class:`~sharefl.simulator.federated.loop.Simulation`;
-    ``name = "dp_rsa"`` is :class:`~sharefl.simulator.dp_rsa.loop.RSALoop`, whose ``method``
-    picks one of the paper's curves: ``rsa`` (no noise), ``dp_rsa_f`` (Sign-Flipping),
-    ``dp_rsa_g`` (Sign-Gaussian), or the gradient baselines ``sgd`` (mean), ``signsgd``
-    (mean of the gradients' signs) and ``sgd_gm`` (geometric median, Weiszfeld). The other
-    keys apply to the dp_rsa loop only (units: step sizes per iteration, M an l2 bound).
+    ``"federated"`` (default) is :class:`~sharefl.simulator.federated.loop.Simulation`,
+    ``"dp_rsa"`` :class:`~sharefl.simulator.dp_rsa.loop.RSALoop` (its parameters:
+    ``[dp_rsa]``, :class:`DPRSAConfig`), ``"decentralized"``
+    :class:`~sharefl.simulator.decentralized.loop.DecentralizedLoop` (``[decentralized]``,
+    :class:`DecentralizedConfig`).
+    """
+
+    name: str = "federated"
+
+    def __post_init__(self) -> None:
+        _require(self.name in ALGORITHMS, f"algorithm.name must be one of {ALGORITHMS}")
+
+
+@dataclass(frozen=True)
+class DPRSAConfig:
+    """The parameters of the DP-RSA loop (seed002, ``[algorithm] name = "dp_rsa"``): the
+    ``[dp_rsa]`` table.
+
+    ``method`` picks one of the paper's curves: ``rsa`` (no noise), ``dp_rsa_f``
+    (Sign-Flipping), ``dp_rsa_g`` (Sign-Gaussian), or the gradient baselines ``sgd`` (mean),
+    ``signsgd`` (mean of the gradients' signs) and ``sgd_gm`` (geometric median, Weiszfeld).
+    Units: step sizes per iteration, M an l2 bound.
 
     Attributes:
         lr: α, constant step size (0.01).
@@ -471,7 +488,6 @@ class AlgorithmConfig:
         gm_max_iter, gm_tol: the geometric median's Weiszfeld iterations and tolerance.
     """
 
-    name: str = "federated"
     method: str = "dp_rsa_g"
     lr: float = 0.01
     penalty: float = 0.01
@@ -488,21 +504,43 @@ class AlgorithmConfig:
     gm_tol: float = 1e-5
 
     def __post_init__(self) -> None:
-        _require(self.name in ALGORITHMS, f"algorithm.name must be one of {ALGORITHMS}")
-        _require(self.method in RSA_METHODS, f"algorithm.method must be one of {RSA_METHODS}")
-        _require(self.lr > 0 and self.penalty > 0, "algorithm.lr and algorithm.penalty: > 0")
-        _require(self.regularization >= 0, "algorithm.regularization must be >= 0")
-        _require(self.epsilon >= 0, "algorithm.epsilon must be >= 0")
-        _require(0 < self.delta < 1, "algorithm.delta must be in (0, 1)")
-        _require(self.grad_bound > 0, "algorithm.grad_bound (M) must be > 0")
-        _require(self.sigma_rule in SIGMA_RULES, f"algorithm.sigma_rule: one of {SIGMA_RULES}")
-        _require(self.worker_sign in WORKER_SIGNS, f"algorithm.worker_sign: one of {WORKER_SIGNS}")
-        _require(self.init in RSA_INITS, f"algorithm.init must be one of {RSA_INITS}")
-        _require(self.gm_max_iter >= 1 and self.gm_tol >= 0, "algorithm.gm_*: bad value")
-        if self.name == "dp_rsa" and self.method in ("dp_rsa_f", "dp_rsa_g"):
-            _require(self.epsilon > 0, f"algorithm.method = {self.method!r} needs epsilon > 0")
-        if self.name == "dp_rsa" and self.method == "dp_rsa_g":
+        _require(self.method in RSA_METHODS, f"dp_rsa.method must be one of {RSA_METHODS}")
+        _require(self.lr > 0 and self.penalty > 0, "dp_rsa.lr and dp_rsa.penalty: > 0")
+        _require(self.regularization >= 0, "dp_rsa.regularization must be >= 0")
+        _require(self.epsilon >= 0, "dp_rsa.epsilon must be >= 0")
+        _require(0 < self.delta < 1, "dp_rsa.delta must be in (0, 1)")
+        _require(self.grad_bound > 0, "dp_rsa.grad_bound (M) must be > 0")
+        _require(self.sigma_rule in SIGMA_RULES, f"dp_rsa.sigma_rule: one of {SIGMA_RULES}")
+        _require(self.worker_sign in WORKER_SIGNS, f"dp_rsa.worker_sign: one of {WORKER_SIGNS}")
+        _require(self.init in RSA_INITS, f"dp_rsa.init must be one of {RSA_INITS}")
+        _require(self.gm_max_iter >= 1 and self.gm_tol >= 0, "dp_rsa.gm_*: bad value")
+
+    def check_method(self) -> None:
+        """The method's own needs, checked for a run of the dp_rsa loop only: DP-RSA(F)/(G)
+        need ε > 0, and Theorem 2 holds for ε < 8."""
+        if self.method in ("dp_rsa_f", "dp_rsa_g"):
+            _require(self.epsilon > 0, f"dp_rsa.method = {self.method!r} needs epsilon > 0")
+        if self.method == "dp_rsa_g":
             _require(self.epsilon < 8, "Theorem 2 (dp_rsa_g) holds for epsilon in (0, 8)")
+
+
+DP_RSA_KEYS = frozenset(f.name for f in dataclasses.fields(DPRSAConfig))
+"""The keys of ``[dp_rsa]``, which ``[algorithm]`` held before the table existed."""
+
+
+def _refuse_moved_keys(table: dict[str, Any]) -> None:
+    """One line saying how to move the DP-RSA loop's keys that a file of before ``[dp_rsa]``
+    wrote under ``[algorithm]`` (in the base or a variant)."""
+    algorithm = table.get("algorithm")
+    moved = [k for k in algorithm if k in DP_RSA_KEYS] if isinstance(algorithm, dict) else []
+    if moved:
+        keys = ", ".join(moved)
+        raise SimulationConfigError(
+            f"[algorithm] holds the DP-RSA loop's keys {keys}, which moved to a [dp_rsa] table: "
+            f"keep only name in [algorithm] and write {keys} under [dp_rsa] (a variant's "
+            "algorithm = { method = ... } becomes dp_rsa = { method = ... }, a label's "
+            "{algorithm.method} becomes {dp_rsa.method})"
+        )
 
 
 # --- decentralized loop (seed004) -------------------------------------------------------------
@@ -598,6 +636,7 @@ class RunConfig:
     server: ServerConfig = field(default_factory=ServerConfig)
     deployment: LaunchConfig = field(default_factory=LaunchConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    dp_rsa: DPRSAConfig = field(default_factory=DPRSAConfig)
     decentralized: DecentralizedConfig = field(default_factory=DecentralizedConfig)
     paper: float | None = None  # the paper's accuracy for this run's label
 
@@ -610,6 +649,8 @@ class RunConfig:
         )
         if self.privacy.enabled and self.privacy.level == "client":
             _check_client_level(self)
+        if self.algorithm.name == "dp_rsa":
+            self.dp_rsa.check_method()
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -630,13 +671,19 @@ class RunConfig:
         """A stable identifier: readable prefix + hash of the resolved configuration.
 
         The paper's value is left out of the hash: correcting it must not re-run a finished
-        experiment; so is a default ``[algorithm]`` section (ids from before it existed).
+        experiment; so are default ``[algorithm]`` and ``[dp_rsa]`` sections (ids from before
+        they existed; ``[dp_rsa]``'s keys are hashed as ``[algorithm]``'s, where they were).
         Greek letters are spelled out so that "Fed-αCDP" and "Fed-CDP" get
         different prefixes.
         """
         settings = {k: v for k, v in self.to_dict().items() if k != "paper"}
-        if self.algorithm == AlgorithmConfig():  # ids of runs from before the section
+        # ids of runs from before [dp_rsa]: its keys hashed inside [algorithm], and both left
+        # out at their defaults (ids of runs from before [algorithm])
+        dp_rsa = settings.pop("dp_rsa")
+        if self.algorithm == AlgorithmConfig() and self.dp_rsa == DPRSAConfig():
             del settings["algorithm"]
+        else:
+            settings["algorithm"] = {**settings["algorithm"], **dp_rsa}
         # privacy.colluders = None is the protocol's bound (:func:`noise_colluders`): the id
         # holds the count the cluster split uses (left out where it is the former default 0,
         # and where no split uses it).
@@ -802,7 +849,10 @@ def _lookup(table: dict[str, Any], dotted: str) -> Any:
     value: Any = table
     for part in dotted.split("."):
         if not isinstance(value, dict) or part not in value:
-            raise SimulationConfigError(f"label refers to unknown key {{{dotted}}}")
+            section, _, key = dotted.partition(".")
+            moved = section == "algorithm" and key in DP_RSA_KEYS
+            hint = f" (the DP-RSA keys moved to [dp_rsa]: {{dp_rsa.{key}}})" if moved else ""
+            raise SimulationConfigError(f"label refers to unknown key {{{dotted}}}{hint}")
         value = value[part]
     return value
 
@@ -858,6 +908,7 @@ def expand(data: dict[str, Any]) -> list[RunConfig]:
         merged = _merge(data, variant)
         unknown = sorted(set(merged) - set(_SECTIONS))
         _require(not unknown, f"unknown key(s) {unknown}; known: {sorted(_SECTIONS)}")
+        _refuse_moved_keys(merged)
         axes = _axes(merged)
         names = [".".join(p) for p, _ in axes]
         for combo in itertools.product(*(values for _, values in axes)):

@@ -71,21 +71,20 @@ READS: dict[str, dict[str, frozenset[str] | str]] = {
         # the sign sums' protocol: every key but SHARE's schedule (``clustering``)
         "secure_aggregation": frozenset(f.name for f in fields(SecureAggregationSettings))
         | {"enabled"},
-        "algorithm": EVERY,
+        "dp_rsa": EVERY,
     },
     "decentralized": {**_ANY_LOOP, "decentralized": EVERY},
 }
 """Loop → table → the keys of it the loop reads."""
 
 INSTEAD: dict[tuple[str, str], str] = {
-    ("dp_rsa", "privacy"): "the dp_rsa loop adds its own noise: algorithm.method and "
-    "algorithm.epsilon",
+    ("dp_rsa", "privacy"): "the dp_rsa loop adds its own noise: dp_rsa.method and dp_rsa.epsilon",
     ("decentralized", "privacy"): "the decentralized loop adds its own noise: decentralized.noise",
     ("decentralized", "secure_aggregation"): "the decentralized loop has no secure "
     "aggregation: agents exchange models with their neighbours",
     ("decentralized", "aggregator"): "the decentralized loop's rule is decentralized.rule",
     ("dp_rsa", "aggregator"): "the dp_rsa loop's master steps with the sum of signs "
-    "(algorithm.method)",
+    "(dp_rsa.method)",
 }
 """(loop, table) → what the loop does instead of reading the table, for the refusal."""
 

@@ -20,7 +20,7 @@ vectors (±1 mod 2^bits, summed exactly, one reclustering's cluster sums added),
 key of ``[secure_aggregation]`` as parsed (:func:`secure_sign_sum`); its seed comes from a
 separate generator, so the trajectory is bit-identical in the clear.
 
-The choices of the note's §6, as this loop makes them (``[algorithm]`` keys in brackets):
+The choices of the note's §6, as this loop makes them (``[dp_rsa]`` keys in brackets):
 
 1. the worker steps with the sign it *sent* (analysis and code) [worker_sign = "sent";
    "true" gives eq. 5];
@@ -36,7 +36,7 @@ The choices of the note's §6, as this loop makes them (``[algorithm]`` keys in 
    signed u_i], Δu = 2αM with the code's M = 0.01 [grad_bound], not enforced unless
    clip_gradients (the code does not clip);
 5. ε is nominal, per round and per coordinate (Theorems 1, 2); the composed ε over the run
-   (:mod:`sharefl.privacy.sign_accounting`) is per coordinate too, at ``algorithm.delta``;
+   (:mod:`sharefl.privacy.sign_accounting`) is per coordinate too, at ``dp_rsa.delta``;
 6. K includes the Byzantine workers; the data are split over all K and the regular
    workers use shards 0 … r − 1 (the code; the last b shards go unused);
 7. the attacks as the table of :mod:`sharefl.simulator.dp_rsa.attacks` (Gaussian vector shared
@@ -137,7 +137,7 @@ class RSALoop(SteppedLoop):
     """One run of the dp_rsa loop (``[algorithm] name = "dp_rsa"``) in this process.
 
     Args:
-        run: the resolved configuration (``run.algorithm`` holds the loop's parameters).
+        run: the resolved configuration (``run.dp_rsa`` holds the loop's parameters).
         device: overrides ``run.device``.
         train, test: preloaded datasets (default: loaded from the configuration).
 
@@ -158,7 +158,7 @@ class RSALoop(SteppedLoop):
     ) -> None:
         self.device, train, test = self.begin(run, device, train, test)
         self.train_set, self.test_set = train, test
-        self.algo = algo = run.algorithm
+        self.algo = algo = run.dp_rsa
         self.generator = torch.Generator(device=self.device).manual_seed(run.seed)
         self.rng = np.random.default_rng([run.seed, 2])  # secure_sum's plans only
         self.regular = run.clients.honest
@@ -168,7 +168,7 @@ class RSALoop(SteppedLoop):
         self.clustered = run.secure_aggregation.cluster_size >= 2
         if self.clustered and not self.rsa_family:
             raise SimulationConfigError(
-                f"algorithm.method = {algo.method!r} sends gradients: secure aggregation of "
+                f"dp_rsa.method = {algo.method!r} sends gradients: secure aggregation of "
                 "sign sums is for the RSA family; set secure_aggregation.cluster_size = 1"
             )
 
@@ -202,7 +202,7 @@ class RSALoop(SteppedLoop):
         )
 
     def _initial_workers(self, shape: tuple[int, ...]) -> Tensor:
-        """x_k^0 ``[r, d]`` as ``algorithm.init`` says."""
+        """x_k^0 ``[r, d]`` as ``dp_rsa.init`` says."""
         init, r = self.algo.init, self.regular
         if init == "same":
             return self.x0.unsqueeze(0).repeat(r, 1)
