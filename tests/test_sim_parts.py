@@ -5,6 +5,7 @@ gRPC bridge through the simulation's public API, and the names (papers, aliases)
 from __future__ import annotations
 
 import json
+import re
 import tomllib
 from pathlib import Path
 
@@ -298,6 +299,23 @@ def test_every_codename_maps_to_one_paper_and_docs_list_them():
         assert any(new.startswith(s + "_") for s in shorts), new
     with pytest.raises(KeyError, match="seed002/dp_rsa"):
         papers.paper("seed009")
+
+
+def test_the_package_names_papers_not_codenames():
+    """Docstrings and comments name a paper (the DP filter, SHARE, DP-RSA, Fed-αCDP, Ye, Zhu
+    and Ling), not its codename: a ``seed00x`` is left only where a codename is the subject
+    (:mod:`sharefl.papers`, the aliases of :mod:`sharefl.simulator.names` and the docstrings
+    that list them) and in identifiers (``seed000_init``)."""
+    codename = re.compile(r"\b[Ss]eed00[0-4]\b(?!_)")
+    subject = re.compile(r"codename|alias|``seed00|([\"'])seed00[0-4]\1", re.IGNORECASE)
+    found = []
+    for path in sorted((ROOT / "sharefl").rglob("*.py")):
+        if path.name == "papers.py" or path.parts[-2:] == ("simulator", "names.py"):
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if codename.search(line) and not subject.search(line):
+                found.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert not found, "\n".join(found)
 
 
 @pytest.mark.parametrize(("alias", "name"), sorted(MODEL_ALIASES.items()))

@@ -3,8 +3,8 @@
 Example level (DP-SGD on a client's data):
 
 - :class:`DPSGD` / :class:`DPSGDConfig` — per-example gradients (``torch.func``), clipping
-  (:class:`FlatClipping`, :class:`PerLayerClipping`, seed003's :class:`L2MaxClipping`,
-  seed000's :class:`Normalization` with per-example momentum), Gaussian noise from an
+  (:class:`FlatClipping`, :class:`PerLayerClipping`, Fed-αCDP's :class:`L2MaxClipping`,
+  the DP filter's :class:`Normalization` with per-example momentum), Gaussian noise from an
   explicit generator, σ_t from a :class:`NoiseSchedule`.
 - :class:`PerExampleGradients`, :func:`per_example_gradients`,
   :func:`check_per_example_compatible` (rejects BatchNorm).
@@ -19,7 +19,7 @@ Gaussian DP noise from an AES-256-CTR stream (a deployment client's):
 A client's own budget: :class:`ClientNoise`, :func:`round_rdp` (one round of the noise
 the client adds itself), :func:`epsilon_from_rdp`, :func:`client_noise`.
 
-Mechanisms on messages: seed002's :class:`SignFlip` and :class:`SignGaussian`; seed004's
+Mechanisms on messages: DP-RSA's :class:`SignFlip` and :class:`SignGaussian`; Ye, Zhu and Ling's
 :class:`NoisyModelTransmitter` (σ^k = C·α^k on transmitted models).
 
 Distributed noise inside secure-aggregation clusters that survives discretisation and

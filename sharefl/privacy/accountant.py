@@ -9,7 +9,7 @@ a state that can be saved) and composes them with one of two backends:
 - ``"rdp"`` — Rényi DP (``dp_accounting.rdp.RdpAccountant``), converted to (ε, δ) with
   ``conversion="improved"`` (Balle et al. 2020 / Canonne et al. 2020, dp-accounting's
   default) or ``conversion="classic"`` (ε = min_α RDP_α + ln(1/δ)/(α − 1), Mironov 2017:
-  what TF-Privacy's moments accountant and papers of its era, e.g. seed003, report);
+  what TF-Privacy's moments accountant and papers of its era, e.g. Fed-αCDP, report);
 - ``"pld"`` — privacy loss distributions (``dp_accounting.pld.PLDAccountant``), the
   tightest of the three.
 

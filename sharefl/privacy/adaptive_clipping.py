@@ -1,4 +1,4 @@
-"""Adaptive clipping: the two baselines of seed003's Table X (Wei et al. §7.6).
+"""Adaptive clipping: the two baselines of Fed-αCDP's Table X (Wei et al. §7.6).
 
 Both modes change their bound during training from released (noisy) quantities only, so
 the adaptation is post-processing and costs no privacy beyond what is stated here. Both
@@ -121,7 +121,7 @@ class QuantileClipping(AdaptiveClipping):
     """Andrew et al.'s quantile clipping (see the module docstring).
 
     Attributes:
-        initial_norm: C₀ (Andrew et al.: 0.1; seed003 §7.6: 4).
+        initial_norm: C₀ (Andrew et al.: 0.1; Fed-αCDP §7.6: 4).
         count_std: σ_b, the std of the noise on one release's centred count (0 only
             without privacy, σ = 0).
         target_quantile: γ, the fraction of contributions to leave unclipped (0.5).

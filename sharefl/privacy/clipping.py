@@ -8,12 +8,12 @@ in Opacus's per-layer mode.
 
 - :class:`FlatClipping` — g·min(1, C/‖g‖); sensitivity C.
 - :class:`PerLayerClipping` — each layer g_l·min(1, C_l/‖g_l‖); sensitivity √(Σ_l C_l²).
-- :class:`L2MaxClipping` — seed003's Fed-αCDP: per-layer clipping to C and the l2-max
+- :class:`L2MaxClipping` — Fed-αCDP (Wei et al.): per-layer clipping to C and the l2-max
   sensitivity S_t = max over examples and layers of the clipped norms = min(C, max ‖g_l‖),
   recomputed every step. S_t is data-dependent and the M layers together have sensitivity
   √M·C, which the paper's accounting ignores: the ε an accountant reports for this mode is
   the paper's nominal value, not a rigorous guarantee.
-- :class:`Normalization` — seed000's per-example normalisation φ_j/‖φ_j‖ with per-example
+- :class:`Normalization` — the DP filter's per-example normalisation φ_j/‖φ_j‖ with per-example
   momentum φ_j = (1 − β)g_j + β·m, m the previous noisy output (Algorithm 1); every example
   contributes a unit vector, so the sensitivity is 1.
 """
@@ -41,7 +41,7 @@ def _check_bound(name: str, value: float) -> None:
 class ClippingMode(ABC):
     """Base class of the clipping modes (frozen dataclasses)."""
 
-    #: True when the sensitivity depends on the batch (seed003's l2-max S_t).
+    #: True when the sensitivity depends on the batch (Fed-αCDP's l2-max S_t).
     data_dependent: bool = False
 
     @abstractmethod
@@ -122,12 +122,12 @@ class PerLayerClipping(ClippingMode):
 
 @dataclass(frozen=True)
 class L2MaxClipping(ClippingMode):
-    """Seed003 (Fed-αCDP): per-layer clipping to ``max_norm`` (the paper's C, default 4) and
+    """Fed-αCDP (Wei et al.): per-layer clipping to ``max_norm`` (the paper's C, default 4) and
     noise N(0, σ_t² S_t²) on the sum with S_t = min(C, max over examples and layers of the raw
     layer norms), divided by the batch size like standard DP-SGD (the scaling of the
     authors' code, the only one consistent with their accountant).
 
-    Caveats (seed003 note §6): S_t depends on the batch, so the mechanism is not rigorously
+    Caveats (Fed-αCDP note §6): S_t depends on the batch, so the mechanism is not rigorously
     DP, and per-layer clipping of M layers has whole-gradient sensitivity √M·C. An empty
     batch uses S = C. Report ε for this mode as the paper's nominal value.
     """
@@ -152,7 +152,7 @@ class L2MaxClipping(ClippingMode):
 
 @dataclass(frozen=True)
 class Normalization(ClippingMode):
-    """Seed000's per-example normalisation with per-example momentum β (paper: β = 0.1).
+    """The DP filter's per-example normalisation with per-example momentum β (paper: β = 0.1).
 
     Each example contributes φ_j/‖φ_j‖ with φ_j = (1 − β)g_j + β·m, where m is the previous
     noisy output of the same privatizer (zero at the first step): Algorithm 1 resets every

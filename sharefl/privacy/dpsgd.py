@@ -9,7 +9,7 @@ with Δ the clipping mode's sensitivity (:mod:`sharefl.privacy.clipping`) and σ
 multiplier of the schedule at t. Dividing by the fixed expected size B (not the random
 sample size) is what the sampled Gaussian mechanism's accounting assumes; an empty sample
 releases pure noise. Each step is one sampled Gaussian mechanism with (σ_t, q) in the
-accountant. (Fixed-size batches, as in seed000's code, call for replace-one adjacency, under
+accountant. (Fixed-size batches, as in the DP filter's code, call for replace-one adjacency, under
 which the sensitivity doubles: account such runs with σ_t/2.)
 
 Memory: per-example gradients are produced chunk by chunk (:class:`PerExampleGradients`),
@@ -97,7 +97,7 @@ class PrivateGradient:
             the trainable parameters in module order. A fresh tensor, owned by the caller.
         t: schedule index of the step.
         noise_multiplier: σ_t.
-        sensitivity: l2 sensitivity Δ of the sum (S_t for seed003's l2-max mode).
+        sensitivity: l2 sensitivity Δ of the sum (S_t for Fed-αCDP's l2-max mode).
         noise_std: σ_t·Δ, std of every coordinate of the noise on the sum.
         batch_size: number of examples in the (possibly empty) sample.
     """
@@ -173,7 +173,7 @@ class DPSGD:
         return self.per_example.dim
 
     def reset_momentum(self) -> None:
-        """Forget seed000's momentum state (the next step starts from m = 0)."""
+        """Forget the DP filter's momentum state (the next step starts from m = 0)."""
         self._momentum = None
 
     def privatize(
@@ -272,7 +272,7 @@ class DPSGD:
         return _split(self._momentum, self.per_example.numels)
 
     def state_dict(self) -> dict[str, object]:
-        """Step count and seed000's momentum state (the generator's state is the caller's)."""
+        """Step count and the DP filter's momentum state (the generator's state is the caller's)."""
         return {"steps_taken": self.steps_taken, "momentum": self._momentum}
 
     def load_state_dict(self, state: dict[str, object]) -> None:

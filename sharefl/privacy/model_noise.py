@@ -1,8 +1,8 @@
-"""Seed004: Gaussian noise on the models agents transmit in decentralized SGD.
+"""Ye, Zhu and Ling: Gaussian noise on the models agents transmit in decentralized SGD.
 
 At iteration k agent n sends x̃ = x − α^k·ḡ + e with e ~ N(0, (σ^k)² I) and σ^k = C·α^k
 (Algorithm 1), where ḡ is the mean of the batch's per-example gradients, each clipped to l2
-norm M (without clipping the guarantee is void; seed004 note §6.2). Since
+norm M (without clipping the guarantee is void; Ye, Zhu and Ling note §6.2). Since
 x̃ = x − α^k(ḡ + N(0, C² I)), this is DP-SGD with flat clipping to M and noise std C on the
 mean gradient: noise multiplier C·B/M on the sum of a batch of B (add/remove adjacency;
 replace-one doubles the sensitivity, i.e. halves the multiplier). With Poisson sampling at
@@ -29,7 +29,7 @@ from .per_example import DEFAULT_CHUNK_BYTES, LossFn
 
 @dataclass(frozen=True)
 class ModelNoiseConfig:
-    """Seed004's noise parameters.
+    """Ye, Zhu and Ling's noise parameters.
 
     Attributes:
         noise_scale: C; the transmitted model's noise std is C·α^k.
@@ -131,7 +131,7 @@ class NoisyModelTransmitter:
 def theorem3_epsilon(
     noise_scale: float, clip_norm: float, dataset_size: int, iterations: int, delta: float
 ) -> float:
-    """Seed004's closed form ε = 2M²K/(C²S²) + (2M/(CS))·√(2K ln(1/δ)), for comparison with
+    """Ye, Zhu and Ling's closed form ε = 2M²K/(C²S²) + (2M/(CS))·√(2K ln(1/δ)), for comparison with
     the paper's numbers (C = 2, M/S = 1/600, K = 50,000, δ = 1e-4 gives 1.669). Use
     :class:`PrivacyAccountant` for the guarantee itself."""
     ratio = clip_norm / (noise_scale * dataset_size)

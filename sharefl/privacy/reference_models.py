@@ -1,10 +1,10 @@
 """The two small CNNs the privacy tests and benchmark run on (the simulator's model zoo will
 own them later). Architectures only; PyTorch's default initialisation.
 
-- :func:`seed000_mnist_cnn`: seed000's MNIST CNN (its Table 7), d = 21,802 parameters, for
+- :func:`seed000_mnist_cnn`: the DP filter's MNIST CNN (its Table 7), d = 21,802 parameters, for
   1×28×28 inputs. The count matches only with GroupNorm(affine=False), as the authors' code
   confirms; no padding.
-- :func:`seed002_cifar_cnn`: seed002's CIFAR-10 CNN as its code builds it (the paper says
+- :func:`seed002_cifar_cnn`: DP-RSA's CIFAR-10 CNN as its code builds it (the paper says
   ~368k parameters; the code has 576,778), for 3×32×32 inputs.
 """
 

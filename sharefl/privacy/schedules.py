@@ -1,7 +1,7 @@
-"""Noise schedules σ_t for DP-SGD (seed003's Fed-αCDP[σ] decay policies).
+"""Noise schedules σ_t for DP-SGD (the decay policies of Fed-αCDP[σ], Wei et al.).
 
 A schedule maps a 0-based index ``t`` (a round or a step, as the caller decides) to the
-noise multiplier σ_t > 0. Every policy starts at σ_0 = σ₀; seed003's cyclic formula, which
+noise multiplier σ_t > 0. Every policy starts at σ_0 = σ₀; Fed-αCDP's cyclic formula, which
 it writes with mod(t − 1, ·) for a 1-based round, is the same curve.
 
 Every schedule has a ``floor``: σ_t = max(floor, formula(t)). A value σ_t ≤ 0 means no
@@ -72,7 +72,7 @@ class ConstantSchedule(NoiseSchedule):
 
 @dataclass(frozen=True)
 class LinearSchedule(NoiseSchedule):
-    """σ_t = max(floor, σ₀ (1 − decay·t)). Seed003's code: σ₀ = 15, decay = 0.006767."""
+    """σ_t = max(floor, σ₀ (1 − decay·t)). Fed-αCDP's code: σ₀ = 15, decay = 0.006767."""
 
     sigma0: float
     decay: float
@@ -89,7 +89,7 @@ class LinearSchedule(NoiseSchedule):
 
 @dataclass(frozen=True)
 class StaircaseSchedule(NoiseSchedule):
-    """σ_t = max(floor, σ₀ (1 − decay·⌊t / period⌋)). Seed003's code: decay = 0.0677, period 10."""
+    """σ_t = max(floor, σ₀ (1 − decay·⌊t / period⌋)). Fed-αCDP's code: decay = 0.0677, period 10."""
 
     sigma0: float
     decay: float
@@ -109,7 +109,7 @@ class StaircaseSchedule(NoiseSchedule):
 
 @dataclass(frozen=True)
 class ExponentialSchedule(NoiseSchedule):
-    """σ_t = max(floor, σ₀ e^(−rate·t)). Seed003's code: σ₀ = e^2.71 ≈ 15, rate = 0.0113."""
+    """σ_t = max(floor, σ₀ e^(−rate·t)). Fed-αCDP's code: σ₀ = e^2.71 ≈ 15, rate = 0.0113."""
 
     sigma0: float
     rate: float
@@ -128,7 +128,7 @@ class ExponentialSchedule(NoiseSchedule):
 class CyclicSchedule(NoiseSchedule):
     """Cosine annealing that restarts at σ₀ every ``period`` indices, never below ``floor``.
 
-    σ_t = max(floor, (σ₀/2)(cos(π·(t mod period)/period) + 1)); seed003 writes
+    σ_t = max(floor, (σ₀/2)(cos(π·(t mod period)/period) + 1)); Fed-αCDP writes
     period = ⌈T/γ₄⌉ (:meth:`from_cycles`). The cosine approaches 0 at the end of every
     cycle, so the floor is required (> 0).
     """
@@ -145,7 +145,7 @@ class CyclicSchedule(NoiseSchedule):
 
     @classmethod
     def from_cycles(cls, sigma0: float, total: int, cycles: int, floor: float) -> CyclicSchedule:
-        """Seed003's parametrisation: ``cycles`` = γ₄ restarts over ``total`` = T indices."""
+        """Fed-αCDP's parametrisation: ``cycles`` = γ₄ restarts over ``total`` = T indices."""
         if total < 1 or cycles < 1:
             raise ScheduleError(f"total and cycles must be ≥ 1, got {total} and {cycles}")
         return cls(sigma0=sigma0, period=math.ceil(total / cycles), floor=floor)

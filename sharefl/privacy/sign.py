@@ -1,4 +1,4 @@
-"""Seed002 (DP-RSA): local randomisers of the sign messages sign(x_0 − x_k) a worker sends.
+"""DP-RSA (Zhu and Ling): local randomisers of the sign messages sign(x_0 − x_k) a worker sends.
 
 - :class:`SignFlip` (eq. 8, Theorem 1): each coordinate of the sign is kept with
   probability γ = e^ε/(1 + e^ε) and negated otherwise.
@@ -8,7 +8,7 @@
 
 ``sign`` is the paper's: +1 for an input ≥ 0, −1 otherwise (never 0, unlike torch.sign).
 
-Caveats (seed002 note §6), to state with any ε these mechanisms are reported with:
+Caveats (DP-RSA note §6), to state with any ε these mechanisms are reported with:
 
 - Theorem 1's proof covers one coordinate. A d-coordinate message whose coordinates may all
   change between neighbouring datasets is only (d·ε)-DP by composition

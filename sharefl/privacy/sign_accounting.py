@@ -1,4 +1,4 @@
-"""Seed002 (DP-RSA): ε of the sign randomisers per round and composed over a run.
+"""DP-RSA (Zhu and Ling): ε of the sign randomisers per round and composed over a run.
 
 Both of the paper's mechanisms are *pure* ε-DP per round and per coordinate (nominally,
 see :mod:`sharefl.privacy.sign`): Sign-Flipping is binary randomised response with keep

@@ -5,10 +5,10 @@ what only it uses:
 
 * :mod:`~sharefl.simulator.federated` — the federated loop
   (:class:`~sharefl.simulator.federated.loop.Simulation`), its populations, attacks and
-  server, and SHARE (seed001);
-* :mod:`~sharefl.simulator.dp_rsa` — the DP-RSA loop (seed002) and its attacks;
-* :mod:`~sharefl.simulator.decentralized` — decentralized learning (seed004);
-* :mod:`~sharefl.simulator.leakage` — gradient-leakage attacks (DLG, iDLG, CPL; seed003).
+  server, and SHARE (Velicheti et al.);
+* :mod:`~sharefl.simulator.dp_rsa` — the DP-RSA loop (Zhu and Ling) and its attacks;
+* :mod:`~sharefl.simulator.decentralized` — decentralized learning (Ye, Zhu and Ling);
+* :mod:`~sharefl.simulator.leakage` — gradient-leakage attacks (DLG, iDLG, CPL; Fed-αCDP).
 
 The parts every loop shares, from the data up:
 
@@ -20,7 +20,7 @@ The parts every loop shares, from the data up:
   :mod:`~sharefl.simulator.names` — their names and codename aliases (papers:
   :mod:`sharefl.papers`);
 * :mod:`~sharefl.simulator.training`, :mod:`~sharefl.simulator.worker_models` — many
-  clients or workers trained at once (``torch.func``), plain, DP-SGD or seed000's
+  clients or workers trained at once (``torch.func``), plain, DP-SGD or the DP filter's
   normalised DP-SGD;
 * :mod:`~sharefl.simulator.config`, :mod:`~sharefl.simulator.components` — the TOML
   schema and what it builds; :mod:`~sharefl.simulator.loop_keys` — the keys each loop reads;

@@ -81,7 +81,7 @@ def build_clipping(privacy: PrivacyConfig) -> ClippingMode | AdaptiveClipping | 
     client level (Fed-SDP trains without per-example clipping and clips the whole update,
     see :meth:`~sharefl.simulator.federated.loop.Simulation.privatize_uploads`). The
     adaptive modes take ``privacy.clipping_options``; the initial bound defaults to
-    ``privacy.clip`` for quantile clipping (seed003 §7.6 starts at C₀ = 4); AdaClip's is its
+    ``privacy.clip`` for quantile clipping (Fed-αCDP §7.6 starts at C₀ = 4); AdaClip's is its
     ``max_norm`` option (default 1, the paper's)."""
     if not privacy.enabled or privacy.level == "client":
         return None
@@ -127,7 +127,7 @@ def build_rule(name: str, options: dict[str, Any], pre: list[str], generator: to
 def build_noise_filter(
     options: dict[str, Any], *, noise_multiplier: float, batch_size: int, honest: int, total: int
 ) -> robust.NoiseAwareFilter:
-    """seed000's two-stage filter for the run's σ and b_c; γ defaults to the true honest
+    """The DP filter's two-stage filter for the run's σ and b_c; γ defaults to the true honest
     fraction ``honest / total``."""
     options = {
         "honest_fraction": honest / total,

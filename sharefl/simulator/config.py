@@ -20,9 +20,9 @@ Layout (every key optional unless noted; defaults in the dataclasses below)::
     [server]      learning_rate, momentum
     [deployment]  address, stage_timeout_s, connect_timeout_s (for ``sharefl launch``)
     [algorithm]   name: the loop, "federated" (default), "dp_rsa" or "decentralized"
-    [dp_rsa]      method, lr, penalty, epsilon, ... (the DP-RSA loop of seed002,
+    [dp_rsa]      method, lr, penalty, epsilon, ... (the DP-RSA loop of Zhu and Ling,
                   :class:`DPRSAConfig`)
-    [decentralized]  graph, rule, noise, clip, ... (the decentralized loop of seed004,
+    [decentralized]  graph, rule, noise, clip, ... (the decentralized loop of Ye, Zhu and Ling,
                   :class:`DecentralizedConfig`)
     [paper]       "<label>" = accuracy reported by the paper for that label
 
@@ -101,7 +101,7 @@ class DataConfig:
     partition: str = "iid"
     partition_options: dict[str, Any] = field(default_factory=dict)
     partition_seed: int = -1  # -1: the run's seed
-    honest_only: bool = False  # split the data among the honest clients only (seed000)
+    honest_only: bool = False  # split the data among the honest clients only (the DP filter)
     train_examples: int = 0  # 0: the whole training set (else a random subset)
     test_examples: int = 0
     auxiliary_per_class: int = 0  # the server's clean auxiliary set D_p (noise filter)
@@ -147,8 +147,8 @@ class TrainingConfig:
     local_steps: int = 1
     learning_rate: float = 0.1  # the clients' step size (local steps)
     upload: Upload = "gradient"  # one step, or the change after local_steps
-    sampling: Sampling = "poisson"  # "replay": seed000's code
-    # -- SHARE (seed001) options; see sharefl.simulator.federated.share --
+    sampling: Sampling = "poisson"  # "replay": the DP filter's code
+    # -- SHARE (Velicheti et al.) options; see sharefl.simulator.federated.share --
     momentum: float = 0.0  # local SGD momentum μ (SHARE: 0.9); needs upload = "delta"
     weighted: bool = False  # upload N·(n_i/n)·Δ_i (SHARE's (n_i/n)-weighted deltas)
 
@@ -172,7 +172,7 @@ class TrainingConfig:
 CLIPPINGS: tuple[str, ...] = ("flat", "per_layer", "l2max", "normalize", "quantile", "adaclip")
 """``privacy.clipping``: the per-example clipping modes
 (:func:`sharefl.simulator.components.build_clipping` builds each one): flat, per-layer,
-seed003's l2-max, seed000's normalisation, and the adaptive baselines of seed003's Table X,
+Fed-αCDP's l2-max, the DP filter's normalisation, and the adaptive baselines of Fed-αCDP's Table X,
 quantile clipping (Andrew et al.) and AdaClip (Pichapati et al.)."""
 ADAPTIVE_CLIPPINGS: tuple[str, ...] = ("quantile", "adaclip")
 """The modes of :data:`CLIPPINGS` that read ``privacy.clipping_options``."""
@@ -186,8 +186,8 @@ class PrivacyConfig:
 
     - ``"example"``: per-example DP-SGD at every local step (clipping mode ``clipping``,
       bound ``clip``, noise σ_t·S/B); one sampled Gaussian mechanism per local step with
-      q = B/|D_i| · per_round/total (seed003's instance level);
-    - ``"client"``: Fed-SDP (seed003 §4, after McMahan et al.). The clients train without
+      q = B/|D_i| · per_round/total (Fed-αCDP's instance level);
+    - ``"client"``: Fed-SDP (Fed-αCDP §4, after McMahan et al.). The clients train without
       per-example clipping or noise; each honest upload is clipped to l2 norm ``clip`` = C
       and gets its share N(0, σ_t²C²/h) of the noise, h = the round's honest participants,
       so the mean over K = h uploads carries std σ_t·C/K, exactly server-side Fed-SDP's
@@ -197,10 +197,10 @@ class PrivacyConfig:
       allowed (no clusters, no robust rule).
 
     ``sample_rate`` > 0 replaces the computed q in the accounting and the calibration (not
-    in the training): the paper's accounting, e.g. seed003's q₁ = B·K_t/|D| = 0.01 for
+    in the training): the paper's accounting, e.g. Fed-αCDP's q₁ = B·K_t/|D| = 0.01 for
     MNIST, where the computed q of its replicated split would be 0.001.
     ``conversion = "classic"`` is the RDP → (ε, δ) bound of TF-Privacy's moments
-    accountant, which seed003's ε use.
+    accountant, which Fed-αCDP's ε use.
 
     ``colluders`` is t of the cluster split (``noise_split = "cluster"``): the members of a
     released sum that may add no noise. Omitted (``None``), it is the protocol's colluder
@@ -212,7 +212,7 @@ class PrivacyConfig:
 
     enabled: bool = False
     epsilon: float = 0.0  # > 0: σ calibrated by the accountant for this target
-    delta: float = 0.0  # 0: 1 / |D_i|^1.1 (seed000's choice; 1 / N^1.1 at client level)
+    delta: float = 0.0  # 0: 1 / |D_i|^1.1 (the DP filter's choice; 1 / N^1.1 at client level)
     noise_multiplier: float = 0.0  # used when epsilon = 0
     clipping: str = "flat"  # one of CLIPPINGS
     clip: float = 1.0
@@ -220,7 +220,7 @@ class PrivacyConfig:
     # count_std (required), target_quantile, learning_rate, initial_norm (default clip);
     # "adaclip": beta1, beta2, h1, h2, initial_variance, max_norm (default 1, not clip)
     clipping_options: dict[str, Any] = field(default_factory=dict)
-    momentum: float = 0.0  # seed000's per-example momentum β ("normalize")
+    momentum: float = 0.0  # the DP filter's per-example momentum β ("normalize")
     schedule: str = "constant"  # "constant", "linear", "staircase", "exponential", "cyclic"
     schedule_options: dict[str, Any] = field(default_factory=dict)
     accountant: AccountantName = "rdp"
@@ -315,7 +315,7 @@ class PrivacyConfig:
             )
             _require(
                 self.momentum == 0,
-                "privacy.momentum is seed000's per-example momentum; privacy.level = "
+                "privacy.momentum is the DP filter's per-example momentum; privacy.level = "
                 '"client" has none: set privacy.momentum = 0',
             )
 
@@ -408,7 +408,7 @@ class AggregatorConfig:
 class ServerConfig:
     learning_rate: float = 1.0
     momentum: float = 0.0
-    # > 0: seed000's rule η = learning_rate · σ(ε_ref) / σ(ε), tuned once at ε_ref
+    # > 0: the DP filter's rule η = learning_rate · σ(ε_ref) / σ(ε), tuned once at ε_ref
     noise_reference_epsilon: float = 0.0
 
     def __post_init__(self) -> None:
@@ -459,7 +459,7 @@ class AlgorithmConfig:
 
 @dataclass(frozen=True)
 class DPRSAConfig:
-    """The parameters of the DP-RSA loop (seed002, ``[algorithm] name = "dp_rsa"``): the
+    """The parameters of the DP-RSA loop (Zhu and Ling, ``[algorithm] name = "dp_rsa"``): the
     ``[dp_rsa]`` table.
 
     ``method`` picks one of the paper's curves: ``rsa`` (no noise), ``dp_rsa_f``
@@ -543,7 +543,7 @@ def _refuse_moved_keys(table: dict[str, Any]) -> None:
         )
 
 
-# --- decentralized loop (seed004) -------------------------------------------------------------
+# --- decentralized loop (Ye, Zhu and Ling) ---------------------------------------------
 
 DECENTRALIZED_RULES = ("mean", "trimmed_mean", "scc", "ios")
 DECENTRALIZED_GRAPHS = ("erdos_renyi", "edges")
@@ -954,5 +954,5 @@ def is_simulation_config(path: str | Path) -> bool:
 
 
 def default_delta(examples: int) -> float:
-    """seed000's δ = 1 / n^1.1 for a client holding ``n`` examples."""
+    """The DP filter's δ = 1 / n^1.1 for a client holding ``n`` examples."""
     return 1.0 / math.pow(max(2, examples), 1.1)

@@ -178,7 +178,7 @@ def load_dataset(
         root: folder to look in first, and to download into (default: the cache folder).
         download: fetch missing files from the official mirror.
         **options: per dataset —
-            ``usps``: ``resize`` (int side length, bilinear; seed000 uses 28; default 16);
+            ``usps``: ``resize`` (int side length, bilinear; the DP filter uses 28; default 16);
             ``lfw``: ``min_faces`` (20), ``size`` (32), ``test_fraction`` (0.25),
             ``split_seed`` (0), ``crop`` (True: sklearn's default face box);
             ``synthetic``: the keywords of :func:`synthetic_dataset` except ``split``,

@@ -163,7 +163,7 @@ def _pool(size: int, k: int, stride: int) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
-# seed000 (Xiang et al.)
+# the DP filter (Xiang et al.)
 
 
 @register_model("dp_filter_cnn")
@@ -240,7 +240,7 @@ def dp_filter_resnet(
 
 
 # ---------------------------------------------------------------------------------------------
-# seed002 (Zhu & Ling)
+# DP-RSA (Zhu & Ling)
 
 
 @register_model("dp_rsa_mlp")
@@ -280,7 +280,7 @@ def dp_rsa_cnn(*, num_classes: int = 10, input_shape: tuple[int, ...] = (3, 32, 
 
 
 # ---------------------------------------------------------------------------------------------
-# seed003 (Wei et al.) and seed004 (Ye et al.)
+# Fed-αCDP (Wei et al.) and the decentralized paper (Ye et al.)
 
 
 @register_model("fed_cdp_cnn")
@@ -350,7 +350,7 @@ def dp_cnn(*, num_classes: int = 10, input_shape: tuple[int, ...] = (1, 28, 28))
     """The small tanh CNN of the DP-SGD literature (Papernot et al. 2021, "tempered
     sigmoid"; Opacus's MNIST example): Conv(16, 8×8, stride 2, pad 3)-tanh-MaxPool(2, 1),
     Conv(32, 4×4, stride 2)-tanh-MaxPool(2, 1), Linear(32)-tanh, Linear(classes). 26,010
-    parameters on 1×28×28 and about 0.3 M multiply-adds per example (seed000's CNN: 4.4 M),
+    parameters on 1×28×28 and about 0.3 M multiply-adds per example (the DP filter's CNN: 4.4 M),
     which makes it the fast choice for private MNIST-sized runs."""
     c, h, w = _image("dp_cnn", input_shape)
 

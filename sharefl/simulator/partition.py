@@ -7,11 +7,11 @@ array of example indices per client, deterministically from ``seed``. Schemes
 * ``iid`` — a random permutation cut into ``num_clients`` near-equal parts;
 * ``dirichlet`` — per class, client shares ~ Dir(``alpha``) (Hsu et al. 2019);
 * ``shards`` — ``labels_per_client`` single-label shards per client (McMahan et al. 2017);
-* ``dp_filter_weighted`` — Algorithm 4 of Xiang et al. (seed000: random per-class
+* ``dp_filter_weighted`` — Algorithm 4 of Xiang et al. (the DP filter: random per-class
   weights, contiguous chunks);
-* ``dp_rsa_shared_half`` — DP-RSA's non-i.i.d. split (seed002: half of each class shared
+* ``dp_rsa_shared_half`` — DP-RSA's non-i.i.d. split (Zhu and Ling: half of each class shared
   by everybody, half by the class's own workers);
-* ``fed_cdp_replicated_shards`` — Fed-αCDP's label-sorted shards (seed003), replicated to
+* ``fed_cdp_replicated_shards`` — Fed-αCDP's label-sorted shards (Wei et al.), replicated to
   serve many clients.
 
 The codenames ``seed000``, ``seed002``, ``seed003`` are accepted as aliases

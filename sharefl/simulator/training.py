@@ -8,18 +8,18 @@ loop over clients or examples on the hot path. Per step and per client it then
 
 * samples a batch: Poisson with rate ``q = B / n_k`` (every example independently, the
   sampling the accountant analyses; batches are padded to the round's largest and masked)
-  or ``B`` examples without replacement (``sampling = "shuffle"``), or seed000's loader as
+  or ``B`` examples without replacement (``sampling = "shuffle"``), or the DP filter's loader as
   the authors' code runs it (``sampling = "replay"``: per client, ⌈E/2⌉ batches of ``B``
   drawn with replacement once, ``E = ⌊n_k/B⌋`` steps per epoch; global step ``s`` uses
   batch ``⌊(s mod E)/2⌋``, so every batch comes twice in a row and the same batches come
   back every epoch — for comparing with published numbers only: the accountant's Poisson
   assumption does not hold);
 * privatises: applies a :class:`~sharefl.privacy.clipping.ClippingMode` to the
-  per-example gradients (flat, per-layer, seed003's l2-max or seed000's normalisation with
+  per-example gradients (flat, per-layer, Fed-αCDP's l2-max or the DP filter's normalisation with
   per-example momentum), sums them, adds ``N(0, σ_t² S²)`` and divides by ``B`` — the same
   arithmetic as :class:`sharefl.privacy.DPSGD`, vectorised over clients; without
   privacy (``clipping=None``) it takes the plain mean gradient of the batch. The adaptive
-  modes of :mod:`sharefl.privacy.adaptive_clipping` (seed003's Table X baselines) keep
+  modes of :mod:`sharefl.privacy.adaptive_clipping` (Fed-αCDP's Table X baselines) keep
   their state here: quantile clipping one bound C for every client (each step also
   releases every client's noisy centred count of unclipped examples; C takes the geometric
   update once per :meth:`VectorizedClients.train` call, i.e. once per round, from all the
@@ -28,7 +28,7 @@ loop over clients or examples on the hot path. Per step and per client it then
 * steps: ``w_k ← w_k − η_c g_k``.
 
 The upload of client ``k`` is a *pseudo-gradient*: the private gradient itself for one
-local step (``upload = "gradient"``, seed000's protocol), or ``w − w_k`` after the local
+local step (``upload = "gradient"``, the DP filter's protocol), or ``w − w_k`` after the local
 steps (``upload = "delta"``, FedAvg). The server always steps ``w ← w − η_s · aggregate``.
 """
 
@@ -139,7 +139,7 @@ class LocalTraining:
 
     Attributes:
         batch_size: B, the (expected) batch size of each local step.
-        local_steps: L, local steps per round (1 for seed000's gradient protocol).
+        local_steps: L, local steps per round (1 for the DP filter's gradient protocol).
         learning_rate: η_c, the clients' step size (only matters when ``local_steps > 1``
             or ``upload = "delta"``).
         upload: ``"gradient"`` (the private gradient; needs ``local_steps = 1``) or
@@ -150,7 +150,7 @@ class LocalTraining:
             adaptive_clipping.AdaClip`), or ``None`` for non-private training (then σ must
             be 0).
         noise: σ, or a schedule σ_t indexed by the global local-step count.
-        denominator: what the noisy sum is divided by (default ``batch_size``); seed000's
+        denominator: what the noisy sum is divided by (default ``batch_size``); the DP filter's
             label-flipping workers use one example but divide by the honest B.
         momentum: μ of local SGD with heavy-ball momentum (SHARE's clients: 0.9), a
             velocity ``v ← μ v + g`` started at zero every round, step ``w_k ← w_k − η_c v``;
@@ -352,7 +352,7 @@ class VectorizedClients:
         """Run one round of local training for ``clients`` from the global ``w`` (``[d]``).
 
         Args:
-            momentum: seed000's per-client momentum state ``[K, d]`` (the previous upload),
+            momentum: the DP filter's per-client momentum state ``[K, d]`` (the previous upload),
                 used and updated in place when the clipping mode is
                 :class:`~sharefl.privacy.clipping.Normalization` with β > 0.
             sigma: σ for every step of this round (default: ``training.sigma(step)``).
@@ -482,7 +482,7 @@ class VectorizedClients:
             summed.add_(noise * (sigma * sens)[:, None])
         summed.div_(self.training.denominator or self.training.batch_size)
         if momentum is not None and isinstance(mode, Normalization):
-            momentum.copy_(summed)  # seed000 Algorithm 1: the state is the last noisy upload
+            momentum.copy_(summed)  # the DP filter's Alg. 1: the state is the last noisy upload
         return summed
 
     def _denominator(self) -> float:

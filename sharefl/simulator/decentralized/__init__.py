@@ -1,4 +1,4 @@
-"""Decentralized learning with privacy and Byzantine robustness (Ye, Zhu and Ling, seed004).
+"""Decentralized learning with privacy and Byzantine robustness (Ye, Zhu and Ling).
 
 - :mod:`.graph` — the agents' graph (the authors' Erdős–Rényi draw, or an edge list);
 - :mod:`.mixing` — Table I: ρ², χ² of the virtual mixing matrices of TM, SCC and IOS;

@@ -1,4 +1,4 @@
-"""The communication graph of a decentralized run (Ye, Zhu and Ling, seed004 §4).
+"""The communication graph of a decentralized run (Ye, Zhu and Ling §4).
 
 :func:`erdos_renyi_graph` rebuilds the authors' topology: ``random.Random(seed)`` drives
 networkx's ``fast_gnp_random_graph(N, p)`` (re-implemented here, draw for draw, so the

@@ -1,4 +1,4 @@
-"""The decentralized loop of Ye, Zhu and Ling (seed004, Algorithm 1), vectorised over agents.
+"""The decentralized loop of Ye, Zhu and Ling (Algorithm 1), vectorised over agents.
 
 State: the honest agents' models X ``[|R|, d]`` (flat parameters, float64 by default). One
 iteration k, with α_k = lr/√(k + 1):

@@ -1,4 +1,4 @@
-"""The DP-RSA loop (seed002, ``[algorithm] name = "dp_rsa"``) and its attacks.
+"""The DP-RSA loop (Zhu and Ling, ``[algorithm] name = "dp_rsa"``) and its attacks.
 
 - :mod:`.loop` — :class:`~.loop.RSALoop`: per-worker models, the sign messages with their
   privacy mechanism, and the gradient baselines;

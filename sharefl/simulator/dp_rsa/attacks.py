@@ -1,4 +1,4 @@
-"""Byzantine workers of the DP-RSA loop (seed002 §4), on sign messages and on gradients.
+"""Byzantine workers of the DP-RSA loop (Zhu and Ling §4), on sign messages and on gradients.
 
 A Byzantine worker j of RSA sends ``sign(x_0 − z_j)`` for a vector z_j of its choosing
 (:func:`rsa_messages`); the gradient baselines (SGD, SignSGD,

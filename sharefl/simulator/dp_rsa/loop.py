@@ -1,4 +1,4 @@
-"""The DP-RSA loop of Zhu and Ling (seed002): a model per worker, a master model moved by
+"""The DP-RSA loop of Zhu and Ling: a model per worker, a master model moved by
 the *sum of signs*, and the paper's baselines.
 
 State: the master model ``x_0`` ``[d]`` and the r regular workers' models ``x_k``, stacked

@@ -7,7 +7,7 @@
 - :mod:`.attacks` — the Byzantine attacks on uploads, by name (:data:`~.attacks.ATTACKS`,
   :func:`~.attacks.build_attack`);
 - :mod:`.server` — the rule, the step, evaluation and the accountant;
-- :mod:`.share` — SHARE (seed001): secure aggregation in clusters under the rule;
+- :mod:`.share` — SHARE (Velicheti et al.): secure aggregation in clusters under the rule;
   :mod:`.clustering_schedule` — which clusters each round uses; :mod:`.cluster_zeno` —
   Zeno++ over the cluster sums.
 """

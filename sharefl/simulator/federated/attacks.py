@@ -532,7 +532,7 @@ class AttackPlan:
 
 def build_attack(name: str, options: dict[str, Any], *, noise_std: float) -> AttackPlan:
     """The attack ``name`` of :data:`ATTACKS` with ``options``; ``std = "dp"`` in a
-    Gaussian attack means the honest uploads' noise level σ / B (seed000's choice, so the
+    Gaussian attack means the honest uploads' noise level σ / B (the DP filter's choice, so the
     attack passes FirstAGG). Raises :class:`SimulationConfigError` naming the key."""
     options = dict(options)
     batch_size = options.pop("batch_size", None)

@@ -9,17 +9,17 @@ Each round:
 
 1. sample the participating clients (all, or ``clients.per_round`` of them);
 2. the honest participants train together (:class:`~sharefl.simulator.training.
-   VectorizedClients`): plain SGD, DP-SGD or seed000's normalised DP-SGD with momentum;
+   VectorizedClients`): plain SGD, DP-SGD or the DP filter's normalised DP-SGD with momentum;
 3. the Byzantine participants upload what their attack produces: poisoned training
    (label flipping) or an update attack from :mod:`sharefl.simulator.federated.attacks` given the
    honest uploads (omniscient attacker); before ``attack.start_fraction`` of the rounds
-   they copy random honest uploads (seed000's "time to be Byzantine");
+   they copy random honest uploads (the DP filter's "time to be Byzantine");
 4. aggregation: with secure aggregation (``cluster_size >= 2``) every upload is encoded
    and summed inside random clusters by the real protocol (in-process driver,
    :func:`~sharefl.protocol.driver.secure_sum`), or in the clear with identical ring sums
    when ``secure_aggregation.enabled = false``; the robust rule runs over the cluster
    means (SHARE, :class:`~sharefl.robust.HierarchicalAggregator`) and the reclusterings
-   are averaged. Without clusters the rule (or seed000's noise-aware filter, which needs
+   are averaged. Without clusters the rule (or the DP filter's noise-aware filter, which needs
    the individual uploads and the server's auxiliary data) runs over the uploads;
 5. the server steps ``w ← w − η_s · (momentum of) aggregate``.
 
@@ -27,17 +27,17 @@ Privacy (``privacy.level``):
 
 - ``"example"`` (DP-SGD): every honest client's accountant composes one Poisson-sampled
   Gaussian mechanism per local step with rate ``q = B / n_i`` (times ``per_round / N``
-  when clients are sampled, the instance-level amplification seed003 uses);
+  when clients are sampled, the instance-level amplification Fed-αCDP uses);
 - ``"client"`` (Fed-SDP): the honest clients train in the clear, then every upload is
   clipped to C and noised at the client (:meth:`Simulation.privatize_uploads`); one
   sampled Gaussian mechanism per round with ``q = per_round / N`` (1 when every client
   takes part). Participants are drawn without replacement but accounted as Poisson
-  sampling, as seed003 (and TF-Privacy) do. seed003 reports Fed-SDP's ε over T + 1
+  sampling, as Fed-αCDP (and TF-Privacy) do. Fed-αCDP reports Fed-SDP's ε over T + 1
   rounds (101 mechanisms: 0.854 at q = 0.1, σ = 6, δ = 1e-5, classic conversion); this
   engine accounts the T rounds that ran: 100 give 0.849.
 
 ``privacy.sample_rate > 0`` replaces the computed q in the accounting and calibration
-(the paper's q, e.g. seed003's B·K_t/|D| = 0.01: 10⁴ steps at σ = 6, δ = 1e-5, classic
+(the paper's q, e.g. Fed-αCDP's B·K_t/|D| = 0.01: 10⁴ steps at σ = 6, δ = 1e-5, classic
 conversion give its ε = 0.823). σ is calibrated to reach ``privacy.epsilon`` after the
 last round, and ε spent so far is reported at every evaluation.
 """

@@ -44,7 +44,7 @@ class HonestClients:
 
     :meth:`train` returns their uploads: DP-SGD (example level, σ of the round at every
     local step), or clear training then Fed-SDP at the client (client level,
-    :meth:`privatize`); seed000's per-client momentum state lives here.
+    :meth:`privatize`); the DP filter's per-client momentum state lives here.
     """
 
     def __init__(self, setup: RunSetup) -> None:
@@ -117,7 +117,7 @@ class ByzantineClients:
 
     They train (on flipped labels, or on their own data when the attack needs their own
     update) only when the attack asks for it; before ``attack.start_fraction`` of the
-    rounds they copy random honest uploads (seed000's "time to be Byzantine").
+    rounds they copy random honest uploads (the DP filter's "time to be Byzantine").
     """
 
     def __init__(self, setup: RunSetup) -> None:

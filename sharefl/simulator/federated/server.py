@@ -2,7 +2,7 @@
 ``w ← w − η_s · (momentum of) aggregate``, evaluation, and the privacy accountant.
 
 :class:`Server` owns the global model ``w``. Aggregation runs over the individual uploads
-(a robust rule, or seed000's noise-aware filter with the server's auxiliary data) or, with
+(a robust rule, or the DP filter's noise-aware filter with the server's auxiliary data) or, with
 clusters (``secure_aggregation.cluster_size >= 2``), over the cluster sums released by
 :func:`~sharefl.protocol.driver.secure_sum` or by a deployment: the rule over cluster means
 (SHARE, :class:`~sharefl.robust.HierarchicalAggregator`), reclusterings averaged.
@@ -112,7 +112,7 @@ class Server:
                 total=run.clients.total,
             )
             return
-        # -- SHARE (seed001) hook: Zeno++, clusterings, audit, cluster DP (federated/share.py)
+        # -- SHARE (Velicheti et al.): Zeno++, clusterings, audit, cluster DP (federated/share.py)
         zeno = self._build_zeno(generator) if agg.name == "zeno" else None
         if zeno is None:
             rule = components.build_rule(agg.name, agg.options, agg.pre, generator)

@@ -123,7 +123,7 @@ def privacy_plan(run: RunConfig, smallest: int, dim: int) -> PrivacyPlan:
 
 
 def server_learning_rate(run: RunConfig, plan: PrivacyPlan) -> float:
-    """η_s, rescaled by σ(ε_ref)/σ(ε) under seed000's rule (Eq. 4: η ∝ 1/σ)."""
+    """η_s, rescaled by σ(ε_ref)/σ(ε) under the DP filter's rule (Eq. 4: η ∝ 1/σ)."""
     s = run.server
     if not s.noise_reference_epsilon or plan.target_epsilon is None:
         return s.learning_rate

@@ -1,4 +1,4 @@
-"""SHARE (seed001) in the federated loop: secure aggregation inside clusters, the robust
+"""SHARE (Velicheti et al.) in the federated loop: secure aggregation inside clusters, the robust
 rule over the released cluster sums, the audit of every round's plan, Zeno++, and client
 DP whose noise is split over each cluster.
 

@@ -1,4 +1,4 @@
-"""Gradient-leakage (gradient inversion) attacks and their evaluation (seed003).
+"""Gradient-leakage (gradient inversion) attacks and their evaluation (Wei et al.).
 
 - :func:`cpl_attack_network` — the attack network of the authors' notebooks.
 - :func:`leaked_gradient`, :func:`leaked_per_example_gradients` — what an adversary of

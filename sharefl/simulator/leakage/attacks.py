@@ -11,7 +11,7 @@ over a dummy input x' with L-BFGS, where ℓ is the mean softmax cross-entropy (
   both optimised; the loss for a soft label is −Σ_c softmax(y')_c log softmax(f(x'))_c.
 * ``"idlg"`` — Zhao et al. 2020: the label is read off the leaked gradient
   (:func:`infer_label`); dummy input ~ N(0, 1); only the input is optimised.
-* ``"cpl"`` — Wei et al. 2020 (seed003's attack): iDLG's label and a *patterned*
+* ``"cpl"`` — Wei et al. 2020 (Fed-αCDP's attack): iDLG's label and a *patterned*
   initialisation: one random patch ~ U(0, 1) of ⌈H/2⌉×⌈W/2⌉ (1×14×14 for MNIST, 3×16×16
   for 32×32 images) tiled 2×2.
 
@@ -20,7 +20,7 @@ inner iterations), counted like the paper's τ (at most 300). The attack stops e
 D ≤ ``tolerance``·‖g_leaked‖² (converged), when L-BFGS is at a stationary point, when D is
 no longer finite, or, if ``patience`` is set, when the best D has improved by less than a
 relative ``min_improvement`` over the last ``patience`` steps (stalled: a noised gradient
-cannot be matched, seed003 Table III). It returns the outer-step iterate with the lowest D.
+cannot be matched, Fed-αCDP Table III). It returns the outer-step iterate with the lowest D.
 Optimisation runs on a float64 copy of the model by default, which L-BFGS needs to bring D
 down to ~1e-10·‖g‖².
 

@@ -1,4 +1,4 @@
-"""What a gradient-leakage adversary observes under each defence (seed003 §3.1, §4, §5).
+"""What a gradient-leakage adversary observes under each defence (Fed-αCDP §3.1, §4, §5).
 
 Attack types (where the adversary reads gradients while they are in use):
 
@@ -34,7 +34,7 @@ fed_alpha_cdp  (Σ_j layer_C(g_j) + N(0, σ²S²)) / B  layer_C(g_j) + N(0, σ²
 norm of the batch) is Fed-αCDP's l2-max sensitivity (Algorithm 1 line 18), recomputed for
 every batch. Fed-CDP [15] is Algorithm 1 with S = C.
 
-Conventions (seed003 note §6.1, §6.7):
+Conventions (Fed-αCDP note §6.1, §6.7):
 
 * types 0/1 under Fed-CDP/Fed-αCDP use the DP-SGD scaling of the authors' code and of
   :class:`~sharefl.privacy.DPSGD` (noise on the sum, then divided by B);
@@ -68,13 +68,13 @@ from .errors import GradientLeakageError, enum_member
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
-#: Default clipping bound C and noise multiplier σ of seed003 (§7).
+#: Default clipping bound C and noise multiplier σ of Fed-αCDP (§7).
 DEFAULT_CLIP = 4.0
 DEFAULT_NOISE_MULTIPLIER = 6.0
 
 
 class Defence(enum.StrEnum):
-    """The defences of seed003's Table III (see the module docstring for what each does)."""
+    """The defences of Fed-αCDP's Table III (see the module docstring for what each does)."""
 
     NONE = "none"
     FED_SDP = "fed_sdp"
@@ -83,7 +83,7 @@ class Defence(enum.StrEnum):
     FED_ALPHA_CDP = "fed_alpha_cdp"
 
 
-#: The attack types of seed003 §3.1.
+#: The attack types of Fed-αCDP §3.1.
 ATTACK_TYPES = (0, 1, 2)
 
 

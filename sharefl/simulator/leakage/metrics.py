@@ -1,6 +1,6 @@
-"""Reconstruction quality and attack success (seed003 §3.2, Tables I and III).
+"""Reconstruction quality and attack success (Fed-αCDP §3.2, Tables I and III).
 
-* :func:`reconstruction_mse` — seed003's "RMSE"/ReconDist, which the paper writes as
+* :func:`reconstruction_mse` — Fed-αCDP's "RMSE"/ReconDist, which the paper writes as
   (1/U)Σ(x − x_rec)² over the U features: a mean squared error, *without* a square root.
 * :func:`ssim` — structural similarity (Wang et al. 2004) with the standard Gaussian window
   (11×11, σ = 1.5), K1 = 0.01, K2 = 0.03 and population (co)variances, computed over the
@@ -63,7 +63,7 @@ def _pair(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
 
 
 def reconstruction_mse(reconstruction: torch.Tensor, original: torch.Tensor) -> float:
-    """Mean over all features (and images) of (reconstruction − original)²: seed003's
+    """Mean over all features (and images) of (reconstruction − original)²: Fed-αCDP's
     ReconDist ("RMSE" in the paper, but without a square root).
 
     Args:

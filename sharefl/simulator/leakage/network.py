@@ -1,4 +1,4 @@
-"""The attack network of seed003's (and CPL's) attack notebooks.
+"""The attack network of Fed-αCDP's (and CPL's) attack notebooks.
 
 Not the model the paper trains: its gradient-leakage evaluation attacks a LeNet-style
 network with four 5×5 convolutions of 12 channels (strides 2, 2, 1, 1, padding 2), each

@@ -1,4 +1,4 @@
-"""Repeated attacks on real data: the measurements behind seed003's Table III.
+"""Repeated attacks on real data: the measurements behind Fed-αCDP's Table III.
 
 Trial i draws a batch of ``batch_size`` examples (disjoint across trials: consecutive slices
 of one seeded permutation of the dataset), takes the attack network seeded by
