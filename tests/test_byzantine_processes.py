@@ -27,13 +27,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import HANG_S
 from test_grpc_processes import Deployment, clear_sum, write_config
 
 from sharefl.deploy.keygen import keygen
 from sharefl.protocol.clustering import as_generator, random_clustering
 
 CLIENTS, CLUSTER, ROUNDS, DIM, SEED = 16, 4, 2, 64, 5
-STAGE_TIMEOUT_S = 20.0
 HELPER = Path(__file__).with_name("byzantine_client.py")
 ALL_PLANS = ["door", "mid-round", "signed"]
 
@@ -169,11 +169,13 @@ def test_server_finishes_every_round_and_honest_clients_exit_cleanly(deployments
 
 @pytest.mark.parametrize("name", ALL_PLANS)
 def test_no_round_waits_for_a_stage_deadline(deployments, name):
-    # A stream ended for a bad message is dropped at once, never waited for as a zombie.
+    # A stream ended for a bad message is dropped at once, never waited for as a zombie: the
+    # stage deadline is HANG_S (write_config), so a round that waited for one would take
+    # that long (no speed check here, which a loaded machine would break).
     outcome = deployments(name)
     assert outcome.status == 0, outcome.log
     for record in outcome.result["rounds"]:
-        assert record["seconds"] < STAGE_TIMEOUT_S / 2, record
+        assert record["seconds"] < HANG_S, record
 
 
 @pytest.mark.parametrize("name", ALL_PLANS)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import HANG_S
 
 from sharefl.cli import build_parser, main
 from sharefl.exit_status import MEANING, ExitStatus
@@ -194,7 +195,7 @@ def test_launch_takes_clients_from_the_file_and_a_raising_trainer_exits_7(tmp_pa
         "def train(model, *, round, client_id):\n    raise RuntimeError('no data here')\n"
     )
     (tmp_path / "deploy.toml").write_text(
-        "[server]\nclients = 3\nrounds = 1\nstage_timeout_s = 10.0\n"
+        f"[server]\nclients = 3\nrounds = 1\nstage_timeout_s = {HANG_S}\n"
         "[model]\ndim = 10\n[secure_aggregation]\ncluster_size = 3\n"
     )
     result = sharefl("launch", "deploy.toml", "--trainer", "fails:train", cwd=tmp_path)
@@ -222,7 +223,7 @@ def test_serve_without_clients_exits_10_and_serve_whose_trainers_all_raised_exit
     assert "connect_timeout_s" in line and "Traceback" not in alone.stderr
 
     (tmp_path / "deploy.toml").write_text(
-        "[server]\nclients = 3\nrounds = 2\nstage_timeout_s = 10.0\n"
+        f"[server]\nclients = 3\nrounds = 2\nstage_timeout_s = {HANG_S}\n"
         "[model]\ndim = 10\n[secure_aggregation]\ncluster_size = 3\n"
     )
     raised = sharefl("launch", "deploy.toml", "--trainer", "fails:train", cwd=tmp_path)

@@ -15,7 +15,7 @@ import subprocess
 import grpc
 import numpy as np
 import pytest
-from conftest import keyed_client
+from conftest import HANG_S, keyed_client
 
 from sharefl.crypto.encoding import choose_encoding
 from sharefl.deploy import wire
@@ -402,11 +402,11 @@ class Script(pb_grpc.AggregationServicer):
             a = dataclasses.replace(a, length=DIM, signed=True)
             assignment = wire.assignment_to_proto(a, encoding)
             await context.write(pb.ServerMessage(assignment=assignment))
-            replies.append(await asyncio.wait_for(incoming.__anext__(), 20))
+            replies.append(await asyncio.wait_for(incoming.__anext__(), HANG_S))
             await context.write(pb.ServerMessage(round_end=pb.RoundEnd(round=round_index)))
         await self._vector(context, "finished", np.zeros(DIM, dtype=np.float32))
         with contextlib.suppress(StopAsyncIteration):
-            await asyncio.wait_for(incoming.__anext__(), 20)
+            await asyncio.wait_for(incoming.__anext__(), HANG_S)
 
     @staticmethod
     async def _vector(context, kind, model, round=0, plan=None):
@@ -441,7 +441,7 @@ async def _serve_script(keys, script: Script) -> list[subprocess.CompletedProces
             proc = await asyncio.create_subprocess_exec(
                 *command, stderr=asyncio.subprocess.PIPE, env=env
             )
-            _, stderr = await asyncio.wait_for(proc.communicate(), 60)
+            _, stderr = await asyncio.wait_for(proc.communicate(), HANG_S)
             done.append(
                 subprocess.CompletedProcess(command, proc.returncode, None, stderr.decode())
             )

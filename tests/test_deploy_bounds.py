@@ -41,8 +41,8 @@ def config(*, clients: int = 4, rounds: int = 1, **server) -> DeploymentConfig:
             address="127.0.0.1:0",  # the OS picks the port at the bind
             clients=clients,
             rounds=rounds,
-            connect_timeout_s=30,
-            stage_timeout_s=10,
+            connect_timeout_s=HANG_S,
+            stage_timeout_s=HANG_S,
             **server,
         ),
         model=ModelSection(dim=DIM, aggregator="sum"),

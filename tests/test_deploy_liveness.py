@@ -20,7 +20,7 @@ from pathlib import Path
 import grpc
 import pytest
 from byzantine_client import ByzantineClient
-from conftest import serving
+from conftest import HANG_S, serving
 from test_grpc_processes import Deployment, write_config
 
 from sharefl.deploy.client import ClientReport, ClientRuntime, RoundsRefused, check_took_part
@@ -46,7 +46,9 @@ ATTACKER = 3
 
 def _config(rounds: int) -> DeploymentConfig:
     return DeploymentConfig(
-        server=ServerSection(clients=4, rounds=rounds, connect_timeout_s=30, stage_timeout_s=20),
+        server=ServerSection(
+            clients=4, rounds=rounds, connect_timeout_s=HANG_S, stage_timeout_s=HANG_S
+        ),
         model=ModelSection(dim=8, aggregator="sum"),
         secure_aggregation=SecureAggregationSection(cluster_size=4, threshold=3, atoms=False),
     )

@@ -54,8 +54,8 @@ def _config(rounds: int, keep: int, clients: int = 4) -> DeploymentConfig:
             address="127.0.0.1:0",
             clients=clients,
             rounds=rounds,
-            connect_timeout_s=30,
-            stage_timeout_s=10,
+            connect_timeout_s=HANG_S,
+            stage_timeout_s=HANG_S,
             keep_aggregates=keep,
         ),
         model=ModelSection(dim=DIM, aggregator="sum", learning_rate=0.25),
@@ -234,7 +234,7 @@ def test_a_pruned_folder_resumes_after_a_crash_and_keeps_pruning(tmp_path):
     async def first() -> list[ClientRuntime]:
         writer = CrashingWriter(out, after=6)  # two sums a round: dies in round 4
         server, address = await serving(serve, config, on_round=writer.round, journal=writer)
-        clients = [ClientRuntime(c, address, retries=1, server_timeout_s=2) for c in range(8)]
+        clients = [ClientRuntime(c, address, retries=1, server_timeout_s=HANG_S) for c in range(8)]
         await asyncio.gather(*(c.run() for c in clients), return_exceptions=True)
         with pytest.raises(Crash):
             await server
@@ -290,7 +290,8 @@ def test_sharefl_serve_out_keeps_what_the_file_says(tmp_path):
     ``keep_aggregates = 1`` in the deployment file: round 3's aggregate only, float32."""
     config = tmp_path / "deploy.toml"
     config.write_text(
-        "[server]\nclients = 3\nrounds = 3\nconnect_timeout_s = 30\nkeep_aggregates = 1\n"
+        f"[server]\nclients = 3\nrounds = 3\nkeep_aggregates = 1\n"
+        f"connect_timeout_s = {HANG_S}\nstage_timeout_s = {HANG_S}\n"
         '[model]\ndim = 16\naggregator = "sum"\n[secure_aggregation]\ncluster_size = 3\n'
     )
     out = tmp_path / "out"

@@ -413,7 +413,7 @@ def test_a_run_the_server_stops_is_reported_to_clients_as_a_refusal(tmp_path):
         text=True,
         timeout=HANG_S,
     )
-    assert server.wait(timeout=30) == ExitStatus.NO_CLIENTS
+    assert server.wait(timeout=HANG_S) == ExitStatus.NO_CLIENTS
     assert client.returncode == ExitStatus.REFUSED, client.stderr
     assert "client 0: the server refused this client: FAILED_PRECONDITION" in client.stderr
     assert "only 1 client connected" in client.stderr
@@ -550,7 +550,8 @@ def test_sigterm_to_launch_stops_every_process_and_keeps_finished_rounds(tmp_pat
 
 def _endless_run_of_three(tmp_path: Path) -> tuple[subprocess.Popen, list, Path]:
     """A server (results under ``tmp_path/out``) running clusters of three clients for as
-    long as they last, and its three client processes (server timeout 5 s)."""
+    long as they last, and its three client processes (a lost server is given up after the
+    client's five connection attempts)."""
     config = toml(
         tmp_path / "deploy.toml",
         {
@@ -562,9 +563,10 @@ def _endless_run_of_three(tmp_path: Path) -> tuple[subprocess.Popen, list, Path]
     out = tmp_path / "out"
     server, address = serve_process(config, tmp_path, "--out", str(out))
     wait_for_line(tmp_path / "server.log", "listening")
+    command = [*PYTHON, "client", "--server", address, "--server-timeout", str(HANG_S)]
     clients = [
         subprocess.Popen(
-            [*PYTHON, "client", "--server", address, "--id", str(c), "--server-timeout", "5"],
+            [*command, "--id", str(c)],
             stderr=subprocess.DEVNULL,
         )
         for c in range(3)
@@ -777,7 +779,7 @@ def test_a_server_killed_in_round_k_resumes_from_k_with_earlier_rounds_intact(tm
     def start(*extra: str) -> tuple[subprocess.Popen, list[subprocess.Popen], str]:
         server, address = serve_process(config, tmp_path, *extra)
         wait_for_line(tmp_path / "server.log", "listening")
-        command = [*PYTHON, "client", "--server", address, "--server-timeout", "5"]
+        command = [*PYTHON, "client", "--server", address, "--server-timeout", str(HANG_S)]
         clients = [
             subprocess.Popen([*command, "--id", str(c)], stderr=subprocess.PIPE, text=True)
             for c in range(3)
@@ -877,12 +879,11 @@ def test_sigterm_stops_a_run_that_loses_one_cancellation():
     async def stubborn() -> None:
         asyncio.get_running_loop().call_later(0.1, os.kill, os.getpid(), signal.SIGTERM)
         try:
-            await asyncio.sleep(30)
+            await asyncio.sleep(HANG_S)
         except asyncio.CancelledError:
             swallowed.append(True)  # lost, as wait_for may lose it
-        await asyncio.sleep(30)
+        await asyncio.sleep(HANG_S)  # only a second cancellation ends this (no time check)
 
-    start = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
         _run_cancellable(stubborn())
-    assert swallowed and time.monotonic() - start < 5
+    assert swallowed

@@ -15,15 +15,25 @@ from sharefl.deploy.client import demo_trainer
 from sharefl.deploy.keygen import keygen
 
 
-def write_config(folder: Path, *, clients: int, rounds: int = 1, dim: int = 200, **extra) -> Path:
+def write_config(
+    folder: Path,
+    *,
+    clients: int,
+    rounds: int = 1,
+    dim: int = 200,
+    stage_timeout_s: float = HANG_S,
+    **extra,
+) -> Path:
+    """A deployment file; its deadlines are hang bounds (``HANG_S``) unless a test passes the
+    stage deadline it waits out on purpose."""
     sa = {"cluster_size": 4, "reproducible_seed": 1, **extra.pop("secure_aggregation", {})}
     tls = extra.pop("tls", None)
     lines = [
         "[server]",
         f"clients = {clients}",
         f"rounds = {rounds}",
-        "connect_timeout_s = 60.0",
-        "stage_timeout_s = 20.0",
+        f"connect_timeout_s = {HANG_S}",
+        f"stage_timeout_s = {stage_timeout_s}",
         "[model]",
         f"dim = {dim}",
         'aggregator = "sum"',
@@ -143,7 +153,11 @@ def test_with_atoms_a_client_killed_at_any_stage_takes_its_atom_out_whole(tmp_pa
 def test_a_client_refuses_rounds_past_its_own_budget(tmp_path):
     """``sharefl client --max-rounds 2``: the client counts the rounds it joins in its
     memory and refuses the third with a named refusal, before any key leaves it."""
-    config = write_config(tmp_path, clients=3, rounds=3, secure_aggregation={"cluster_size": 3})
+    # Every client refuses round 3 and stays connected: a refusal does not end a client's
+    # stages, so the server closes that round at its stage deadline, which is part of the
+    # test here (rounds 1 and 2 must beat it).
+    sa = {"cluster_size": 3}
+    config = write_config(tmp_path, clients=3, rounds=3, stage_timeout_s=20, secure_aggregation=sa)
     run = Deployment(tmp_path, config, 3)
     for cid in range(3):
         run.client(cid, "--max-rounds", "2", "--state-dir", str(tmp_path / f"state-{cid}"))

@@ -77,7 +77,6 @@ from sharefl.protocol.server import ClusterSum, ServerSession
 
 THRESHOLD = 4  # the signed floor for 6 holders: t > (6 + 1 colluder) / 2
 RUN = bytes(range(16))  # one training run: round numbers increase within it
-STAGE_TIMEOUT = 20.0
 MASK = Purpose.MASK_SEED
 
 
@@ -173,7 +172,7 @@ async def _stages(double: Double, played: Played) -> None:
     recipients = CLIENTS
     while recipients:
         replies = await asyncio.wait_for(
-            asyncio.gather(*(_receive(double.links[c]) for c in recipients)), STAGE_TIMEOUT
+            asyncio.gather(*(_receive(double.links[c]) for c in recipients)), HANG_S
         )
         for client, reply in zip(recipients, replies, strict=True):
             if isinstance(reply, pb.Refusal):
@@ -226,7 +225,7 @@ async def _round(double: Double, round_index: int, scenario: Scenario, directory
 
 
 async def _play(double: Double, directory) -> dict[str, Played]:
-    await asyncio.wait_for(double.connected.wait(), 60)
+    await asyncio.wait_for(double.connected.wait(), HANG_S)
     played = {}
     for round_index, scenario in enumerate(SCENARIOS):
         played[scenario.name] = await _round(double, round_index, scenario, directory)
@@ -248,7 +247,7 @@ async def _serve(keys: Path, start: Callable[[str], None]) -> dict[str, Played]:
     start(address)
     try:
         played = await _play(double, load_directory(str(keys / "directory.json")))
-        await asyncio.sleep(0.5)  # let the Finished messages leave
+        await asyncio.wait_for(double.ended.wait(), HANG_S)  # the Finished messages are out
     finally:
         await server.stop(grace=2.0)
     return played

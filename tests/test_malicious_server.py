@@ -39,7 +39,6 @@ from sharefl.protocol.plan import RoundPlan
 CLIENTS = tuple(range(6))
 DIM = 16
 ENCODING = choose_encoding(1.0, len(CLIENTS))
-REPLY_TIMEOUT = 10.0
 
 
 @dataclasses.dataclass
@@ -56,13 +55,17 @@ class Double(pb_grpc.AggregationServicer):
     def __init__(self) -> None:
         self.links: dict[int, Link] = {}
         self.connected = asyncio.Event()
+        self.closed: set[int] = set()
+        self.ended = asyncio.Event()
+        """Set once every client's stream has ended (its last message written)."""
 
     async def Session(self, request_iterator, context):
         incoming = request_iterator.__aiter__()
         await context.write(pb.ServerMessage(challenge=pb.Challenge(nonce=os.urandom(32))))
         hello = await incoming.__anext__()
         link = Link()
-        self.links[int(hello.hello.client_id)] = link
+        client_id = int(hello.hello.client_id)
+        self.links[client_id] = link
         if set(self.links) == set(CLIENTS):
             self.connected.set()
 
@@ -76,6 +79,9 @@ class Double(pb_grpc.AggregationServicer):
                 await context.write(message)
         finally:
             reader.cancel()
+            self.closed.add(client_id)
+            if self.closed >= set(CLIENTS):
+                self.ended.set()
 
 
 RUN = b"malicious-run-01"
@@ -209,7 +215,7 @@ ATTACKS = [
 async def _replies(link: Link, count: int) -> list[pb.ClientMessage]:
     replies = []
     while len(replies) < count:
-        replies.append(await asyncio.wait_for(link.inbox.get(), REPLY_TIMEOUT))
+        replies.append(await asyncio.wait_for(link.inbox.get(), HANG_S))
     return replies
 
 
@@ -253,7 +259,7 @@ def finish_run(double: Double, model: np.ndarray) -> None:
 
 
 async def _play(double: Double) -> dict[str, dict[int, list[pb.ClientMessage]]]:
-    await asyncio.wait_for(double.connected.wait(), 60)
+    await asyncio.wait_for(double.connected.wait(), HANG_S)
     seen: dict[str, dict[int, list[pb.ClientMessage]]] = {}
     for index, attack in enumerate(ATTACKS):
         round_index = index if attack.number is None else attack.number
@@ -315,7 +321,7 @@ async def _serve(keys: Path, started: Callable[[str], list[subprocess.Popen]]):
     procs = started(address)
     try:
         seen = await _play(double)
-        await asyncio.sleep(0.5)  # let the Finished messages leave
+        await asyncio.wait_for(double.ended.wait(), HANG_S)  # the Finished messages are out
     finally:
         await server.stop(grace=2.0)
     return seen, procs
@@ -508,7 +514,7 @@ async def _oversized_model(keys: Path) -> subprocess.CompletedProcess:
             await request_iterator.__aiter__().__anext__()
             header = pb.VectorHeader(length=1 << 40, dtype=pb.DTYPE_FLOAT32, chunks=1 << 20)
             await context.write(pb.ServerMessage(round_start=pb.RoundStart(model=header)))
-            await asyncio.sleep(5)
+            await asyncio.sleep(HANG_S)  # until the client hangs up (server.stop below)
 
     credentials = grpc.ssl_server_credentials(
         [((keys / "server.key").read_bytes(), (keys / "server.pem").read_bytes())],
@@ -522,7 +528,7 @@ async def _oversized_model(keys: Path) -> subprocess.CompletedProcess:
     command = keyed_client(f"127.0.0.1:{port}", 0, keys, "--no-atoms")
     try:
         proc = await asyncio.create_subprocess_exec(*command, stderr=asyncio.subprocess.PIPE)
-        _, stderr = await asyncio.wait_for(proc.communicate(), 15)
+        _, stderr = await asyncio.wait_for(proc.communicate(), HANG_S)
     finally:
         await server.stop(grace=0)
     return subprocess.CompletedProcess(command, proc.returncode, None, stderr.decode())

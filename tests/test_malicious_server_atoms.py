@@ -50,7 +50,6 @@ PLANS = {
     "atoms re-formed": RoundPlan(0, (REFORMED,), REFORMED),
     "no atoms": RoundPlan(0, (Clustering(((0, 1, 2), (3, 4, 5))),)),
 }
-REPLY_TIMEOUT = 15.0
 
 
 def ulp_model(steps: int) -> np.ndarray:
@@ -62,7 +61,7 @@ def ulp_model(steps: int) -> np.ndarray:
 
 
 async def _play(double, plans: dict[str, RoundPlan], first_step: int) -> dict[str, dict]:
-    await asyncio.wait_for(double.connected.wait(), 60)
+    await asyncio.wait_for(double.connected.wait(), HANG_S)
     seen: dict[str, dict[int, list[pb.ClientMessage]]] = {}
     for step, (name, plan) in enumerate(plans.items(), first_step):
         start_round(double, 0, ulp_model(step), plan, os.urandom(16))  # a new run id
@@ -72,7 +71,7 @@ async def _play(double, plans: dict[str, RoundPlan], first_step: int) -> dict[st
                 double.links[cid].outbox.put_nowait(pb.ServerMessage(assignment=a))
         replies = {}
         for cid in CLIENTS:
-            replies[cid] = [await asyncio.wait_for(double.links[cid].inbox.get(), REPLY_TIMEOUT)]
+            replies[cid] = [await asyncio.wait_for(double.links[cid].inbox.get(), HANG_S)]
         seen[name] = replies
         for cid in CLIENTS:
             double.links[cid].outbox.put_nowait(pb.ServerMessage(round_end=pb.RoundEnd(round=0)))
@@ -92,7 +91,7 @@ def _session(keys: Path, plans: dict[str, RoundPlan], first_step: int) -> dict[s
         ]
         try:
             seen = await _play(double, plans, first_step)
-            await asyncio.sleep(0.5)
+            await asyncio.wait_for(double.ended.wait(), HANG_S)  # the Finished messages are out
         finally:
             await server.stop(grace=2.0)
         for proc in procs:

@@ -107,7 +107,7 @@ class Run:
         command = [*PYTHON, "client", "--server", address, "--keys", str(keys)]
         self.clients = [
             subprocess.Popen(
-                [*command, "--id", str(c), "--server-timeout", "10"],
+                [*command, "--id", str(c), "--server-timeout", str(HANG_S)],
                 stderr=subprocess.PIPE,
                 text=True,
             )

@@ -165,7 +165,7 @@ def test_a_message_of_an_earlier_round_is_late_not_misbehaviour():
 
 
 def _config(**server) -> DeploymentConfig:
-    fields = {"clients": 8, "rounds": 1, "connect_timeout_s": 30, "stage_timeout_s": 10}
+    fields = {"clients": 8, "rounds": 1, "connect_timeout_s": HANG_S, "stage_timeout_s": HANG_S}
     return DeploymentConfig(
         server=ServerSection(address="127.0.0.1:0", **{**fields, **server}),
         model=ModelSection(dim=LENGTH, aggregator="sum"),
@@ -283,7 +283,7 @@ def test_a_server_crashing_after_its_kth_release_resumes_with_the_same_plan_and_
     async def first() -> list[ClientRuntime]:
         writer = CrashingWriter(out, after=3)
         server, address = await serving(serve, _nine(3), on_round=writer.round, journal=writer)
-        clients = [ClientRuntime(c, address, retries=1, server_timeout_s=2) for c in range(9)]
+        clients = [ClientRuntime(c, address, retries=1, server_timeout_s=HANG_S) for c in range(9)]
         ends = await asyncio.gather(*(c.run() for c in clients), return_exceptions=True)
         with pytest.raises(Crash):
             await server
@@ -344,7 +344,7 @@ def test_a_run_crashing_in_round_one_resumes_from_the_checkpoint_written_at_its_
     async def first():
         writer = CrashingWriter(out, after=0)
         server, address = await serving(serve, _config(rounds=2), journal=writer)
-        clients = [ClientRuntime(c, address, retries=1, server_timeout_s=2) for c in range(8)]
+        clients = [ClientRuntime(c, address, retries=1, server_timeout_s=HANG_S) for c in range(8)]
         await asyncio.gather(*(c.run() for c in clients), return_exceptions=True)
         with pytest.raises(Crash):
             await server
@@ -372,7 +372,7 @@ def test_a_client_still_writing_when_its_stream_ends_reads_the_reason(tmp_path):
     identity = IdentityKey.generate()
 
     async def main():
-        server, address = await serving(serve, _config(clients=4, connect_timeout_s=5))
+        server, address = await serving(serve, _config(clients=4))
         async with grpc.aio.insecure_channel(address) as channel:
             call = pb_grpc.AggregationStub(channel).Session()
             nonce = (await call.read()).challenge.nonce
@@ -408,12 +408,15 @@ def test_a_client_still_writing_when_its_stream_ends_reads_the_reason(tmp_path):
 
 
 def test_a_client_stopped_past_a_stage_deadline_is_not_excluded_and_finishes(tmp_path):
-    """``sharefl client`` 3 is stopped (SIGSTOP) for 2.5 stage deadlines after round 1, then
-    continued: it answers the messages of the rounds it missed, the server drops them as late
-    (a log line, no culprit), and the client takes part again and finishes (exit 0)."""
+    """``sharefl client`` 3 is stopped (SIGSTOP) after round 1 until a round has finished
+    without it (the server passed a stage deadline), then continued: it answers the messages
+    of the rounds it missed, the server drops them as late (a log line, no culprit), and the
+    client takes part again and finishes (exit 0). The stop lasts until that round is in
+    ``rounds.jsonl`` (work), not a fixed time; the deadline the stopped client misses is
+    the only clock in the test."""
     config = tmp_path / "deploy.toml"
     config.write_text(
-        "[server]\nclients = 4\nrounds = 6\nconnect_timeout_s = 30\nstage_timeout_s = 1.0\n"
+        f"[server]\nclients = 4\nrounds = 6\nconnect_timeout_s = {HANG_S}\nstage_timeout_s = 3.0\n"
         '[model]\ndim = 16\naggregator = "sum"\n'
         "[secure_aggregation]\ncluster_size = 4\nthreshold = 3\n"
     )
@@ -434,7 +437,13 @@ def test_a_client_stopped_past_a_stage_deadline_is_not_excluded_and_finishes(tmp
             assert time.monotonic() < deadline, "round 1 never finished"
             time.sleep(0.02)
         os.kill(clients[3].pid, signal.SIGSTOP)
-        time.sleep(2.5)
+        while not any(  # a round whose sums leave client 3 out
+            all(3 not in c["members"] for c in json.loads(row)["clusters"])
+            for row in rounds.read_text().splitlines()
+        ):
+            assert time.monotonic() < deadline, "no round finished without client 3"
+            assert server.poll() is None, (tmp_path / "server.log").read_text()
+            time.sleep(0.02)
         os.kill(clients[3].pid, signal.SIGCONT)
         codes = [c.wait(timeout=HANG_S) for c in clients]
         assert server.wait(timeout=HANG_S) == 0
