@@ -49,21 +49,6 @@ ATTACKS = (
 )
 
 
-def _serialize(message: pb.ClientMessage | bytes) -> bytes:
-    return message if isinstance(message, bytes) else message.SerializeToString()
-
-
-class RawStub:
-    """The Session RPC with a serializer that also passes raw bytes through unchanged."""
-
-    def __init__(self, channel: grpc.aio.Channel) -> None:
-        self.Session = channel.stream_stream(
-            "/sharefl.v1.Aggregation/Session",
-            request_serializer=_serialize,
-            response_deserializer=pb.ServerMessage.FromString,
-        )
-
-
 class ByzantineClient(ClientRuntime):
     """A :class:`ClientRuntime` that runs ``attack`` (one of :data:`ATTACKS`) in every
     cluster it is assigned to; everything else it does honestly."""
@@ -78,13 +63,6 @@ class ByzantineClient(ClientRuntime):
         self._members: tuple[int, ...] = ()
         self._last_advert: pb.Advertisement | None = None
 
-    def _channel(self) -> grpc.aio.Channel:
-        self._raw_channel = super()._channel()
-        return self._raw_channel
-
-    async def _session(self, stub) -> None:
-        await super()._session(RawStub(self._raw_channel))
-
     async def _start_cluster(self, call, proto: pb.ClusterAssignment, update, round_guard):
         self._members = tuple(int(m) for m in proto.members)
         session = await super()._start_cluster(call, proto, update, round_guard)
@@ -97,7 +75,9 @@ class ByzantineClient(ClientRuntime):
             session._vector[:] = 1 << (proto.bits - 1)
         return session
 
-    def _send(self, call, message: pb.ClientMessage):
+    def _send(self, call, message: pb.ClientMessage | bytes):
+        if isinstance(message, bytes):  # a vector's chunk, serialized once by the runtime
+            return super()._send(call, message)
         kind = message.WhichOneof("body")
         if kind == "advertise":
             message = self._tampered_advert(message)

@@ -560,7 +560,7 @@ class Game:
     def opening(
         self, plan: RoundPlan, r: int, k: int, model: int, guards: dict[int, ClientRound]
     ) -> tuple[int, KeyContext, tuple[int, ...], ClusterAssignment, dict[int, Member]]:
-        """A cluster run's start, both rounds: its run id, context (version 3 in two-exchange
+        """A cluster run's start, both rounds: its run id, context (version 5 in two-exchange
         settings), members, planned assignment (a sparse graph, a lowered threshold) and the
         members that joined — each sent its variant of the assignment (two-exchange: with
         the key adverts :meth:`keys_for` chose), unless not contacted."""

@@ -129,7 +129,7 @@ class _Flooder(ClientRuntime):
     count = 40
 
     async def _send(self, call, message):
-        if message.WhichOneof("body") == "advertise":
+        if isinstance(message, pb.ClientMessage) and message.WhichOneof("body") == "advertise":
             for i in range(self.count):
                 refusal = pb.Refusal(reason=f"flood {i}\nround 9/9: forged")
                 await super()._send(call, pb.ClientMessage(refusal=refusal))

@@ -1,4 +1,4 @@
-"""The two-exchange round (protocol version 3): keys set up once, shares with the masked
+"""The two-exchange round (protocol version 5): keys set up once, shares with the masked
 input, bundles with the unmask request.
 
 Drop-outs at every exchange give the exact sum of the survivors (or a failed cluster, never

@@ -23,9 +23,10 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 
 from sharefl.crypto.errors import CryptoParameterError, InvalidKeyError
 
-PROTOCOL_VERSION = 2
-"""The four-exchange round (keys per round and cluster; Bonawitz et al. 2017)."""
-TWO_EXCHANGE_VERSION = 3
+PROTOCOL_VERSION = 4
+"""The four-exchange round (keys per round and cluster; Bonawitz et al. 2017). Versions 2
+and 3 (before them) carried a SHA-256 in every vector header; nothing else changed."""
+TWO_EXCHANGE_VERSION = 5
 """The two-exchange round (keys set up once per client and scope; shares travel with the
 masked input: :mod:`sharefl.protocol.keys`)."""
 SPOKEN_VERSIONS = (PROTOCOL_VERSION, TWO_EXCHANGE_VERSION)

@@ -68,7 +68,6 @@ from sharefl.deploy.server import (
 )
 from sharefl.exit_status import ExitStatus
 from sharefl.proto import sharefl_pb2 as pb
-from sharefl.proto import sharefl_pb2_grpc as pb_grpc
 from sharefl.protocol.budget import PrivacyCharge
 from sharefl.protocol.client import ClientPolicy, ClientSession
 from sharefl.protocol.client_round import ClientRound
@@ -94,7 +93,7 @@ from sharefl.wording import counted
 if TYPE_CHECKING:  # grpc ships no type stubs here: to mypy these are Any, kept for the reader
     from grpc.aio._typing import EOFType  # the type of grpc.aio.EOF, what read() gives at the end
 
-    SessionCall: TypeAlias = grpc.aio.StreamStreamCall[pb.ClientMessage, pb.ServerMessage]
+    SessionCall: TypeAlias = grpc.aio.StreamStreamCall[pb.ClientMessage | bytes, pb.ServerMessage]
     """The client's end of the ``Session`` stream."""
 
 Trainer = Callable[..., np.ndarray]
@@ -493,7 +492,7 @@ class ClientRuntime:
         for attempt in range(1, self.retries + 1):
             try:
                 async with self._channel() as channel:
-                    await self._session(pb_grpc.AggregationStub(channel))
+                    await self._session(session_method(channel))
                 return self.report
             except grpc.aio.AioRpcError as exc:
                 if not retryable(exc):
@@ -531,11 +530,12 @@ class ClientRuntime:
         self._heard = time.monotonic()
         return message
 
-    async def _send(self, call: SessionCall, message: pb.ClientMessage) -> None:
-        """Write one message. A write that meets a stream the server ended (or lost) fails
-        with ``INTERNAL`` in place of the status: the server's ``Goodbye`` and status are
-        read instead, so the reason, not "Internal error from Core", reaches the caller."""
-        self.report.bytes_sent += message.ByteSize()
+    async def _send(self, call: SessionCall, message: pb.ClientMessage | bytes) -> None:
+        """Write one message (or one already serialized: :func:`wire.chunk_frames`). A
+        write that meets a stream the server ended (or lost) fails with ``INTERNAL`` in
+        place of the status: the server's ``Goodbye`` and status are read instead, so the
+        reason, not "Internal error from Core", reaches the caller."""
+        self.report.bytes_sent += wire.serialized_size(message)
         try:
             await call.write(message)
         except (grpc.aio.AioRpcError, _GrpcInternalError) as exc:
@@ -566,8 +566,8 @@ class ClientRuntime:
         if stage == self.exit_before:
             os.kill(os.getpid(), signal.SIGKILL)
 
-    async def _session(self, stub: pb_grpc.AggregationStub) -> None:
-        call: SessionCall = stub.Session()
+    async def _session(self, method: grpc.aio.StreamStreamMultiCallable) -> None:
+        call: SessionCall = method()
         challenge = await self._read(call, self.server_timeout_s - (time.monotonic() - self._heard))
         if challenge is grpc.aio.EOF or challenge.WhichOneof("body") != "challenge":
             raise ServerMisbehaved("the server did not open with a Challenge")
@@ -703,14 +703,19 @@ class ClientRuntime:
             self._maybe_exit("mask")
             self._contributed.add(first.context.round)
             self.report.contributed = len(self._contributed)
-            header, chunks = wire.masked_shares_header_to_proto(first)
-            await self._send(call, pb.ClientMessage(masked_shares=header))
-            for chunk in chunks:
-                await self._send(call, pb.ClientMessage(chunk=chunk))
+            await self._send(
+                call, pb.ClientMessage(masked_shares=wire.masked_shares_to_proto(first))
+            )
+            await self._send_vector(call, first.vector)
             return session
         self._maybe_exit("advertise")
         await self._send(call, pb.ClientMessage(advertise=wire.advert_to_proto(first)))
         return session
+
+    async def _send_vector(self, call: SessionCall, vector: np.ndarray) -> None:
+        """The chunks of a vector whose header was just sent."""
+        for frame in wire.chunk_frames(pb.ClientMessage, vector):
+            await self._send(call, frame)
 
     def _input(
         self,
@@ -767,10 +772,8 @@ class ClientRuntime:
             self._maybe_exit("mask")
             self._contributed.add(reply.context.round)
             self.report.contributed = len(self._contributed)
-            header, chunks = wire.masked_header_to_proto(reply)
-            await self._send(call, pb.ClientMessage(masked=header))
-            for chunk in chunks:
-                await self._send(call, pb.ClientMessage(chunk=chunk))
+            await self._send(call, pb.ClientMessage(masked=wire.masked_to_proto(reply)))
+            await self._send_vector(call, reply.vector)
         elif isinstance(reply, ConsistencySignature):
             self._maybe_exit("consistency")
             await self._send(call, pb.ClientMessage(consistency=wire.signature_to_proto(reply)))
@@ -778,6 +781,16 @@ class ClientRuntime:
             self._maybe_exit("unmask")
             await self._send(call, pb.ClientMessage(unmask=wire.unmask_response_to_proto(reply)))
         return session
+
+
+def session_method(channel: grpc.aio.Channel) -> grpc.aio.StreamStreamMultiCallable:
+    """The ``Session`` method of ``sharefl.proto`` on ``channel`` (the generated stub's),
+    whose serializer also writes bytes already serialized (:func:`wire.serialize`)."""
+    return channel.stream_stream(
+        wire.SESSION_METHOD,
+        request_serializer=wire.serialize,
+        response_deserializer=pb.ServerMessage.FromString,
+    )
 
 
 def read_tls(ca: str | None, cert: str | None = None, key: str | None = None) -> ClientTLS | None:

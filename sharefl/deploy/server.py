@@ -192,7 +192,8 @@ class ClientLink:
     """One authenticated client stream."""
 
     client_id: int
-    outbox: asyncio.Queue[pb.ServerMessage | None] = field(default_factory=asyncio.Queue)
+    outbox: asyncio.Queue[pb.ServerMessage | bytes | None] = field(default_factory=asyncio.Queue)
+    """Messages for the stream, or messages already serialized (:func:`wire.serialize`)."""
     alive: bool = True
     bytes_in: int = 0
     bytes_out: int = 0
@@ -203,17 +204,17 @@ class ClientLink:
     ended: bool = False
     """The stream's handler has returned: everything queued for the client was written."""
 
-    def send(self, message: pb.ServerMessage) -> None:
+    def send(self, message: pb.ServerMessage | bytes) -> None:
         if self.alive:
-            self.bytes_out += message.ByteSize()
+            self.bytes_out += wire.serialized_size(message)
             self.outbox.put_nowait(message)
 
-    def send_vector(
-        self, header_message: pb.ServerMessage, chunks: Iterable[pb.VectorChunk]
-    ) -> None:
+    def send_vector(self, header_message: bytes, frames: Iterable[bytes]) -> None:
+        """A message announcing a vector, then its chunks, all serialized once for every
+        client they go to (:func:`wire.chunk_frames`)."""
         self.send(header_message)
-        for chunk in chunks:
-            self.send(pb.ServerMessage(chunk=chunk))
+        for frame in frames:
+            self.send(frame)
 
     def close(self, error: StreamError | None = None) -> None:
         if self.alive:
@@ -832,19 +833,18 @@ class ServerRun:
         rc = self._coordinator(round_index, eligible)
         participants = list(rc.plan.participants)
         self.round = rc
-        header, chunks = wire.vector_to_proto(self.model)
-        chunk_list = list(chunks)
         start_message = pb.ServerMessage(
             round_start=pb.RoundStart(
                 round=round_index,
-                model=header,
+                model=wire.vector_header(self.model),
                 reclusterings=rc.plan.reclusterings,
                 plan=wire.plan_to_proto(rc.plan),
                 run=self.run_id,
             )
-        )
+        ).SerializeToString()
+        frames = wire.chunk_frames(pb.ServerMessage, self.model)
         for cid in sorted(set(participants) & set(eligible)):
-            self.links[cid].send_vector(start_message, chunk_list)
+            self.links[cid].send_vector(start_message, frames)
         for outgoing in server_exchanges(rc):
             for cid, message in outgoing.messages.items():
                 if isinstance(message, m.ClusterAssignment):
@@ -1010,14 +1010,13 @@ class ServerRun:
                 await asyncio.wait_for(self.changed.wait(), deadline - time.monotonic())
 
     def _finish(self) -> None:
-        header, chunks = wire.vector_to_proto(self.model)
-        chunk_list = list(chunks)
+        finished = pb.ServerMessage(
+            finished=pb.Finished(rounds=len(self.reports), model=wire.vector_header(self.model))
+        ).SerializeToString()
+        frames = wire.chunk_frames(pb.ServerMessage, self.model)
         for cid in self.alive():
             link = self.links[cid]
-            link.send_vector(
-                pb.ServerMessage(finished=pb.Finished(rounds=len(self.reports), model=header)),
-                chunk_list,
-            )
+            link.send_vector(finished, frames)
             link.close()
 
 
@@ -1378,6 +1377,21 @@ def load_directory(path: str) -> dict[int, bytes] | None:
     return read_directory(path) if path else None
 
 
+def add_session_handler(server: grpc.aio.Server, service: AggregationService) -> None:
+    """Serve ``service.Session`` as :data:`wire.SESSION_METHOD` (the generated servicer's
+    method), with a serializer that also writes bytes already serialized: the model's
+    chunks are serialized once for all clients (:func:`wire.chunk_frames`)."""
+    service_name, method = wire.SESSION_METHOD.strip("/").split("/")
+    handler = grpc.stream_stream_rpc_method_handler(
+        service.Session,
+        request_deserializer=pb.ClientMessage.FromString,
+        response_serializer=wire.serialize,
+    )
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(service_name, {method: handler}),)
+    )
+
+
 def server_credentials(config: DeploymentConfig) -> grpc.ServerCredentials | None:
     tls = config.tls
     if not tls.enabled:
@@ -1454,7 +1468,7 @@ async def serve(
         ]
     )
     service = AggregationService(run, directory, require_certificate=bool(config.tls.client_ca))
-    pb_grpc.add_AggregationServicer_to_server(service, server)
+    add_session_handler(server, service)
     credentials = server_credentials(config)
     address = config.server.address
     try:

@@ -1,11 +1,11 @@
 """The one conversion layer between protobuf (``sharefl.proto``) and the protocol's types.
 
 Everything the gRPC runtime receives passes through here first: fields are range-checked,
-lengths verified, and large vectors reassembled from ordered chunks whose total length and
-SHA-256 must match their header. Malformed input raises :class:`WireError` (the server maps
+lengths verified, and large vectors reassembled from ordered chunks whose count and sizes
+must match their header. Malformed input raises :class:`WireError` (the server maps
 it to ``INVALID_ARGUMENT``); no protocol logic lives here.
 
-The two-exchange round (protocol version 3) travels in fields appended to the four-exchange
+The two-exchange round (protocol version 5) travels in fields appended to the four-exchange
 messages (``ClusterAssignment.keys``, ``UnmaskRequest.bundles``, ``UnmaskResponse.
 pair_shares`` and ``.complaints``: empty, hence absent, in a four-exchange round) and in
 two messages of its own, ``KeyAdvert`` and ``MaskedShares`` (``ClientMessage.key_advert``
@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
+from google.protobuf.message import Message
 
 from sharefl.crypto.encoding import RingEncoding
 from sharefl.crypto.errors import EncodingError
@@ -75,25 +76,98 @@ class WireError(DeployError, ValueError):
 # ---- vectors ------------------------------------------------------------------------------
 
 
-def vector_to_proto(vector: np.ndarray) -> tuple[pb.VectorHeader, Iterator[pb.VectorChunk]]:
-    """A header and the chunk messages that carry ``vector`` (1-D float32/uint32/uint64)."""
+SESSION_METHOD = "/sharefl.v1.Aggregation/Session"
+"""The one RPC of ``sharefl.proto``: a bidirectional stream of Client/ServerMessages."""
+Envelope = type[pb.ServerMessage] | type[pb.ClientMessage]
+"""The two stream message types; both carry a vector's chunks in their ``chunk`` field."""
+
+
+def _payload(vector: np.ndarray) -> memoryview:
+    """The little-endian bytes of ``vector`` (1-D float32/uint32/uint64); raises
+    :class:`WireError` for any other array."""
     if vector.dtype not in _CODES or vector.ndim != 1:
         raise WireError(f"cannot send a {vector.dtype} array of shape {vector.shape}")
-    payload = np.ascontiguousarray(vector, dtype=vector.dtype.newbyteorder("<")).data.cast("B")
-    chunks = max(1, -(-len(payload) // CHUNK_BYTES)) if len(payload) else 0
-    header = pb.VectorHeader(
-        length=vector.shape[0],
-        dtype=_CODES[vector.dtype],
-        chunks=chunks,
-        sha256=hashlib.sha256(payload).digest(),
+    return np.ascontiguousarray(vector, dtype=vector.dtype.newbyteorder("<")).data.cast("B")
+
+
+def _chunk_count(size: int) -> int:
+    return -(-size // CHUNK_BYTES)
+
+
+def _header(vector: np.ndarray, payload: memoryview) -> pb.VectorHeader:
+    return pb.VectorHeader(
+        length=vector.shape[0], dtype=_CODES[vector.dtype], chunks=_chunk_count(len(payload))
     )
 
+
+def vector_header(vector: np.ndarray) -> pb.VectorHeader:
+    """The header announcing ``vector``: its length, dtype and number of chunks (the chunks
+    follow as :func:`chunk_frames`). Raises :class:`WireError` for an array that cannot be
+    sent."""
+    return _header(vector, _payload(vector))
+
+
+def vector_to_proto(vector: np.ndarray) -> tuple[pb.VectorHeader, Iterator[pb.VectorChunk]]:
+    """A header and the chunk messages that carry ``vector`` (1-D float32/uint32/uint64)."""
+    payload = _payload(vector)
+    header = _header(vector, payload)
+
     def chunk_messages() -> Iterator[pb.VectorChunk]:
-        for index in range(chunks):
+        for index in range(header.chunks):
             start = index * CHUNK_BYTES
             yield pb.VectorChunk(index=index, data=bytes(payload[start : start + CHUNK_BYTES]))
 
     return header, chunk_messages()
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+_LENGTH_DELIMITED = 2
+_VARINT = 0
+_INDEX_TAG = _varint(pb.VectorChunk.DESCRIPTOR.fields_by_name["index"].number << 3 | _VARINT)
+_DATA_TAG = _varint(
+    pb.VectorChunk.DESCRIPTOR.fields_by_name["data"].number << 3 | _LENGTH_DELIMITED
+)
+
+
+def chunk_frames(envelope: Envelope, vector: np.ndarray) -> list[bytes]:
+    """The chunks of ``vector`` as serialized ``envelope`` messages, ready for a stream
+    whose serializer passes bytes through (:func:`serialize`).
+
+    Byte for byte ``envelope(chunk=pb.VectorChunk(index=i, data=piece)).SerializeToString()``
+    (protobuf's encoding of one length-delimited field holding a varint and a bytes field;
+    ``tests/test_wire.py`` holds the two equal), but written with one copy of the payload
+    where the message objects make four: the model goes to every client, and every
+    client's masked vector comes back, each round. Raises :class:`WireError` for an array
+    that cannot be sent.
+    """
+    payload = _payload(vector)
+    field_tag = _varint(envelope.DESCRIPTOR.fields_by_name["chunk"].number << 3 | _LENGTH_DELIMITED)
+    frames = []
+    for index in range(_chunk_count(len(payload))):
+        piece = payload[index * CHUNK_BYTES : (index + 1) * CHUNK_BYTES]
+        # proto3 leaves a zero index out, as SerializeToString does
+        head = (_INDEX_TAG + _varint(index) if index else b"") + _DATA_TAG + _varint(len(piece))
+        frames.append(b"".join((field_tag, _varint(len(head) + len(piece)), head, piece)))
+    return frames
+
+
+def serialize(message: Message | bytes) -> bytes:
+    """The stream serializer of both directions: a message's bytes, or bytes already
+    serialized (:func:`chunk_frames`, a message sent to many clients) as they are."""
+    return message if isinstance(message, bytes) else message.SerializeToString()
+
+
+def serialized_size(message: Message | bytes) -> int:
+    """The bytes :func:`serialize` writes for ``message`` (for traffic accounting)."""
+    return len(message) if isinstance(message, bytes) else message.ByteSize()
 
 
 class VectorAssembler:
@@ -105,7 +179,8 @@ class VectorAssembler:
         dtype: the dtype the receiver expects.
 
     Raises :class:`WireError` on a header that disagrees with the expectation, a chunk out
-    of order, too many bytes, or a digest mismatch at the end.
+    of order or of the wrong size. No digest: the stream (TLS records, TCP) delivers the
+    chunks intact, and a sender's digest would bind it to nothing it does not choose.
     """
 
     def __init__(self, header: pb.VectorHeader, length: int, dtype: npt.DTypeLike) -> None:
@@ -117,11 +192,9 @@ class VectorAssembler:
             raise WireError(f"vector of length {header.length} announced, expected {length}")
         self._dtype = _DTYPES[header.dtype]
         self._size = length * self._dtype.itemsize
-        expected_chunks = -(-self._size // CHUNK_BYTES) if self._size else 0
+        expected_chunks = _chunk_count(self._size)
         if header.chunks != expected_chunks:
             raise WireError(f"{header.chunks} chunks announced for {self._size} bytes")
-        if len(header.sha256) != 32:
-            raise WireError("vector digest must be 32 bytes (SHA-256)")
         self._header = header
         self._buffer = bytearray(self._size)  # allocated only after the length is checked
         self._filled = 0
@@ -162,12 +235,9 @@ class VectorAssembler:
         return self.complete
 
     def result(self) -> np.ndarray:
-        """The vector (native byte order); raises :class:`WireError` if incomplete or the
-        digest does not match."""
+        """The vector (native byte order); raises :class:`WireError` if incomplete."""
         if not self.complete:
             raise WireError(f"vector incomplete: {self._next} of {self._header.chunks} chunks")
-        if hashlib.sha256(self._buffer).digest() != self._header.sha256:
-            raise WireError("vector digest mismatch: corrupted or tampered chunks")
         return np.frombuffer(self._buffer, dtype=self._dtype).astype(
             self._dtype.newbyteorder("="), copy=False
         )
@@ -518,15 +588,15 @@ def masking_from_proto(p: pb.MaskingRequest) -> m.MaskingRequest:
     )
 
 
-def masked_header_to_proto(x: m.MaskedInput) -> tuple[pb.MaskedInput, Iterator[pb.VectorChunk]]:
-    header, chunks = vector_to_proto(x.vector)
-    message = pb.MaskedInput(
+def masked_to_proto(x: m.MaskedInput) -> pb.MaskedInput:
+    """The MaskedInput message, its vector as a header (the chunks follow it:
+    :func:`chunk_frames`)."""
+    return pb.MaskedInput(
         sender=x.sender,
         context=context_to_proto(x.context),
-        vector=header,
+        vector=vector_header(x.vector),
         complaints=list(x.complaints),
     )
-    return message, chunks
 
 
 def masked_from_parts(p: pb.MaskedInput, vector: np.ndarray) -> m.MaskedInput:
@@ -538,22 +608,19 @@ def masked_from_parts(p: pb.MaskedInput, vector: np.ndarray) -> m.MaskedInput:
     )
 
 
-def masked_shares_header_to_proto(
-    x: m.MaskedShares,
-) -> tuple[pb.MaskedShares, Iterator[pb.VectorChunk]]:
-    """The MaskedShares message (its vector as a header) and the chunks that follow it."""
-    header, chunks = vector_to_proto(x.vector)
-    message = pb.MaskedShares(
+def masked_shares_to_proto(x: m.MaskedShares) -> pb.MaskedShares:
+    """The MaskedShares message, its vector as a header (the chunks follow it:
+    :func:`chunk_frames`)."""
+    return pb.MaskedShares(
         sender=x.sender,
         context=context_to_proto(x.context),
-        vector=header,
+        vector=vector_header(x.vector),
         seed_commitment=x.seed_commitment,
         pair_commitments=[
             pb.PeerCommitment(peer=v, commitment=c) for v, c in sorted(x.pair_commitments.items())
         ],
         bundles=[pb.Bundle(peer=h, ciphertext=c) for h, c in sorted(x.bundles.items())],
     )
-    return message, chunks
 
 
 def masked_shares_check(p: pb.MaskedShares) -> tuple[bytes, dict[int, bytes], dict[int, bytes]]:

@@ -32,16 +32,14 @@ class Context(_message.Message):
     def __init__(self, version: _Optional[int] = ..., round: _Optional[int] = ..., reclustering: _Optional[int] = ..., cluster: _Optional[int] = ..., plan: _Optional[bytes] = ...) -> None: ...
 
 class VectorHeader(_message.Message):
-    __slots__ = ("length", "dtype", "chunks", "sha256")
+    __slots__ = ("length", "dtype", "chunks")
     LENGTH_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
-    SHA256_FIELD_NUMBER: _ClassVar[int]
     length: int
     dtype: DType
     chunks: int
-    sha256: bytes
-    def __init__(self, length: _Optional[int] = ..., dtype: _Optional[_Union[DType, str]] = ..., chunks: _Optional[int] = ..., sha256: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, length: _Optional[int] = ..., dtype: _Optional[_Union[DType, str]] = ..., chunks: _Optional[int] = ...) -> None: ...
 
 class VectorChunk(_message.Message):
     __slots__ = ("index", "data")

@@ -5,7 +5,7 @@ client's own :class:`ClientPolicy` and its input vector (already in Z_2^b). It c
 server messages and returns the reply to send; it never touches sockets, threads or clocks.
 
 States: ``NEW → ADVERTISED → SHARED → MASKED → [SIGNED] → DONE``, or in the two-exchange
-round (protocol version 3, long-term :class:`~sharefl.protocol.keys.ClientKeys`)
+round (protocol version 5, long-term :class:`~sharefl.protocol.keys.ClientKeys`)
 ``NEW → MASKED → [SIGNED] → DONE``; any refusal moves it to ``ABORTED`` (secrets dropped,
 nothing more revealed). The refusals that protect the client
 against a misbehaving server:

@@ -1,7 +1,7 @@
 """Keys set up once: the long-term X25519 pairs of the two-exchange round.
 
-In the four-exchange round (protocol version 2) every cluster of every round starts with a
-key exchange. In the two-exchange round (version 3,
+In the four-exchange round (protocol version 4) every cluster of every round starts with a
+key exchange. In the two-exchange round (version 5,
 :data:`~sharefl.crypto.kdf.TWO_EXCHANGE_VERSION`) each client advertises two X25519
 public keys once per *scope* (the server it talks to: its identity digest, or a run) in a
 :class:`KeyAdvert`; the server relays the adverts of a cluster's members with the

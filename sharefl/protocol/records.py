@@ -17,7 +17,7 @@ ids), raising :class:`RecordError`. A key context travels as its canonical bytes
 ``keys.<field>``; a ``{(dealer, peer): bytes}`` map as ``<name>.dealers`` /
 ``<name>.peers`` / ``<name>.values``. ``from_record(to_record(x)) == x`` for every value.
 
-The two-exchange round (protocol version 3) added :class:`~sharefl.protocol.keys.KeyAdvert`,
+The two-exchange round (protocol version 5) added :class:`~sharefl.protocol.keys.KeyAdvert`,
 :class:`~sharefl.protocol.messages.MaskedShares` and fields of three older values
 (``ClusterAssignment.keys``, ``UnmaskRequest.bundles``, ``UnmaskResponse.pair_shares`` and
 ``.complaints``). Those fields are written only when they are not empty and read as empty

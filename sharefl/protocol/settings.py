@@ -59,11 +59,11 @@ class KeySetup(enum.StrEnum):
 
     PER_CLUSTER = "per-cluster"
     """Bonawitz et al.: fresh keys per cluster — advertise keys, share keys, masked input,
-    unmask: four exchanges with each client, five signed (wire version 2)."""
+    unmask: four exchanges with each client, five signed (wire version 4)."""
     ONCE = "once"
     """Keys set up once per client and scope (:mod:`sharefl.protocol.keys`): the
     assignment carries them and the reply is the masked input with its shares; then unmask
-    — two exchanges, three signed (wire version 3)."""
+    — two exchanges, three signed (wire version 5)."""
 
     @property
     def version(self) -> int:

@@ -154,11 +154,11 @@ def _fill(byte: int, size: int) -> bytes:
 def codec_messages(inputs: Inputs) -> dict[str, Any]:
     """One fixed value of every message and assignment the codecs carry, by label.
 
-    Four-exchange values (version 2 contexts) use only the fields that existed before the
+    Four-exchange values (version 4 contexts) use only the fields that existed before the
     two-exchange round, so their vectors pin the old formats: a receiver still decodes
     them, and a sender of such a value still writes exactly these bytes (their outputs
     were generated before the two-exchange fields were added to the codecs). The
-    two-exchange values (version 3) fill every new field. Bundles, shares and signatures
+    two-exchange values (version 5) fill every new field. Bundles, shares and signatures
     are fillers of the right size (a codec checks sizes, never contents)."""
     plan_digest = bytes.fromhex(inputs["plan"])
     v2 = kdf.KeyContext(**inputs["context"], version=kdf.PROTOCOL_VERSION, plan=plan_digest)
@@ -279,12 +279,12 @@ def _wire_messages(label: str, value: Any) -> dict[str, Any]:
     if isinstance(value, m.ClusterAssignment):
         return {label: wire.assignment_to_proto(value, None)}
     if isinstance(value, m.MaskedInput | m.MaskedShares):
-        to_proto = (
-            wire.masked_header_to_proto
+        header = (
+            wire.masked_to_proto(value)
             if isinstance(value, m.MaskedInput)
-            else wire.masked_shares_header_to_proto
+            else wire.masked_shares_to_proto(value)
         )
-        header, chunks = to_proto(value)
+        _, chunks = wire.vector_to_proto(value.vector)
         return {label: header, **{f"{label}/chunk_{i}": c for i, c in enumerate(chunks)}}
     converters: dict[type, Callable[[Any], Any]] = {
         keys.KeyAdvert: wire.key_advert_to_proto,
