@@ -469,7 +469,7 @@ DISABLED = {
     # Signed key adverts of the two-exchange round: a key substituted in the assignment
     # puts the server between two clients for every context.
     "two-exchange: key advert signatures": (
-        _off(client_module, "check_key_advert", lambda advert, identity=None: None),
+        _off(client_module, "check_advert_fields", lambda advert, identity=None: None),
         Setting(two_exchange=True, attacks=F({"adverts"}), rate=128),
     ),
 }

@@ -217,8 +217,12 @@ def test_the_client_refuses_keys_it_cannot_trust():
     for name, adverts in cases.items():
         bad = dataclasses.replace(assignment, keys=tuple(adverts))
         with pytest.raises(BadAdvertisement):
-            ClientSession(2, bad, inputs[2], keys=keys[2])
+            # a low-order key is refused by the agreement, before the reply exists
+            ClientSession(2, bad, inputs[2], keys=keys[2]).start()
             pytest.fail(f"keys {name}: accepted")
+    # the server, which agrees with no key, probes each key's order
+    with pytest.raises(BadAdvertisement, match="low-order"):
+        check_key_advert(cases["low order"][1])
 
 
 def test_signed_adverts_bind_the_identity_the_scope_and_the_keys():

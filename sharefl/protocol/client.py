@@ -96,8 +96,8 @@ from sharefl.protocol.errors import (
 from sharefl.protocol.keys import (
     ClientKeys,
     adverts_by_sender,
+    check_advert_fields,
     check_distinct_keys,
-    check_key_advert,
 )
 from sharefl.protocol.messages import (
     AdvertiseKeys,
@@ -464,7 +464,7 @@ class ClientSession:
                 if advert.sender not in directory:
                     raise BadAdvertisement(f"no identity key known for client {advert.sender}")
                 identity = directory[advert.sender]
-            check_key_advert(advert, identity)
+            check_advert_fields(advert, identity)  # a low-order key: refused by the agreement
         check_distinct_keys(adverts.values())
         own = adverts[self.id]
         if (own.encryption_public, own.mask_public) != (

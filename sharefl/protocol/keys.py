@@ -87,19 +87,36 @@ class KeyAdvert:
 
 def check_key_advert(advert: KeyAdvert, identity_public: bytes | None = None) -> None:
     """Refuse an advert no honest client sends: raise :class:`BadAdvertisement` for keys
-    that are not 32 bytes, low-order or otherwise unusable, equal encryption and mask keys,
-    a scope over :data:`MAX_SCOPE_BYTES`, a signature of the wrong size, and — when
-    ``identity_public`` is given (signed mode) — a signature that does not verify."""
+    that are not 32 bytes, low-order or otherwise unusable, and for what
+    :func:`check_advert_fields` refuses. The server's check: it holds no private key to
+    agree with, so it tests each key's order with a probe."""
+    check_advert_fields(advert, identity_public)
+    for what, key in (("encryption", advert.encryption_public), ("mask", advert.mask_public)):
+        try:
+            check_public_key(key)
+        except InvalidKeyError as exc:
+            raise BadAdvertisement(
+                f"client {advert.sender}: {what} public key refused: {exc}"
+            ) from exc
+
+
+def check_advert_fields(advert: KeyAdvert, identity_public: bytes | None = None) -> None:
+    """Raise :class:`BadAdvertisement` for keys that are not 32 bytes, equal encryption and
+    mask keys, a scope over :data:`MAX_SCOPE_BYTES`, a signature of the wrong size, and —
+    when ``identity_public`` is given (signed mode) — a signature that does not verify.
+
+    Not the keys' order: a client checks the adverts of its cluster with this alone, since
+    the only keys that touch its secrets are those it agrees with, and the agreement itself
+    refuses a low-order key (:meth:`ClientKeys.derive`) before anything leaves the client.
+    """
     who = f"client {advert.sender}"
     if len(advert.scope) > MAX_SCOPE_BYTES:
         raise BadAdvertisement(f"{who}: a key scope is at most {MAX_SCOPE_BYTES} bytes")
     if len(advert.signature) not in (0, SIGNATURE_BYTES):
         raise BadAdvertisement(f"{who}: a signature is empty or {SIGNATURE_BYTES} bytes")
     for what, key in (("encryption", advert.encryption_public), ("mask", advert.mask_public)):
-        try:
-            check_public_key(key)
-        except InvalidKeyError as exc:
-            raise BadAdvertisement(f"{who}: {what} public key refused: {exc}") from exc
+        if len(key) != KEY_BYTES:
+            raise BadAdvertisement(f"{who}: the {what} public key must be {KEY_BYTES} bytes")
     if advert.encryption_public == advert.mask_public:
         raise BadAdvertisement(f"{who}: the encryption and mask public keys must differ")
     if identity_public is not None:

@@ -414,19 +414,26 @@ class _Client:
         after the round's last clustering. Returns the training reply (empty without
         training)."""
         out = RecordDict()
-        if not has_record(self.ctxt.state, f"{_STATE}.input"):
+        kept = has_record(self.ctxt.state, f"{_STATE}.input")
+        if kept:
+            ring = self._load("input")["vector"]
+        else:
             instructions, received, legacy = _instructions(msg)
             if arrays_digest(received) != guard.model_digest:
                 raise InconsistentRequest(
                     "the model this message brings is not the one the round's assignment "
                     "named (and this client's memory recorded): refusing to train on it"
                 )
-            out = self._train(msg, instructions, received, legacy, ctxt, call_next, guard.plan)
-        session.set_input(self._load("input")["vector"])
+            out, ring = self._train(
+                msg, instructions, received, legacy, ctxt, call_next, guard.plan
+            )
+        session.set_input(ring)
         if session.context.reclustering + 1 >= guard.plan.reclusterings:
             # The round's last masking: the input (d ring elements) leaves the Context,
             # which Flower ships with every later message of this client.
             drop_record(self.ctxt.state, f"{_STATE}.input")
+        elif not kept:  # the round's later reclusterings mask it again
+            self._save("input", {"vector": ring})
         return out
 
     def step(self, msg: Message, ctxt: Context, call_next: ClientAppCallable) -> RecordDict:
@@ -477,10 +484,10 @@ class _Client:
         ctxt: Context,
         call_next: ClientAppCallable,
         plan: RoundPlan,
-    ) -> RecordDict:
-        """Run the client app on the strategy's ``instructions`` (:func:`_instructions`),
-        keep its update (trained − received) encoded for masking, and return its reply with
-        every array cleared."""
+    ) -> tuple[RecordDict, np.ndarray]:
+        """Run the client app on the strategy's ``instructions`` (:func:`_instructions`);
+        its reply with every array cleared, and its update (trained − received) encoded
+        for masking."""
         out = call_next(_with_content(msg, instructions), ctxt)
         if out.has_error():
             raise FlowerIntegrationError(f"the client app failed to train: {out.error.reason}")
@@ -496,11 +503,10 @@ class _Client:
             encoding = records.from_record(encoding_record, RingEncoding)
             codec = WeightedUpdateCodec.like(received, encoding.clip, max_weight)
             ring = encode(codec.encode(delta, weight), encoding, rng=None)
-        self._save("input", {"vector": ring})
         content = out.content
         for arrays in content.array_records.values():
             arrays.clear()  # the trained arrays never leave the client in the clear
-        return content
+        return content, ring
 
 
 def _relayed(assignment: ClusterAssignment, keys: ClientKeys | None) -> bool:
