@@ -12,6 +12,7 @@ float32), and across a crash and a resume.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import subprocess
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ from sharefl.deploy.results import (
     prune_aggregates,
 )
 from sharefl.deploy.server import serve
+from sharefl.protocol.coordinator import Release
 from sharefl.protocol.errors import ConfigurationError
 
 DIM = 8
@@ -316,3 +318,33 @@ def test_sharefl_serve_out_keeps_what_the_file_says(tmp_path):
     assert aggregate.dtype == np.load(out / MODEL_FILE).dtype == np.float32
     clear = sum(demo_trainer(np.zeros(16), round=2, client_id=c) for c in range(3))
     np.testing.assert_array_equal(aggregate, clear)
+
+
+def test_releases_become_durable_together_at_sync_sum_files_before_their_lines(tmp_path):
+    """The server syncs once per stage: until then nothing of the stage's approvals or sums
+    is in the journal and no sum file is in place; after it, the files are, then the lines
+    in the order recorded."""
+    writer = ResultsWriter(tmp_path)
+    writer.begin(b"r" * 16, np.zeros(DIM, np.float32))
+    journal = tmp_path / RELEASES_FILE
+    before = journal.read_text()
+    approvals = [Release(0, 0, k, (2 * k, 2 * k + 1)) for k in range(3)]
+    for release in approvals:
+        writer.release("model", release)
+    summed = dataclasses.replace(approvals[1], sum=np.full(DIM, 7.0))
+    writer.release("model", summed)
+    assert journal.read_text() == before
+    assert not list((tmp_path / "releases").glob("*.npy"))
+    writer.sync()
+    lines = [json.loads(line) for line in journal.read_text().splitlines()]
+    assert [(e["kind"], e["cluster"]) for e in lines] == [
+        ("release", 0),
+        ("release", 1),
+        ("release", 2),
+        ("sum", 1),
+    ]
+    np.testing.assert_array_equal(np.load(tmp_path / lines[-1]["file"]), np.full(DIM, 7.0))
+    assert not list((tmp_path / "releases").glob("*.tmp"))
+    writer.sync()  # nothing new: nothing written twice
+    assert len(journal.read_text().splitlines()) == len(lines)
+    writer.finish()

@@ -386,6 +386,10 @@ class ResultsWriter:
         self.run: bytes | None = resume.run if resume else None
         self._journal: io.TextIOWrapper | None = None
         self._sums_of: str | None = None
+        self._staged: list[dict[str, Any]] = []
+        """Journal lines recorded since the last :meth:`sync`, in order."""
+        self._staged_sums: list[tuple[Path, Path]] = []
+        """Sum files written since the last :meth:`sync` (temporary path, final path)."""
 
     # -- the release journal (sharefl.deploy.server.RunJournal) ----------------------------
 
@@ -424,14 +428,18 @@ class ResultsWriter:
         }
         if plan.atoms is not None:
             entry["atoms"] = [list(a) for a in plan.atoms.clusters]
-        self._append(entry)
+        self._staged.append(entry)
+        self.sync()
         if self._sums_of != model:
             self._delete_sums()
             self._sums_of = model
 
     def release(self, model: str, release: Release) -> None:
-        """Record an approved release (``release.sum`` None: before its unmask request
-        leaves) or its computed sum (the values first, atomically, then the line)."""
+        """Record an approved release (``release.sum`` None) or its computed sum, durable
+        once :meth:`sync` returns: the server syncs before it sends the unmask requests the
+        approvals justify and before the next stage or round, so the approvals of one stage
+        cost one fsync. A sum's values are written to ``releases/round-R-r-k.npy`` now and
+        put in place by :meth:`sync`, before its line."""
         entry: dict[str, Any] = {
             "kind": "release" if release.sum is None else "sum",
             "round": release.round + 1,
@@ -444,17 +452,35 @@ class ResultsWriter:
             folder = self.folder / SUMS_FOLDER
             folder.mkdir(exist_ok=True)
             name = f"round-{release.round + 1}-{release.reclustering}-{release.cluster}.npy"
-            atomic_save_npy(folder / name, np.asarray(release.sum))
+            path = folder / name
+            tmp = path.with_name(path.name + ".tmp")
+            with tmp.open("wb") as handle:
+                np.save(handle, np.asarray(release.sum))
+            self._staged_sums.append((tmp, path))
             entry["file"] = f"{SUMS_FOLDER}/{name}"
-        self._append(entry)
+        self._staged.append(entry)
 
-    def _append(self, entry: dict[str, Any]) -> None:
+    def sync(self) -> None:
+        """Make every plan, release and sum recorded so far durable: each sum file fsynced
+        and renamed into place (as :func:`atomic_save_npy`), then the lines appended with
+        one fsync. Raises :class:`DeployError` before :meth:`begin`."""
         if self._journal is None or self.run is None:
             raise DeployError("the release journal is not open: call begin(run, model) first")
-        line = json.dumps({**entry, "run": self.run.hex()})
-        self._journal.write(line + "\n")
+        for tmp, path in self._staged_sums:
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+        self._staged_sums.clear()
+        if not self._staged:
+            return
+        run = self.run.hex()
+        self._journal.write("".join(json.dumps({**e, "run": run}) + "\n" for e in self._staged))
         self._journal.flush()
         os.fsync(self._journal.fileno())
+        self._staged.clear()
 
     def _delete_sums(self) -> None:
         """Delete every sum file (those of the models before the current one)."""

@@ -367,9 +367,10 @@ class RunJournal(Protocol):
     """Where the server records, before acting on it, what it commits and releases
     (:class:`~sharefl.deploy.results.ResultsWriter` writes it to ``--out``).
 
-    Each call must be durable when it returns; an exception stops the run before the
-    message it would justify is sent. ``model`` is the :func:`~sharefl.deploy.results.
-    model_id` of the round's model.
+    ``begin`` and ``plan`` are durable when they return, ``release`` once ``sync`` returns
+    (the server syncs before it sends the messages a release justifies); an exception stops
+    the run before the message it would justify is sent. ``model`` is the
+    :func:`~sharefl.deploy.results.model_id` of the round's model.
     """
 
     def begin(self, run: bytes, model: np.ndarray, *, keep_aggregates: int) -> None:
@@ -380,8 +381,12 @@ class RunJournal(Protocol):
         """A round's plan, before its RoundStart is sent."""
 
     def release(self, model: str, release: Release) -> None:
-        """An approved release (``sum`` None: before its unmask request is sent), or its
-        computed sum (before the next reclustering opens)."""
+        """An approved release (``sum`` None), or its computed sum."""
+
+    def sync(self) -> None:
+        """Make every ``release`` so far durable: called before the messages of each stage
+        are sent (an approval before its unmask request, a sum before the next
+        reclustering opens) and at the end of each round."""
 
 
 class AveragingStrategy:
@@ -820,6 +825,10 @@ class ServerRun:
         for link in self.links.values():
             link.close(error)
 
+    def _sync_journal(self) -> None:
+        if self.journal is not None:
+            self.journal.sync()
+
     def _warn_insecure(self) -> None:
         """Off loopback (``server.insecure = true``), say before every round what is
         insecure (on loopback, testing, the start-up line says it once)."""
@@ -846,6 +855,7 @@ class ServerRun:
         for cid in sorted(set(participants) & set(eligible)):
             self.links[cid].send_vector(start_message, frames)
         for outgoing in server_exchanges(rc):
+            self._sync_journal()  # the approvals these messages act on, one fsync
             for cid, message in outgoing.messages.items():
                 if isinstance(message, m.ClusterAssignment):
                     proto = pb.ServerMessage(
@@ -856,6 +866,7 @@ class ServerRun:
                 self._send(cid, proto)
             await self._wait_stage(rc)
         result = rc.result()
+        self._sync_journal()
         self.round = None
         value = self._cluster_value(round_index)  # before the strategy replaces the model
         released = [
