@@ -5,10 +5,14 @@ unmask request. A client killed (SIGKILL) before either reply is recovered exact
 
 from __future__ import annotations
 
+import signal
+
 import numpy as np
 import pytest
 from test_grpc_processes import Deployment, clear_sum, write_config
 
+from sharefl.deploy import client as client_module
+from sharefl.deploy.client import ClientRuntime
 from sharefl.deploy.keygen import keygen
 
 
@@ -86,3 +90,28 @@ def test_signed_tls_two_exchange_round_with_a_client_killed_before_its_input(tmp
     contributors = {m for c in record["clusters"] for m in c["members"]}
     assert contributors == {0, 1, 3, 4}
     np.testing.assert_array_equal(run.aggregate(0), clear_sum(contributors, 0, 200))
+
+
+@pytest.mark.parametrize(
+    ("exit_before", "killed_at"),
+    [
+        ("advertise", "mask"),  # no advertise exchange in this round: the next reply
+        ("share", "mask"),
+        ("mask", "mask"),
+        ("consistency", "unmask"),  # unsigned: no consistency exchange
+        ("unmask", "unmask"),
+    ],
+)
+def test_exit_before_a_stage_the_round_lacks_kills_at_the_next_reply(
+    monkeypatch, exit_before, killed_at
+):
+    """``--exit-before`` names a stage of the four-exchange round; in the two-exchange
+    round (stages ``mask``, ``unmask``) it kills before the first reply at or after it."""
+    killed = []
+    monkeypatch.setattr(client_module.os, "kill", lambda pid, sig: killed.append(sig))
+    runtime = ClientRuntime(1, "127.0.0.1:1", exit_before=exit_before)
+    for stage in ("mask", "unmask"):
+        runtime._maybe_exit(stage)
+        if killed:
+            break
+    assert killed == [signal.SIGKILL] and stage == killed_at

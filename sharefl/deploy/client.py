@@ -366,7 +366,9 @@ class ClientRuntime:
         retries: connection attempts before giving up.
         exit_before: testing aid: SIGKILL this process right before sending the named
             stage's first message (``advertise``, ``share``, ``mask``, ``consistency``,
-            ``unmask``), to play a client that vanishes at that stage.
+            ``unmask``: :data:`STAGES`, in protocol order), to play a client that vanishes
+            at that stage; in a round without that exchange (the two-exchange round has no
+            ``advertise`` or ``share``), before the first message of a later stage.
         max_model_length: the longest model (elements) this client accepts from the server.
         server_timeout_s: how long the server may stay silent (no answer to keepalive
             pings, no Challenge, unreachable) before the client gives up.
@@ -563,7 +565,7 @@ class ClientRuntime:
                 raise grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
 
     def _maybe_exit(self, stage: str) -> None:
-        if stage == self.exit_before:
+        if self.exit_before is not None and STAGES.index(stage) >= STAGES.index(self.exit_before):
             os.kill(os.getpid(), signal.SIGKILL)
 
     async def _session(self, method: grpc.aio.StreamStreamMultiCallable) -> None:
