@@ -413,11 +413,11 @@ def _masked_shares_through_wire(x: MaskedShares) -> MaskedShares:
     )
     assert envelope.WhichOneof("body") == "masked_shares"
     header = envelope.masked_shares
-    wire.masked_shares_check(header)  # refusable before a byte of the vector is assembled
+    complete = wire.masked_shares_check(header)  # refusable before the vector is assembled
     assembler = wire.VectorAssembler(header.vector, len(x.vector), x.vector.dtype)
     for frame in wire.chunk_frames(pb.ClientMessage, x.vector):
         assembler.add(pb.ClientMessage.FromString(frame).chunk)
-    return wire.masked_shares_from_parts(header, assembler.result())
+    return complete(assembler.result())
 
 
 def through_wire(value):

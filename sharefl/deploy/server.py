@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import secrets
 import sys
@@ -198,7 +199,8 @@ class ClientLink:
     bytes_in: int = 0
     bytes_out: int = 0
     error: StreamError | None = None
-    pending: tuple[pb.MaskedInput | pb.MaskedShares, wire.VectorAssembler] | None = None
+    pending: tuple[wire.VectorAssembler, Callable[[np.ndarray], m.ClientMessage]] | None = None
+    """A vector being reassembled, and what makes its message of it once complete."""
     heard: float = 0.0
     """``time.monotonic()`` when the last message of the client arrived."""
     ended: bool = False
@@ -677,10 +679,13 @@ class ServerRun:
             elif link.pending is not None:
                 raise wire.WireError("a vector's chunks were interrupted by another message")
             elif kind == "masked":
-                self._on_masked_header(link, envelope.masked)
+                header = envelope.masked
+                self._expect_vector(
+                    link, header.vector, functools.partial(wire.masked_from_parts, header)
+                )
             elif kind == "masked_shares":
-                wire.masked_shares_check(envelope.masked_shares)  # before the vector comes
-                self._on_masked_header(link, envelope.masked_shares)
+                complete = wire.masked_shares_check(envelope.masked_shares)  # before the vector
+                self._expect_vector(link, envelope.masked_shares.vector, complete)
             elif kind == "key_advert":
                 self.on_key_advert(link, wire.key_advert_from_proto(envelope.key_advert))
             elif kind == "refusal":
@@ -740,29 +745,31 @@ class ServerRun:
         self.key_adverts[link.client_id] = advert
         self.changed.set()
 
-    def _on_masked_header(self, link: ClientLink, header: pb.MaskedInput | pb.MaskedShares) -> None:
+    def _expect_vector(
+        self,
+        link: ClientLink,
+        header: pb.VectorHeader,
+        complete: Callable[[np.ndarray], m.ClientMessage],
+    ) -> None:
         # Every cluster of a run has the inputs' length and the ring's width, so a masked
         # input is reassembled before its context is checked (a late one is then dropped).
         dtype = np.uint32 if self.settings.bits == 32 else np.uint64
         length = input_length(self.config, self.encoder)
-        assembler = wire.VectorAssembler(header.vector, length, dtype)
-        link.pending = (header, assembler)
-        if assembler.complete:
-            self._finish_masked(link)
+        link.pending = (wire.VectorAssembler(header, length, dtype), complete)
+        if link.pending[0].complete:
+            self._finish_vector(link)
 
     def _on_chunk(self, link: ClientLink, chunk: pb.VectorChunk) -> None:
         if link.pending is None:
             raise wire.WireError("a vector chunk without a vector header")
-        if link.pending[1].add(chunk):
-            self._finish_masked(link)
+        if link.pending[0].add(chunk):
+            self._finish_vector(link)
 
-    def _finish_masked(self, link: ClientLink) -> None:
-        header, assembler = link.pending  # type: ignore[misc]
+    def _finish_vector(self, link: ClientLink) -> None:
+        assert link.pending is not None
+        assembler, complete = link.pending
         link.pending = None
-        if isinstance(header, pb.MaskedShares):
-            self._deliver(link, wire.masked_shares_from_parts(header, assembler.result()))
-        else:
-            self._deliver(link, wire.masked_from_parts(header, assembler.result()))
+        self._deliver(link, complete(assembler.result()))
 
     # -- the run ----------------------------------------------------------------------------
 

@@ -623,28 +623,30 @@ def masked_shares_to_proto(x: m.MaskedShares) -> pb.MaskedShares:
     )
 
 
-def masked_shares_check(p: pb.MaskedShares) -> tuple[bytes, dict[int, bytes], dict[int, bytes]]:
-    """The seed commitment, pair commitments and bundles of a MaskedShares header, checked
-    before its vector is assembled: a 32-byte seed commitment, at most
-    :data:`~sharefl.protocol.records.MAX_DEALT_PEERS` pair commitments of 32 bytes and
-    bundles, no peer twice, every bundle the size a dealer of that many neighbours seals
-    (:func:`~sharefl.protocol.bundles.dealt_bytes`). Raises :class:`WireError`."""
+def masked_shares_check(p: pb.MaskedShares) -> Callable[[np.ndarray], m.MaskedShares]:
+    """Check a MaskedShares header before its vector is assembled — a 32-byte seed
+    commitment, at most :data:`~sharefl.protocol.records.MAX_DEALT_PEERS` pair commitments
+    of 32 bytes and bundles, no peer twice, every bundle the size a dealer of that many
+    neighbours seals (:func:`~sharefl.protocol.bundles.dealt_bytes`) — and return what
+    completes the message once its vector has come. Raises :class:`WireError`."""
     seed = _bytes(p.seed_commitment, COMMITMENT_BYTES, "seed commitment")
     commitments = _peer_map(
         p.pair_commitments, "pair commitments", "commitment", COMMITMENT_BYTES, MAX_DEALT_PEERS
     )
     size = dealt_bytes(len(commitments))
     dealt = _peer_map(p.bundles, "dealt bundles", "ciphertext", size, MAX_DEALT_PEERS)
-    return seed, commitments, dealt
+    sender, context = int(p.sender), context_from_proto(p.context)
+
+    def complete(vector: np.ndarray) -> m.MaskedShares:
+        return m.MaskedShares(sender, context, vector, seed, commitments, dealt)
+
+    return complete
 
 
 def masked_shares_from_parts(p: pb.MaskedShares, vector: np.ndarray) -> m.MaskedShares:
     """The message of a MaskedShares header and its assembled vector; raises
     :class:`WireError` (see :func:`masked_shares_check`)."""
-    seed, commitments, dealt = masked_shares_check(p)
-    return m.MaskedShares(
-        int(p.sender), context_from_proto(p.context), vector, seed, commitments, dealt
-    )
+    return masked_shares_check(p)(vector)
 
 
 def consistency_request_to_proto(r: m.ConsistencyRequest) -> pb.ConsistencyRequest:
