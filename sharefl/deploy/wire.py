@@ -196,7 +196,9 @@ class VectorAssembler:
         if header.chunks != expected_chunks:
             raise WireError(f"{header.chunks} chunks announced for {self._size} bytes")
         self._header = header
-        self._buffer = bytearray(self._size)  # allocated only after the length is checked
+        # allocated only after the length is checked, and not zeroed: every byte is written
+        self._vector = np.empty(length, dtype=self._dtype)
+        self._buffer = memoryview(self._vector).cast("B")
         self._filled = 0
         self._next = 0
 
@@ -238,9 +240,7 @@ class VectorAssembler:
         """The vector (native byte order); raises :class:`WireError` if incomplete."""
         if not self.complete:
             raise WireError(f"vector incomplete: {self._next} of {self._header.chunks} chunks")
-        return np.frombuffer(self._buffer, dtype=self._dtype).astype(
-            self._dtype.newbyteorder("="), copy=False
-        )
+        return self._vector.astype(self._dtype.newbyteorder("="), copy=False)
 
 
 # ---- scalars and small messages -----------------------------------------------------------
