@@ -12,6 +12,12 @@
   experiments/fed_cdp_layer_noise.toml --out docs/results/fed-cdp/layer-noise``): Fed-CDP at
   σ = 0.5 with our calibration (σ·√3·C) and with the authors' (σ·C per layer).
 
+- ``fed-cdp table10``: ``docs/results/fed-cdp/table10/`` (``sharefl simulate
+  experiments/fed_cdp_mnist_table10_small.toml --out docs/results/fed-cdp/table10 --match
+  LABEL --rounds R``): Table X's adaptive-clipping baselines (quantile clipping, AdaClip)
+  beside fixed flat clipping and Fed-CDP, in Table IV's setting, with the quantile bound C
+  of the last round.
+
 ``python experiments/results_pages.py`` writes them into the page (``--check`` compares).
 """
 
@@ -24,6 +30,7 @@ from pathlib import Path
 PROBE = Path("docs/results/fed-cdp/sigma-probe")
 LAYER_NOISE = Path("docs/results/fed-cdp/layer-noise")
 ARITHMETIC = Path("docs/results/fed-cdp/sigma-arithmetic.json")
+TABLE10 = Path("docs/results/fed-cdp/table10")
 
 
 def _loss(x: float | None) -> str:
@@ -99,6 +106,61 @@ def layer_noise_table(root: Path) -> str:
     return "\n".join(lines) if found else "(not run)"
 
 
+def _update_noise(privacy: dict) -> str:
+    """σ of the noise on the clipped sum, in units of its bound (quantile: σ_Δ of Andrew et
+    al.'s Theorem 1; per-layer: σ·√3 for the three layers of the CNN)."""
+    sigma = privacy["noise_multiplier"]
+    if privacy["clipping"] == "quantile":
+        count_std = privacy["clipping_options"]["count_std"]
+        return f"σ_Δ = {(sigma**-2 - (2 * count_std) ** -2) ** -0.5:.4g}"
+    if privacy["clipping"] == "per_layer":
+        return f"σ·√3 = {sigma * math.sqrt(3):.4g}"
+    return f"σ = {sigma:g}"
+
+
+def table10_table(root: Path) -> str:
+    folder = root / TABLE10
+    rounds = (10, 20, 30, 40, 50)
+    lines = [
+        "| run | clipping | accounted σ | noise on the sum (× its bound) | "
+        + " | ".join(f"round {t}" for t in rounds)
+        + " | bound in the last round | ε (δ = 1e-5) | wall (s) |",
+        "|---" * (len(rounds) + 7) + "|",
+    ]
+    order = ("per_layer", "flat", "quantile", "adaclip")
+    summaries = []
+    for run in sorted(folder.iterdir()) if folder.is_dir() else []:
+        path = run / "summary.json"
+        if path.is_file():
+            s = json.loads(path.read_text())
+            p = s["config"]["privacy"]
+            key = (p["noise_multiplier"] > 1, order.index(p["clipping"]), s["label"])
+            summaries.append((key, run, s))
+    for _, run, s in sorted(summaries, key=lambda item: item[0]):
+        records = {
+            r["round"]: r for r in map(json.loads, (run / "rounds.jsonl").read_text().splitlines())
+        }
+        p = s["config"]["privacy"]
+        accs = " | ".join(
+            f"{100 * records[t]['accuracy']:.1f}"
+            if t in records and records[t]["accuracy"] is not None
+            else "–"
+            for t in rounds
+        )
+        adaptive = s.get("adaptive_clipping", {})
+        if p["clipping"] == "quantile":
+            bound = f"C = {adaptive['clip_norm'][-1]:.3g} (C₀ = {p['clip']:g})"
+        elif p["clipping"] == "adaclip":
+            bound = f"‖w‖ ≤ {p['clipping_options'].get('max_norm', 1.0):g} (transformed)"
+        else:
+            bound = f"C = {p['clip']:g} (fixed)"
+        lines.append(
+            f"| {s['label']} | {p['clipping']} | {p['noise_multiplier']:g} | {_update_noise(p)} | "
+            f"{accs} | {bound} | {s['epsilon']:.3g} | {s['wall_seconds']:.0f} |"
+        )
+    return "\n".join(lines) if summaries else "(not run)"
+
+
 def arithmetic_table(root: Path) -> str:
     path = root / ARITHMETIC
     if not path.is_file():
@@ -136,6 +198,7 @@ def blocks(root: Path) -> dict[str, str]:
         "fed-cdp sigma arithmetic": arithmetic_table(root),
         "fed-cdp sigma probe": probe_table(root),
         "fed-cdp layer noise": layer_noise_table(root),
+        "fed-cdp table10": table10_table(root),
     }
 
 

@@ -162,6 +162,12 @@ BLOCKS: tuple[Block, ...] = (
         "docs/results/fed-cdp/layer-noise/",
         _fed_cdp("fed-cdp layer noise"),
     ),
+    Block(
+        "fed-cdp.md",
+        "fed-cdp table10",
+        "docs/results/fed-cdp/table10/",
+        _fed_cdp("fed-cdp table10"),
+    ),
 )
 
 HAND_WRITTEN: dict[str, tuple[int, str]] = {
