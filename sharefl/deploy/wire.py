@@ -198,7 +198,7 @@ class VectorAssembler:
         self._header = header
         # allocated only after the length is checked, and not zeroed: every byte is written
         self._vector = np.empty(length, dtype=self._dtype)
-        self._buffer = memoryview(self._vector).cast("B")
+        self._buffer = self._vector.data.cast("B")
         self._filled = 0
         self._next = 0
 
