@@ -169,12 +169,9 @@ def test_duplicates_and_unsafe_encodings_are_refused():
         wire.assignment_from_proto(unsafe)
 
 
-@settings(max_examples=25, deadline=None)
-@given(
-    length=st.sampled_from([0, 1, 3, wire.CHUNK_BYTES // 4, wire.CHUNK_BYTES // 4 + 1]),
-    dtype=st.sampled_from([np.float32, np.uint32, np.uint64]),
-    envelope=st.sampled_from([pb.ServerMessage, pb.ClientMessage]),
-)
+@pytest.mark.parametrize("length", [0, 1, 3, wire.CHUNK_BYTES // 4, wire.CHUNK_BYTES // 4 + 1])
+@pytest.mark.parametrize("dtype", [np.float32, np.uint32, np.uint64])
+@pytest.mark.parametrize("envelope", [pb.ServerMessage, pb.ClientMessage])
 def test_chunk_frames_are_the_messages_serialized(length, dtype, envelope):
     """The hand-written frames equal protobuf's own encoding of the chunk messages (index 0
     left out, multi-byte varints), so a receiver parses them as any other message."""
