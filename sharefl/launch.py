@@ -33,8 +33,9 @@ from sharefl.deploy.client import (
 )
 from sharefl.deploy.config import DeploymentConfig, load_config
 from sharefl.deploy.keygen import load_identity
+from sharefl.deploy.reports import RunResult
 from sharefl.deploy.results import ResultsWriter, load_checkpoint
-from sharefl.deploy.server import RunResult, load_directory, serve
+from sharefl.deploy.server import load_directory, serve
 from sharefl.errors import ShareflError
 from sharefl.exit_status import ExitStatus
 from sharefl.machine import keep_freed_memory, sigterm_interrupts

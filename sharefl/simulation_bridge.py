@@ -38,11 +38,11 @@ from sharefl.deploy.config import (
     ServerSection,
 )
 from sharefl.deploy.distributed import DistributedRingInputs
-from sharefl.deploy.server import descend
 from sharefl.privacy.client_budget import round_rdp
 from sharefl.privacy.secure_noise import SecureGenerator
 from sharefl.protocol.budget import ORDERS, PrivacyCharge
 from sharefl.protocol.errors import ConfigurationError
+from sharefl.protocol.model_step import descend
 from sharefl.protocol.settings import SETTINGS_KEYS
 from sharefl.robust.hierarchical import ClusterScale, HierarchicalAggregator
 from sharefl.robust.registry import build_rule
@@ -172,7 +172,7 @@ class RobustStrategy:
     :mod:`sharefl.robust` rule (named as in simulation configs, with its options and
     pre-aggregators) over the released cluster sums, reclusterings averaged (SHARE's
     Algorithm 1), then ``model ← model − learning_rate × aggregate``
-    (:func:`~sharefl.deploy.server.descend`); the model starts at zero.
+    (:func:`~sharefl.protocol.model_step.descend`); the model starts at zero.
 
     Raises :class:`~sharefl.robust.base.AggregationError` (a ``ValueError``) for an unknown
     rule, option or pre-aggregator (:mod:`sharefl.robust.registry`).
@@ -201,7 +201,7 @@ class RobustStrategy:
 
 
 class SimulationStrategy:
-    """The gRPC server's :class:`~sharefl.deploy.server.ServerStrategy` for a run.
+    """The gRPC server's :class:`~sharefl.deploy.strategy.ServerStrategy` for a run.
 
     Args:
         run: the run; ``out`` (optional) receives ``rounds.jsonl`` and ``summary.json``.

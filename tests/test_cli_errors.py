@@ -278,9 +278,9 @@ def test_every_status_is_documented_in_help_and_readme():
         ("sharefl.deploy.client", "ServerMisbehaved", ExitStatus.SERVER_MISBEHAVED),
         ("sharefl.deploy.client", "TrainerFailed", ExitStatus.USER_CODE_FAILED),
         ("sharefl.deploy.client", "RoundsRefused", ExitStatus.ROUNDS_REFUSED),
-        ("sharefl.deploy.server", "RunStalled", ExitStatus.STALLED),
-        ("sharefl.deploy.server", "TooFewClients", ExitStatus.NO_CLIENTS),
-        ("sharefl.deploy.server", "ClientsLost", ExitStatus.CLIENTS_LOST),
+        ("sharefl.deploy.errors", "RunStalled", ExitStatus.STALLED),
+        ("sharefl.deploy.errors", "TooFewClients", ExitStatus.NO_CLIENTS),
+        ("sharefl.deploy.errors", "ClientsLost", ExitStatus.CLIENTS_LOST),
         ("sharefl.protocol.errors", "StageError", None),  # sharefl went wrong: a traceback
         ("sharefl.crypto.errors", "DecryptionError", None),
     ],

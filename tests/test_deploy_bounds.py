@@ -27,7 +27,9 @@ from sharefl.deploy.config import (
     ServerSection,
     load_config,
 )
-from sharefl.deploy.server import BUSY, PeerLog, sample_participants, serve, validate_deployment
+from sharefl.deploy.run import PeerLog, sample_participants
+from sharefl.deploy.server import serve, validate_deployment
+from sharefl.deploy.service import BUSY
 from sharefl.proto import sharefl_pb2 as pb
 from sharefl.proto import sharefl_pb2_grpc as pb_grpc
 from sharefl.protocol.errors import ConfigurationError

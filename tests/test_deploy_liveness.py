@@ -31,7 +31,9 @@ from sharefl.deploy.config import (
     ServerSection,
     load_config,
 )
-from sharefl.deploy.server import RoundReport, RunStalled, serve
+from sharefl.deploy.errors import RunStalled
+from sharefl.deploy.reports import RoundReport
+from sharefl.deploy.server import serve
 from sharefl.exit_status import ExitStatus
 from sharefl.protocol.client import ClientPolicy
 from sharefl.protocol.errors import ConfigurationError

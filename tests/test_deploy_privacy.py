@@ -143,7 +143,7 @@ def test_a_resumed_run_replays_the_released_sums_into_its_ledger(tmp_path):
     """--resume: the ε of the rounds before the stop is not forgotten (the ledger replays
     the members of every released sum that result.json's rows record)."""
     from sharefl.deploy.results import Checkpoint
-    from sharefl.deploy.server import ServerRun
+    from sharefl.deploy.run import ServerRun
 
     config = load_config(deployment(tmp_path, noise_multiplier=2.0))
     row = {"round": 1, "culprits": {}, "clusters": [{"members": [0, 1, 2]}, {"members": [3, 4, 5]}]}

@@ -35,7 +35,8 @@ from sharefl.deploy.config import (
     load_config,
 )
 from sharefl.deploy.keygen import keygen, load_identity
-from sharefl.deploy.server import deployment_rng, validate_deployment
+from sharefl.deploy.run import deployment_rng
+from sharefl.deploy.server import validate_deployment
 from sharefl.exit_status import ExitStatus
 from sharefl.proto import sharefl_pb2 as pb
 from sharefl.proto import sharefl_pb2_grpc as pb_grpc
@@ -828,8 +829,8 @@ def test_a_server_killed_in_round_k_resumes_from_k_with_earlier_rounds_intact(tm
 
 
 def test_a_checkpoint_ahead_of_its_line_is_repaired_and_a_torn_folder_refused(tmp_path):
+    from sharefl.deploy.reports import RoundReport
     from sharefl.deploy.results import ResultsWriter, ResumeError, load_checkpoint
-    from sharefl.deploy.server import RoundReport
 
     def report(r: int) -> RoundReport:
         return RoundReport(r, [0, 1, 2], [], [], [], [], {}, [], 3, 0.1, np.ones(4))

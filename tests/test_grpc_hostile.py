@@ -23,14 +23,9 @@ from sharefl.deploy.config import (
     SecureAggregationSection,
     ServerSection,
 )
-from sharefl.deploy.server import (
-    AggregationService,
-    ClientLink,
-    ServerRun,
-    StreamError,
-    add_session_handler,
-    serve,
-)
+from sharefl.deploy.run import ClientLink, ServerRun, StreamError
+from sharefl.deploy.server import serve
+from sharefl.deploy.service import AggregationService, add_session_handler
 from sharefl.deploy.wire import printable
 from sharefl.proto import sharefl_pb2 as pb
 from sharefl.proto import sharefl_pb2_grpc as pb_grpc

@@ -16,7 +16,7 @@ import pytest
 import torch
 from test_sim_outputs import FEDERATED
 
-import sharefl.deploy.server as deploy_server
+import sharefl.deploy.strategy as deploy_strategy
 from sharefl.protocol.model_step import ModelStepError, descend, heavy_ball, server_step
 from sharefl.simulator.checkpoint import LoopState
 from sharefl.simulator.config import expand
@@ -104,7 +104,7 @@ def test_a_run_with_server_momentum_resumes_bit_for_bit():
 
 
 def test_the_deployment_descends_with_the_same_function():
-    assert deploy_server.descend is descend
+    assert deploy_strategy.descend is descend
 
 
 def test_descend_rounds_once_to_float32():

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from sharefl.deploy.config import AggregatorSection, DeploymentConfig, ModelSection
-from sharefl.deploy.server import ReleasedSum
+from sharefl.deploy.reports import ReleasedSum
 from sharefl.robust import NNM, AggregationError, Krum, Pipeline
 from sharefl.robust.hierarchical import ClusterScale, HierarchicalAggregator
 from sharefl.robust.registry import RULES, build_rule

@@ -42,7 +42,8 @@ from sharefl.deploy.results import (
     load_checkpoint,
     model_id,
 )
-from sharefl.deploy.server import ClientLink, ServerRun, serve
+from sharefl.deploy.run import ClientLink, ServerRun
+from sharefl.deploy.server import serve
 from sharefl.proto import sharefl_pb2 as pb
 from sharefl.proto import sharefl_pb2_grpc as pb_grpc
 from sharefl.protocol.audit import audit

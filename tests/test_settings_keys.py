@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 import torch
 
+import sharefl.deploy.run as deploy_run
 import sharefl.deploy.server as deploy_server
 import sharefl.protocol.driver as driver
 from sharefl.crypto.signatures import IdentityKey
@@ -99,6 +100,7 @@ def captured(monkeypatch):
             super().__init__(settings, **kwargs)
 
     monkeypatch.setattr(driver, "RoundCoordinator", Recording)
+    monkeypatch.setattr(deploy_run, "RoundCoordinator", Recording)
     monkeypatch.setattr(deploy_server, "RoundCoordinator", Recording)
     return seen
 
@@ -271,7 +273,7 @@ def test_launch(key):
             deployment_section(run)
         return
     config = deployment_for(run, SimpleNamespace(ring_encoder=None, dim=DIM))
-    assert deploy_server.round_settings(config) == expected(key)
+    assert deploy_run.round_settings(config) == expected(key)
 
 
 @pytest.mark.parametrize(
@@ -325,7 +327,7 @@ def test_serve(key, tmp_path, captured):
         return
     config = load_config(deployment_file(tmp_path, key, VALUES[key]))
     assert config.secure_aggregation.as_settings() == expected(key)
-    assert deploy_server.round_settings(config) == expected(key)
+    assert deploy_run.round_settings(config) == expected(key)
     deploy_server.validate_deployment(config, DIRECTORY if key == "signed" else None)
     assert captured[-1] == expected(key)
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 import numpy as np
 
 from sharefl.deploy.config import AggregatorSection, DeploymentConfig, ModelSection
-from sharefl.deploy.server import AveragingStrategy, ReleasedSum, descend
+from sharefl.deploy.reports import ReleasedSum
+from sharefl.deploy.strategy import AveragingStrategy
+from sharefl.protocol.model_step import descend
 from sharefl.simulation_bridge import RobustStrategy
 
 

@@ -15,7 +15,7 @@ import torch
 from sim_configs import with_overrides
 
 from sharefl import papers
-from sharefl.deploy.server import ReleasedSum
+from sharefl.deploy.reports import ReleasedSum
 from sharefl.simulation_bridge import SimulationStrategy, SimulationTrainer
 from sharefl.simulator.config import SimulationConfigError, expand
 from sharefl.simulator.federated import populations

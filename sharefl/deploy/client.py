@@ -59,8 +59,8 @@ from sharefl.crypto.signatures import HELLO_NONCE_BYTES, IdentityKey, stream_hel
 from sharefl.deploy import wire
 from sharefl.deploy.config import is_loopback
 from sharefl.deploy.errors import DeployError
-from sharefl.deploy.server import (
-    BUSY,
+from sharefl.deploy.service import BUSY
+from sharefl.deploy.transport import (
     MAX_MESSAGE_BYTES,
     MIN_PING_INTERVAL_S,
     TRANSPORT_OPTIONS,
@@ -98,7 +98,7 @@ if TYPE_CHECKING:  # grpc ships no type stubs here: to mypy these are Any, kept 
 
 Trainer = Callable[..., np.ndarray]
 """``f(model, round=r, client_id=i)`` → the update the server steps against:
-``model ← model − learning_rate · aggregate`` (:func:`~sharefl.deploy.server.descend`), so
+``model ← model − learning_rate · aggregate`` (:func:`~sharefl.protocol.model_step.descend`), so
 a trainer returns ``model − trained_model`` (or a gradient), never the trained model."""
 
 
@@ -157,7 +157,7 @@ RETRYABLE = (
 def retryable(error: grpc.aio.AioRpcError) -> bool:
     """Whether a failed session is worth another attempt: the server was unreachable or
     silent, or it was busy with streams that have not authenticated yet (``RESOURCE_EXHAUSTED``
-    saying :data:`~sharefl.deploy.server.BUSY`); any other status is the server's answer."""
+    saying :data:`~sharefl.deploy.service.BUSY`); any other status is the server's answer."""
     if error.code() in RETRYABLE:
         return True
     busy = error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -300,7 +300,7 @@ def load_trainer(spec: str) -> Trainer:
 
 def demo_trainer(model: np.ndarray, *, round: int, client_id: int) -> np.ndarray:
     """A deterministic stand-in for local training: an update (the vector the server steps
-    against, :func:`~sharefl.deploy.server.descend`) that depends only on the client id and
+    against, :func:`~sharefl.protocol.model_step.descend`) that depends only on the client id and
     the round, in multiples of 1/256 within [-1, 1) so fixed-point sums are exact."""
     rng = np.random.default_rng([client_id, round])
     steps = rng.integers(-256, 256, size=model.shape[0], dtype=np.int16)

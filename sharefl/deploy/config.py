@@ -80,7 +80,7 @@ DEFAULT_KEEP_AGGREGATES = 3
 
 DEFAULT_MAX_EMPTY_ROUNDS = 3
 """``server.max_empty_rounds``: rounds in a row that release no cluster sum before the server
-stops the run (:class:`~sharefl.deploy.server.RunStalled`); such a run would otherwise go on
+stops the run (:class:`~sharefl.deploy.errors.RunStalled`); such a run would otherwise go on
 unchanged, e.g. a model whose reused plan withholds every sum after a client left."""
 
 

@@ -8,7 +8,7 @@ Under the results folder:
 - ``round-R-aggregate.npy``: the aggregate of round R (from 1), and ``model.npy``: the model after
   the last finished round, each replaced atomically (write a temporary file, then rename).
   Both are float32 ``[dim]`` (:data:`OUTPUT_DTYPE`, the model's dtype on the wire and in
-  the model step, :func:`~sharefl.deploy.server.descend`). Only the aggregates of the last
+  the model step, :func:`~sharefl.protocol.model_step.descend`). Only the aggregates of the last
   ``server.keep_aggregates`` rounds that produced one are kept (0: none, -1: all; see
   :func:`prune_aggregates`); the older files are deleted once the round that displaces
   them is on disk. No aggregate file is needed to resume;
@@ -19,7 +19,7 @@ Under the results folder:
   each with its own ``traffic``: bytes per client in that round) and ``traffic_total``
   (bytes per client over the whole run), also written atomically;
 - ``releases.jsonl``: the release journal (:class:`ResultsWriter` as the server's
-  :class:`~sharefl.deploy.server.RunJournal`): one JSON object per line, appended, flushed
+  :class:`~sharefl.deploy.run.RunJournal`): one JSON object per line, appended, flushed
   and fsynced before the server acts on it. ``{"kind": "plan", ...}`` — a round's committed
   clusterings, with the model (its SHA-256, :func:`~sharefl.protocol.memory.model_digest`)
   they were planned on, written before the round's RoundStart leaves; ``{"kind":
@@ -391,7 +391,7 @@ class ResultsWriter:
         self._staged_sums: list[tuple[Path, Path]] = []
         """Sum files written since the last :meth:`sync` (temporary path, final path)."""
 
-    # -- the release journal (sharefl.deploy.server.RunJournal) ----------------------------
+    # -- the release journal (sharefl.deploy.run.RunJournal) ----------------------------
 
     def begin(
         self, run: bytes, model: np.ndarray, *, keep_aggregates: int = DEFAULT_KEEP_AGGREGATES
