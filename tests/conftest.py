@@ -24,7 +24,11 @@ from hypothesis import HealthCheck, settings
 
 HYPOTHESIS_PROFILE = os.environ.get("SHAREFL_HYPOTHESIS_PROFILE", "ci")
 """``ci`` (the default run: hypothesis' usual budget) or ``slow`` (at least 10,000 examples
-per search): ``SHAREFL_HYPOTHESIS_PROFILE=slow pytest -m slow tests/test_x.py``."""
+per search). CI runs the tests marked ``slow`` under it (``.ci/run``):
+``SHAREFL_HYPOTHESIS_PROFILE=slow pytest -m slow``. Most property tests are not marked
+``slow`` (the profile only raises their budget, :func:`examples`): one file's property tests
+at the slow budget is ``SHAREFL_HYPOTHESIS_PROFILE=slow pytest tests/test_x.py``, without
+``-m slow``, which would select only that file's ``slow`` tests (often none)."""
 settings.register_profile("ci", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile(
     "slow", max_examples=10_000, deadline=None, suppress_health_check=[HealthCheck.too_slow]

@@ -177,6 +177,16 @@ def test_ci_runs_the_readme_test_command():
     assert "README.md" in ci and "<!-- test-command -->" in ci
 
 
+def test_ci_runs_the_slow_tests_with_the_documented_command():
+    """After the default run, CI runs the tests marked slow, with the command that
+    docs/contributing.md and tests/conftest.py give (the slow hypothesis profile)."""
+    command = "SHAREFL_HYPOTHESIS_PROFILE=slow pytest -m slow"
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert f'slow_command="{command}"' in ci and 'bash -euo pipefail -c "$slow_command"' in ci
+    assert f"`{command}`" in (ROOT / "docs" / "contributing.md").read_text()
+    assert f"``{command}``" in (ROOT / "tests" / "conftest.py").read_text()
+
+
 def test_test_command_installs_what_the_main_job_needs():
     """After CI (which starts from a fresh .venv), the main job runs in that .venv."""
     test, main = _block("test-command"), _main_command()
