@@ -29,9 +29,10 @@ updates. Per method it prints one JSON line: the round wall time (median over th
 rounds, from the fit workflow's start to its end on the server), the server's CPU time in
 the thread that runs the workflow (the protocol, encoding and Flower's message handling;
 Ray's client processes excluded), the client time (the client app's own time over every
-message of the round, averaged over the clients), the number of message exchanges, and the
-max error of the new parameters against the exact weighted mean of the updates. Ratios
-against ``secaggplus_complete`` and ``fedavg`` of the same run follow.
+message of the round, averaged over the clients), the number of message exchanges and the
+median time of each (from its send to its last reply), and the max error of the new
+parameters against the exact weighted mean of the updates. Ratios against
+``secaggplus_complete`` and ``fedavg`` of the same run follow.
 
 Flower polls: its in-memory grid sleeps ``pull_interval`` (0.1 s) between pulls for replies,
 and the simulation runtime looks for new messages every 0.1 s. Every exchange of a
@@ -145,27 +146,43 @@ def message_client_app(d: int) -> ClientApp:
 
 
 class TimingGrid:
-    """The grid, counting exchanges and summing the clients' reported seconds."""
+    """The grid, counting exchanges, timing each (from its push to its last reply pulled)
+    and summing the clients' reported seconds."""
 
     def __init__(self, grid):
         self._grid = grid
         self.exchanges = 0
         self.client_s = 0.0
+        self.exchange_s: list[float] = []
+        self._pushed = 0.0
+
+    def start_round(self) -> None:
+        self.exchanges, self.client_s, self.exchange_s = 0, 0.0, []
 
     def send_and_receive(self, messages, *, timeout=None):
         """Flower's own wait (its workflows and strategies)."""
         messages = list(messages)
         self.exchanges += bool(messages)  # ``Strategy.start`` also sends empty lists
-        return self._timed(self._grid.send_and_receive(messages, timeout=timeout))
+        start = time.perf_counter()
+        replies = self._timed(self._grid.send_and_receive(messages, timeout=timeout))
+        if messages:
+            self.exchange_s.append(time.perf_counter() - start)
+        return replies
 
     def push_messages(self, messages):
         """sharefl's wait (``send_and_collect``) pushes once per exchange, then pulls."""
         messages = list(messages)
-        self.exchanges += bool(messages)
+        if messages:
+            self.exchanges += 1
+            self.exchange_s.append(0.0)
+            self._pushed = time.perf_counter()
         return self._grid.push_messages(messages)
 
     def pull_messages(self, message_ids):
-        return self._timed(self._grid.pull_messages(message_ids))
+        replies = self._timed(self._grid.pull_messages(message_ids))
+        if replies and self.exchange_s:
+            self.exchange_s[-1] = time.perf_counter() - self._pushed
+        return replies
 
     def _timed(self, replies):
         replies = list(replies)
@@ -185,6 +202,7 @@ class RoundStats:
     client_s: float
     exchanges: int
     max_error: float
+    exchange_s: tuple[float, ...] = ()
 
 
 class Recording(FedAvg):
@@ -225,13 +243,22 @@ class Method:
         timing = TimingGrid(grid)
 
         def fit(grid_, ctx):
-            timing.exchanges, timing.client_s = 0, 0.0
+            timing.start_round()
             wall, cpu = time.perf_counter(), time.thread_time()
             (inner or default_fit_workflow)(timing, ctx)
             wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
             assert strategy.sent is not None and strategy.aggregated is not None
             error = float(np.abs(strategy.aggregated[0] - strategy.sent[0] - exact).max())
-            self.stats.append(RoundStats(wall, cpu, timing.client_s / n, timing.exchanges, error))
+            self.stats.append(
+                RoundStats(
+                    wall,
+                    cpu,
+                    timing.client_s / n,
+                    timing.exchanges,
+                    error,
+                    tuple(timing.exchange_s),
+                )
+            )
 
         fresh = Context(context.run_id, 0, {}, RecordDict(), {})
         legacy = LegacyContext(fresh, config=ServerConfig(num_rounds=rounds + 1), strategy=strategy)
@@ -253,6 +280,10 @@ class Method:
             "server_cpu_s": med(s.server_cpu_s for s in measured),
             "client_s": med(s.client_s for s in measured),
             "exchanges": measured[0].exchanges,
+            "exchange_s": [  # the median of each exchange of the round, in order
+                med(s.exchange_s[i] for s in measured)
+                for i in range(min(len(s.exchange_s) for s in measured))
+            ],
             "max_error": max(s.max_error for s in self.stats),
         }
 
@@ -275,7 +306,7 @@ class TimedRounds:
         self._timing, self._stats, self._exact, self._clients = timing, stats, exact, clients
 
     def configure_train(self, server_round, arrays, config, grid):
-        self._timing.exchanges, self._timing.client_s = 0, 0.0
+        self._timing.start_round()
         self._sent = arrays.to_numpy_ndarrays()[0]
         self._clock = (time.perf_counter(), time.thread_time())
         return super().configure_train(server_round, arrays, config, grid)
@@ -287,7 +318,11 @@ class TimedRounds:
             raise RuntimeError(f"round {server_round} aggregated nothing")
         error = float(np.abs(arrays.to_numpy_ndarrays()[0] - self._sent - self._exact).max())
         client_s = self._timing.client_s / self._clients
-        self._stats.append(RoundStats(wall, cpu, client_s, self._timing.exchanges, error))
+        self._stats.append(
+            RoundStats(
+                wall, cpu, client_s, self._timing.exchanges, error, tuple(self._timing.exchange_s)
+            )
+        )
         return arrays, metrics
 
 
