@@ -122,11 +122,12 @@ def table10_table(root: Path) -> str:
     folder = root / TABLE10
     rounds = (10, 20, 30, 40, 50)
     lines = [
-        "| run | clipping | accounted σ | noise on the sum (× its bound) | "
+        "| run | seed | clipping | accounted σ | noise on the sum (× its bound) | "
         + " | ".join(f"round {t}" for t in rounds)
         + " | bound in the last round | ε (δ = 1e-5) | wall (s) |",
-        "|---" * (len(rounds) + 7) + "|",
+        "|---" * (len(rounds) + 8) + "|",
     ]
+    last: dict[str, list[float]] = {}  # label -> accuracy at the last round, per seed
     order = ("per_layer", "flat", "quantile", "adaclip")
     summaries = []
     for run in sorted(folder.iterdir()) if folder.is_dir() else []:
@@ -134,7 +135,7 @@ def table10_table(root: Path) -> str:
         if path.is_file():
             s = json.loads(path.read_text())
             p = s["config"]["privacy"]
-            key = (p["noise_multiplier"] > 1, order.index(p["clipping"]), s["label"])
+            key = (p["noise_multiplier"] > 1, order.index(p["clipping"]), s["label"], s["seed"])
             summaries.append((key, run, s))
     for _, run, s in sorted(summaries, key=lambda item: item[0]):
         records = {
@@ -155,10 +156,21 @@ def table10_table(root: Path) -> str:
         else:
             bound = f"C = {p['clip']:g} (fixed)"
         lines.append(
-            f"| {s['label']} | {p['clipping']} | {p['noise_multiplier']:g} | {_update_noise(p)} | "
-            f"{accs} | {bound} | {s['epsilon']:.3g} | {s['wall_seconds']:.0f} |"
+            f"| {s['label']} | {s['seed']} | {p['clipping']} | {p['noise_multiplier']:g} | "
+            f"{_update_noise(p)} | {accs} | {bound} | {s['epsilon']:.3g} | "
+            f"{s['wall_seconds']:.0f} |"
         )
-    return "\n".join(lines) if summaries else "(not run)"
+        last.setdefault(s["label"], []).append(100 * s["final_accuracy"])
+    if not summaries:
+        return "(not run)"
+    spread = [
+        f"{label}: {sum(v) / len(v):.1f} (seeds {', '.join(f'{x:.1f}' for x in v)})"
+        for label, v in last.items()
+        if len(v) > 1
+    ]
+    if spread:
+        lines += ["", "Mean accuracy at the last round: " + "; ".join(spread) + "."]
+    return "\n".join(lines)
 
 
 def arithmetic_table(root: Path) -> str:
