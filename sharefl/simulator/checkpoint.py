@@ -17,7 +17,8 @@ for every baseline object, what those three ways can have changed:
 - torch, numpy and :mod:`random` generators: their states;
 - everything created after the build: by value (pickled);
 - the process's global generators (torch's, CUDA's, numpy's, :mod:`random`'s), which no
-  loop draws from today but a model's dropout would.
+  loop draws from today (the models' dropout draws from the loop's training generator,
+  :class:`~sharefl.simulator.models.GeneratorDropout`) but a plain ``nn.Dropout`` would.
 
 Inside those contents a baseline object is written as its path. :meth:`LoopState.restore`
 resolves each path in a freshly built loop of the same configuration and puts the contents

@@ -4,7 +4,10 @@
 example, e.g. ``(1, 28, 28)``; batches are ``[B, *input_shape]``) returning logits
 ``[B, num_classes]`` (train with cross-entropy). There is no BatchNorm (or any buffer that
 mixes examples), so every model works with ``torch.func.vmap`` per-example gradients; models
-with dropout need ``randomness="different"``.
+with dropout need ``randomness="different"``. Their dropout is :class:`GeneratorDropout`:
+inside :func:`dropout_generator` it draws its masks from the generator given there (the
+simulator passes its training generator, so a run's dropout follows from its seed and its
+checkpoints), elsewhere from torch's global generator like ``nn.Dropout``.
 
 ========================= ========================================================== ===============
 name                      model                                                      parameters*
@@ -33,10 +36,11 @@ Errors (unknown name or option, an input shape a model cannot take) raise
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import itertools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -280,6 +284,51 @@ def dp_rsa_cnn(*, num_classes: int = 10, input_shape: tuple[int, ...] = (3, 32, 
 
 
 # ---------------------------------------------------------------------------------------------
+# Dropout drawn from an explicit generator
+
+
+class GeneratorDropout(nn.Dropout):
+    """``nn.Dropout`` whose masks come from :attr:`generator` when one is set.
+
+    ``nn.Dropout`` always draws from torch's global generator, which nothing in a run seeds:
+    two runs of one configuration would train with different masks. With :attr:`generator`
+    set (see :func:`dropout_generator`) each element is kept with probability ``1 − p``
+    (``torch.bernoulli(…, generator=generator)``) and scaled by ``1/(1 − p)``, the law of
+    ``nn.Dropout``; under ``torch.func.vmap(randomness="different")`` every example gets its
+    own mask from that generator. With no generator set it is ``nn.Dropout``. It holds no
+    parameter or buffer, so state dicts are those of the same model with ``nn.Dropout``.
+    """
+
+    def __init__(self, p: float = 0.5, inplace: bool = False) -> None:
+        super().__init__(p, inplace)
+        self.generator: torch.Generator | None = None
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        generator = self.generator
+        if generator is None or not self.training or self.p == 0:
+            return super().forward(input)
+        if self.p == 1:
+            return input * 0.0
+        keep = torch.bernoulli(torch.full_like(input, 1.0 - self.p), generator=generator)
+        return input * keep / (1.0 - self.p)
+
+
+@contextlib.contextmanager
+def dropout_generator(module: nn.Module, generator: torch.Generator | None) -> Iterator[None]:
+    """Within the block, every :class:`GeneratorDropout` of ``module`` draws from
+    ``generator`` (on the module's device); the previous generators are put back after."""
+    layers = [m for m in module.modules() if isinstance(m, GeneratorDropout)]
+    before = [m.generator for m in layers]
+    for m in layers:
+        m.generator = generator
+    try:
+        yield
+    finally:
+        for m, g in zip(layers, before, strict=True):
+            m.generator = g
+
+
+# ---------------------------------------------------------------------------------------------
 # Fed-αCDP (Wei et al.) and the decentralized paper (Ye et al.)
 
 
@@ -289,7 +338,9 @@ def fed_cdp_cnn(*, num_classes: int = 10, input_shape: tuple[int, ...] = (1, 28,
     MaxPool 2, Conv(64, 3×3, ReLU, no bias), MaxPool 2, Flatten, Dropout(0.5),
     Linear(classes, no bias) (Keras "valid" padding). Parameters: 34,720 for ``(1, 28, 28)``
     and 10 classes; 42,336 for ``(3, 32, 32)``; 162,144 for LFW's ``(3, 32, 32)`` and 62
-    classes. Needs H, W >= 10; vmap it with ``randomness="different"``."""
+    classes. Needs H, W >= 10; vmap it with ``randomness="different"``. The dropout is a
+    :class:`GeneratorDropout` (the simulator's training draws its masks from the run's
+    generator)."""
     c, h, w = _image("fed_cdp_cnn", input_shape)
 
     def side(s: int) -> int:
@@ -305,7 +356,7 @@ def fed_cdp_cnn(*, num_classes: int = 10, input_shape: tuple[int, ...] = (1, 28,
         nn.ReLU(),
         nn.MaxPool2d(2),
         nn.Flatten(),
-        nn.Dropout(0.5),
+        GeneratorDropout(0.5),
         nn.Linear(64 * hh * ww, num_classes, bias=False),
     )
 

@@ -55,6 +55,7 @@ from sharefl.privacy.clipping import ClippingMode, Normalization
 from sharefl.privacy.noise import standard_normal
 from sharefl.privacy.schedules import NoiseSchedule
 from sharefl.simulator.errors import SimulatorError
+from sharefl.simulator.models import dropout_generator
 
 Sampling = Literal["poisson", "shuffle", "replay"]
 SAMPLINGS: tuple[str, ...] = ("poisson", "shuffle", "replay")
@@ -359,7 +360,22 @@ class VectorizedClients:
 
         Returns:
             The ``[K, d]`` uploads (pseudo-gradients, see the module docstring).
+
+        The model's dropout (:class:`~sharefl.simulator.models.GeneratorDropout`) draws its
+        masks from ``generator`` too, so a round depends on nothing but ``generator``'s state.
         """
+        with dropout_generator(self.model.module, generator):
+            return self._train(w, clients, generator, momentum=momentum, sigma=sigma)
+
+    def _train(
+        self,
+        w: Tensor,
+        clients: Sequence[int] | Tensor,
+        generator: torch.Generator,
+        *,
+        momentum: Tensor | None,
+        sigma: float | None,
+    ) -> Tensor:
         clients = torch.as_tensor(clients, dtype=torch.long, device=self.device)
         K = len(clients)
         params = w.detach().to(self.device).unsqueeze(0).repeat(K, 1)

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
+from sharefl.simulator.models import dropout_generator
 from sharefl.simulator.training import FlatModel, TrainingError
 
 
@@ -114,5 +115,6 @@ class WorkerGradients:
                 f"got {tuple(params.shape)}"
             )
         rows = self.sampler.next(generator)
-        grads = self._grad(self.model.unflatten(params), self.inputs[rows], self.targets[rows])
+        with dropout_generator(self.model.module, generator):  # dropout masks: generator's too
+            grads = self._grad(self.model.unflatten(params), self.inputs[rows], self.targets[rows])
         return torch.cat([grads[n].reshape(len(params), -1) for n in self.model.names], dim=1)
