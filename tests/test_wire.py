@@ -178,7 +178,10 @@ def test_chunk_frames_are_the_messages_serialized(length, dtype, envelope):
     vector = np.arange(length).astype(dtype)
     frames = wire.chunk_frames(envelope, vector)
     _, chunks = wire.vector_to_proto(vector)
-    assert frames == [envelope(chunk=c).SerializeToString() for c in chunks]
+    messages = [envelope(chunk=c) for c in chunks]
+    assert frames == [m.SerializeToString() for m in messages]
+    # what a receiver counts for a chunk it read, without encoding it again
+    assert [wire.serialized_size(m) for m in messages] == [m.ByteSize() for m in messages]
 
 
 def test_the_stream_serializer_passes_bytes_and_serializes_messages():

@@ -382,7 +382,7 @@ class ServerRun:
     def on_message(self, link: ClientLink, envelope: pb.ClientMessage) -> None:
         """Route one client message; raises :class:`StreamError` for one that no honest
         client sends (the caller ends the stream and names the client)."""
-        link.bytes_in += envelope.ByteSize()
+        link.bytes_in += wire.serialized_size(envelope)
         kind = envelope.WhichOneof("body")
         try:
             if kind == "chunk":

@@ -149,14 +149,20 @@ def chunk_frames(envelope: Envelope, vector: np.ndarray) -> list[bytes]:
     that cannot be sent.
     """
     payload = _payload(vector)
-    field_tag = _varint(envelope.DESCRIPTOR.fields_by_name["chunk"].number << 3 | _LENGTH_DELIMITED)
     frames = []
     for index in range(_chunk_count(len(payload))):
         piece = payload[index * CHUNK_BYTES : (index + 1) * CHUNK_BYTES]
-        # proto3 leaves a zero index out, as SerializeToString does
-        head = (_INDEX_TAG + _varint(index) if index else b"") + _DATA_TAG + _varint(len(piece))
-        frames.append(b"".join((field_tag, _varint(len(head) + len(piece)), head, piece)))
+        frames.append(b"".join((_chunk_frame_head(envelope, index, len(piece)), piece)))
     return frames
+
+
+def _chunk_frame_head(envelope: Envelope, index: int, length: int) -> bytes:
+    """The bytes before the payload in ``envelope(chunk=VectorChunk(index, data))``'s
+    encoding, for ``length`` bytes of data."""
+    field_tag = _varint(envelope.DESCRIPTOR.fields_by_name["chunk"].number << 3 | _LENGTH_DELIMITED)
+    # proto3 leaves a zero index out, as SerializeToString does
+    head = (_INDEX_TAG + _varint(index) if index else b"") + _DATA_TAG + _varint(length)
+    return b"".join((field_tag, _varint(len(head) + length), head))
 
 
 def serialize(message: Message | bytes) -> bytes:
@@ -166,8 +172,15 @@ def serialize(message: Message | bytes) -> bytes:
 
 
 def serialized_size(message: Message | bytes) -> int:
-    """The bytes :func:`serialize` writes for ``message`` (for traffic accounting)."""
-    return len(message) if isinstance(message, bytes) else message.ByteSize()
+    """The bytes :func:`serialize` writes for ``message``, or the bytes an envelope read
+    from a stream took (for traffic accounting). A chunk's size is counted from its data's
+    length: ``ByteSize`` would encode the megabytes again only to measure them."""
+    if isinstance(message, bytes):
+        return len(message)
+    if isinstance(message, (pb.ClientMessage, pb.ServerMessage)) and message.HasField("chunk"):
+        length = len(message.chunk.data)
+        return len(_chunk_frame_head(type(message), message.chunk.index, length)) + length
+    return message.ByteSize()
 
 
 class VectorAssembler:
@@ -229,9 +242,10 @@ class VectorAssembler:
             raise WireError(f"chunk {chunk.index} arrived, expected chunk {self._next}")
         last = self._next == self._header.chunks - 1
         want = self._size - self._filled if last else CHUNK_BYTES
-        if len(chunk.data) != want:
-            raise WireError(f"chunk {chunk.index} has {len(chunk.data)} bytes, expected {want}")
-        self._buffer[self._filled : self._filled + want] = chunk.data
+        data = chunk.data
+        if len(data) != want:
+            raise WireError(f"chunk {chunk.index} has {len(data)} bytes, expected {want}")
+        self._buffer[self._filled : self._filled + want] = data
         self._filled += want
         self._next += 1
         return self.complete
