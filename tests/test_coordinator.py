@@ -208,3 +208,29 @@ def test_in_signed_rounds_a_sum_its_members_would_refuse_is_withheld_not_asked()
     reason = views.check((0, 1, 2, 3, 4), (0, 0))
     assert reason is not None and "client 0 would refuse" in reason and "[5]" in reason
     assert views.check((0, 1, 2, 3, 4, 5), (1, 0)) is None  # the planned sum is fine
+
+
+def test_a_client_that_refuses_its_cluster_is_not_waited_for_and_may_not_send_after():
+    """A refusal of the sender's own open cluster ends the wait for it (the stage closes
+    when the others have answered, as for a drop-out); a refusal naming another context
+    changes nothing; a message after the refusal is misbehaviour."""
+    rc = _coordinator()
+    assignments = rc.open_reclustering()
+    sessions = _adverts(rc, assignments)
+    own = assignments[1].context
+    mates = set(assignments[1].members)
+    other = next(a.context for cid, a in assignments.items() if cid not in mates)
+    assert not rc.withdraw(1, other)  # not client 1's cluster
+    assert not rc.withdraw(1, dataclasses.replace(own, round=own.round - 1))  # a late refusal
+    assert 1 in rc.waiting_for()
+    assert rc.withdraw(1, own)
+    assert rc.waiting_for() == frozenset(range(6)) - {1}
+    for cid in mates - {1}:
+        rc.receive(cid, sessions[cid].advertise())
+    # client 1's cluster is complete without it
+    assert rc.waiting_for() == frozenset(range(6)) - mates
+    with pytest.raises(RejectedMessage, match="refused") as err:
+        rc.receive(1, sessions[1].advertise())
+    assert err.value.misbehaviour and 1 in rc.culprits
+    outgoing = rc.advance()
+    assert 1 not in outgoing and mates - {1} <= outgoing.keys()  # client 1 counts as dropped

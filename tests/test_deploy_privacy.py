@@ -167,7 +167,7 @@ def test_a_client_refuses_more_clusterings_than_its_noise_was_sized_for(tmp_path
     text = (
         server_file.read_text()
         .replace("[secure_aggregation]\n", "[secure_aggregation]\nreclusterings = 2\n")
-        .replace("[server]\n", "[server]\nstage_timeout_s = 2.0\n")
+        .replace("[server]\n", f"[server]\nstage_timeout_s = {HANG_S}\n")
     )
     server_file.write_text(text)
     config = load_config(server_file)

@@ -58,7 +58,7 @@ def _config(folder: Path, keys: Path) -> Path:
             "clients": CLIENTS,
             "rounds": ROUNDS,
             "connect_timeout_s": 60.0,
-            "stage_timeout_s": 4.0,  # a round every client refuses waits this long
+            "stage_timeout_s": HANG_S,  # a refused cluster closes when all members refused
         },
         "model": {"dim": DIM, "aggregator": "sum"},
         # Without atoms: with them every release is a sum of whole atoms whatever the plan, and

@@ -400,9 +400,7 @@ class ServerRun:
             elif kind == "key_advert":
                 self.on_key_advert(link, wire.key_advert_from_proto(envelope.key_advert))
             elif kind == "refusal":
-                self.peer_log.line(
-                    link.client_id, f"client {link.client_id} refused: {envelope.refusal.reason}"
-                )
+                self._on_refusal(link, envelope.refusal)
             else:
                 # each takes the envelope's field of that name (a pb message of its own type)
                 converters: dict[str, Callable[[Any], m.ClientMessage]] = {
@@ -418,6 +416,18 @@ class ServerRun:
             raise StreamError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
         except RejectedMessage as exc:
             raise StreamError(grpc.StatusCode.FAILED_PRECONDITION, str(exc)) from exc
+
+    def _on_refusal(self, link: ClientLink, refusal: pb.Refusal) -> None:
+        """Log a client's refusal and, when it names the client's open cluster, stop
+        waiting for it there (:meth:`RoundCoordinator.withdraw`): the stage closes when
+        the others have answered instead of at its deadline. A refusal whose context does
+        not parse is only logged: a refusal carries no data the round uses."""
+        self.peer_log.line(link.client_id, f"client {link.client_id} refused: {refusal.reason}")
+        if self.round is None:
+            return
+        with contextlib.suppress(wire.WireError):
+            if self.round.withdraw(link.client_id, wire.context_from_proto(refusal.context)):
+                self.changed.set()
 
     def _deliver(self, link: ClientLink, message: m.ClientMessage) -> None:
         """Hand ``message`` to the round as sent by the link's authenticated client. A late

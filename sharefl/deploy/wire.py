@@ -179,8 +179,9 @@ def serialized_size(message: Message | bytes) -> int:
         return len(message)
     if isinstance(message, (pb.ClientMessage, pb.ServerMessage)) and message.HasField("chunk"):
         length = len(message.chunk.data)
-        return len(_chunk_frame_head(type(message), message.chunk.index, length)) + length
-    return message.ByteSize()
+        index = int(message.chunk.index)
+        return len(_chunk_frame_head(type(message), index, length)) + length
+    return int(message.ByteSize())
 
 
 class VectorAssembler:

@@ -69,7 +69,7 @@ import numpy as np
 
 from sharefl.crypto.encoding import RingEncoding, choose_encoding, decode
 from sharefl.crypto.errors import EncodingError, SumOutOfRange
-from sharefl.crypto.kdf import TWO_EXCHANGE_VERSION
+from sharefl.crypto.kdf import TWO_EXCHANGE_VERSION, KeyContext
 from sharefl.protocol.assignment import plan_assignment
 from sharefl.protocol.atoms import Atoms, check_plan_atoms, group_atoms, split_atoms
 from sharefl.protocol.audit import (
@@ -769,6 +769,18 @@ class RoundCoordinator:
             if exc.misbehaviour:
                 self.name_culprit(sender, f"sent a rejected message: {exc}")
             raise
+
+    def withdraw(self, sender: int, context: KeyContext) -> bool:
+        """The authenticated ``sender`` refused the cluster of ``context``: if that is its
+        open cluster, stop waiting for it there (:meth:`ServerSession.withdraw`) and
+        return True; a refusal of anything else (an earlier round or reclustering, a
+        cluster it is not in) changes nothing and returns False. A client can only
+        withdraw itself, from its own cluster."""
+        index = self._cluster_of.get(sender)
+        if not self._open or index is None or self._sessions[index].context != context:
+            return False
+        self._sessions[index].withdraw(sender)
+        return True
 
     def name_culprit(self, client: int, reason: str) -> None:
         """Record ``client`` as misbehaving (the first reason is kept). Transports call this

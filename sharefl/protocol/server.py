@@ -220,6 +220,7 @@ class ServerSession:
         self._dtype = ring_dtype(assignment.bits)
         self._x = {m: i + 1 for i, m in enumerate(assignment.members)}
         self._got = _Collected()
+        self._withdrawn: set[int] = set()
         self._u1: tuple[int, ...] = ()
         self._u2: tuple[int, ...] = ()
         self._u3: tuple[int, ...] = ()
@@ -256,6 +257,12 @@ class ServerSession:
             ServerState.UNMASK: (UnmaskResponse, self._recipients, self._on_unmask),
         }
         sender = getattr(message, "sender", None)
+        if sender in self._withdrawn:
+            raise RejectedMessage(
+                f"client {sender} refused cluster {self.context.cluster} and then sent "
+                f"{type(message).__name__} for it",
+                sender,
+            )
         if self.state not in expected:
             raise RejectedMessage(
                 f"cluster {self.context.cluster} is {self.state.value}", sender, misbehaviour=False
@@ -498,8 +505,22 @@ class ServerSession:
             ServerState.UNMASK: self._recipients,
         }.get(self.state, ())
 
+    def withdraw(self, member: int) -> None:
+        """``member`` refused this cluster: it sends nothing more here, so no stage waits
+        for it, and a message it sends for this cluster afterwards is rejected as
+        misbehaviour (an honest client drops a cluster it refused).
+
+        The server's view is that of ``member`` falling silent, which a client can always
+        do; only the time the server waits changes, so every invariant of the stages
+        holds as for a drop-out at this stage. Raises :class:`ValueError` for a client
+        that is not a member."""
+        if member not in self.assignment.members:
+            raise ValueError(f"client {member} is not a member of cluster {self.context.cluster}")
+        self._withdrawn.add(member)
+
     def waiting_for(self) -> frozenset[int]:
-        """Expected senders of the current stage whose message has not arrived yet."""
+        """Expected senders of the current stage whose message has not arrived yet (those
+        who refused the cluster are not waited for: :meth:`withdraw`)."""
         stores: dict[ServerState, Mapping[int, object]] = {
             ServerState.ADVERTISE: self._got.adverts,
             ServerState.SHARE: self._got.bundles,
@@ -508,7 +529,7 @@ class ServerSession:
             ServerState.UNMASK: self._got.unmasked,
         }
         received = stores.get(self.state, {})
-        return frozenset(self.expected_senders()) - received.keys()
+        return frozenset(self.expected_senders()) - received.keys() - self._withdrawn
 
     def advance(self) -> dict[int, ServerMessage]:
         """Close the current stage (all messages in, or the deadline passed).
