@@ -672,3 +672,27 @@ def test_a_four_exchange_message_has_the_bytes_it_had_before():
     new = wire.unmask_response_to_proto(response)
     assert new.SerializeToString(deterministic=True) == old.SerializeToString(deterministic=True)
     assert not new.pair_shares and not new.complaints
+
+
+def test_the_round_seed_is_one_derivation_pinned_for_grpc():
+    """Both transports derive the public round seed with
+    :func:`~sharefl.protocol.round_seed.public_round_seed`; gRPC's bytes are pinned (a
+    client and a server of different versions must agree on them)."""
+    from sharefl.integrations.flower.common import arrays_digest, round_seed
+    from sharefl.protocol.memory import model_digest
+    from sharefl.protocol.round_seed import public_round_seed
+
+    run, model = bytes(range(16)), np.linspace(-1, 1, 7, dtype=np.float32)
+    seed = wire.round_seed(run, 3, model)
+    assert seed.hex() == (
+        "d05adf46a7e4af7e087d5f7d9dfca9800118986b12a3ff76"
+        "b684c9a2c03064796360c32a773b3a17880c754ac88b1eb1"
+    )
+    assert seed != wire.round_seed(run, 4, model) != wire.round_seed(run, 3, model + 1)
+    from sharefl.protocol.clustering import Clustering
+    from sharefl.protocol.plan import RoundPlan
+
+    plan = RoundPlan(3, (Clustering(((0, 1, 2), (3, 4, 5))),))
+    arrays = [model[:3], model[3:]]
+    flower = round_seed(plan, arrays_digest(arrays))
+    assert flower == public_round_seed(plan.digest(), model_digest(model)) != seed

@@ -16,7 +16,6 @@ and ``.masked_shares``). Its caps are the record codec's
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -39,6 +38,7 @@ from sharefl.protocol.keys import MAX_SCOPE_BYTES, KeyAdvert
 from sharefl.protocol.memory import model_digest
 from sharefl.protocol.plan import RoundPlan
 from sharefl.protocol.records import DEALT_SIZES, MAX_DEALT_PEERS, MAX_PAIR_SHARES
+from sharefl.protocol.round_seed import public_round_seed
 
 CHUNK_BYTES = 3 << 20
 """Payload bytes per VectorChunk (3 MiB, below gRPC's 4 MiB message limit with headroom)."""
@@ -489,20 +489,12 @@ def assignment_from_proto(
     return assignment, encoding
 
 
-ROUND_SEED_TAG = b"sharefl/round-seed/v1"
-
-
 def round_seed(run: bytes, round_index: int, model: np.ndarray) -> bytes:
-    """The round's public seed (48 bytes), which the server and every client derive alike
-    from what the RoundStart carries: the run id, the round and the model (its
-    :func:`~sharefl.protocol.memory.model_digest`). Ring inputs use it for their shared
-    rotation; it is public, and a server that grinds models to pick it changes no
-    client's privacy (the rotation is orthogonal and the clip and rounding bound are
-    checked after it), only how evenly a vector spreads."""
-    h = hashlib.sha512(ROUND_SEED_TAG)
-    h.update(len(run).to_bytes(2, "big") + run + round_index.to_bytes(8, "big"))
-    h.update(model_digest(model))
-    return h.digest()[:48]
+    """The round's public seed (:func:`~sharefl.protocol.round_seed.public_round_seed`),
+    which the server and every client derive alike from what the RoundStart carries: the
+    run id and the round (length-prefixed) and the model."""
+    binding = len(run).to_bytes(2, "big") + run + round_index.to_bytes(8, "big")
+    return public_round_seed(binding, model_digest(model))
 
 
 def advert_to_proto(a: m.AdvertiseKeys) -> pb.Advertisement:

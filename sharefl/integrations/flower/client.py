@@ -496,7 +496,7 @@ class _Client:
         if self.privacy is not None:
             flat = np.concatenate([d.reshape(-1) for d in delta]) if delta else np.zeros(0)
             encoder = _client_encoder(self.privacy, flat.size)
-            ring = encoder.encode(flat, round_seed(plan, received), SecureRandom())
+            ring = encoder.encode(flat, round_seed(plan, arrays_digest(received)), SecureRandom())
         else:
             encoding_record = self._load("encoding")
             max_weight = float(encoding_record.pop("max_weight"))

@@ -20,6 +20,7 @@ from sharefl.protocol.keyfiles import read_directory as read_directory
 from sharefl.protocol.keyfiles import read_identity as read_identity
 from sharefl.protocol.memory import model_digest
 from sharefl.protocol.plan import RoundPlan
+from sharefl.protocol.round_seed import public_round_seed
 
 try:  # flwr is the [flower] extra
     from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
@@ -123,16 +124,8 @@ def arrays_digest(arrays: Sequence[np.ndarray]) -> bytes:
     return model_digest(np.concatenate(flat) if flat else np.zeros(0, np.float32))
 
 
-ROUND_SEED_TAG = b"sharefl/flower-round-seed/v1"
-
-
-def round_seed(plan: RoundPlan, arrays: Sequence[np.ndarray]) -> bytes:
-    """The round's public seed (48 bytes) of the ring inputs' rotation: the plan's digest
-    and the global arrays the clients received, which both sides hold. Public; a server
-    that grinds it changes no client's privacy (the rotation is orthogonal and the clip
-    and rounding bound are checked after it)."""
-    h = hashlib.sha512(ROUND_SEED_TAG + plan.digest())
-    for a in arrays:
-        flat = np.ascontiguousarray(np.asarray(a).reshape(-1), dtype="<f8")
-        h.update(len(flat).to_bytes(8, "big") + flat.tobytes())
-    return h.digest()[:48]
+def round_seed(plan: RoundPlan, model: bytes) -> bytes:
+    """The round's public seed (:func:`~sharefl.protocol.round_seed.public_round_seed`)
+    of the ring inputs' rotation: the plan's digest and the :func:`arrays_digest` of the
+    global arrays the clients received (``model``), which both sides hold."""
+    return public_round_seed(plan.digest(), model)

@@ -498,9 +498,7 @@ class ShareflWorkflow:
         if encoder is None:
             update = self._aggregate(result, codec)
         else:
-            update = self._aggregate_ring(
-                result, codec, encoder, round_seed(rc.plan, global_arrays)
-            )
+            update = self._aggregate_ring(result, codec, encoder, round_seed(rc.plan, digest))
         self.last_update = update
         if update is None:
             return self._nothing_released(
