@@ -227,7 +227,7 @@ def test_the_stored_protobuf_messages_decode_to_their_values():
             kind, finish = (
                 (pb.MaskedInput, wire.masked_from_parts)
                 if isinstance(value, m.MaskedInput)
-                else (pb.MaskedShares, wire.masked_shares_from_parts)
+                else (pb.MaskedShares, lambda p, v: wire.masked_shares_check(p)(v))
             )
             header = kind.FromString(expected[label])
             assembler = wire.VectorAssembler(header.vector, len(value.vector), value.vector.dtype)

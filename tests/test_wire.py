@@ -638,7 +638,7 @@ def _proto_of(value):
 
 def _from_proto(value, proto):
     if isinstance(value, MaskedShares):
-        return wire.masked_shares_from_parts(proto, value.vector)
+        return wire.masked_shares_check(proto)(value.vector)
     if isinstance(value, UnmaskRequest):
         return wire.unmask_request_from_proto(proto)
     return wire.unmask_response_from_proto(proto)

@@ -73,7 +73,7 @@ SUMS_FOLDER = "releases"
 AGGREGATE_SUFFIX = "-aggregate.npy"
 OUTPUT_DTYPE = np.float32
 """The dtype of ``model.npy``, ``round-R-aggregate.npy`` and the checkpoint's model: the
-model's on the wire (:func:`sharefl.deploy.wire.vector_to_proto` of a float32 model)."""
+model's on the wire (:func:`sharefl.deploy.wire.chunk_frames` of a float32 model)."""
 
 
 class ResumeError(DeployError, ConfigurationError):
@@ -292,12 +292,27 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 
 def atomic_save_npy(path: Path, array: np.ndarray) -> None:
-    """``np.save`` through :func:`atomic_write_bytes`."""
+    """``np.save`` to ``path`` as :func:`atomic_write_bytes` writes: a temporary file,
+    fsynced, renamed into place."""
+    _put_in_place(_stage_npy(path, array), path)
+
+
+def _stage_npy(path: Path, array: np.ndarray) -> Path:
+    """``array`` saved to ``path``'s temporary sibling, which is returned: neither durable
+    nor in place until :func:`_put_in_place`."""
     tmp = path.with_name(path.name + ".tmp")
     with tmp.open("wb") as handle:
         np.save(handle, array)
-        handle.flush()
-        os.fsync(handle.fileno())
+    return tmp
+
+
+def _put_in_place(tmp: Path, path: Path) -> None:
+    """fsync ``tmp`` and rename it to ``path``."""
+    fd = os.open(tmp, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
     os.replace(tmp, path)
 
 
@@ -453,10 +468,7 @@ class ResultsWriter:
             folder.mkdir(exist_ok=True)
             name = f"round-{release.round + 1}-{release.reclustering}-{release.cluster}.npy"
             path = folder / name
-            tmp = path.with_name(path.name + ".tmp")
-            with tmp.open("wb") as handle:
-                np.save(handle, np.asarray(release.sum))
-            self._staged_sums.append((tmp, path))
+            self._staged_sums.append((_stage_npy(path, np.asarray(release.sum)), path))
             entry["file"] = f"{SUMS_FOLDER}/{name}"
         self._staged.append(entry)
 
@@ -467,12 +479,7 @@ class ResultsWriter:
         if self._journal is None or self.run is None:
             raise DeployError("the release journal is not open: call begin(run, model) first")
         for tmp, path in self._staged_sums:
-            fd = os.open(tmp, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, path)
+            _put_in_place(tmp, path)
         self._staged_sums.clear()
         if not self._staged:
             return

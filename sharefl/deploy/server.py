@@ -1,8 +1,8 @@
-"""The aggregation server over gRPC: one bidirectional stream per client (grpc.aio).
-
-The service authenticates each stream (a signed Hello against the identity directory,
-optionally TLS client certificates), converts messages with :mod:`sharefl.deploy.wire`
-and hands them to the :class:`ServerRun`, which drives one sans-IO
+"""``sharefl serve``: check a deployment (:func:`validate_deployment`), start the gRPC
+server (:mod:`sharefl.deploy.service`: one bidirectional stream per client, each
+authenticated by a signed Hello against the identity directory, optionally TLS client
+certificates) around a :class:`~sharefl.deploy.run.ServerRun`, and run it to its result
+(:func:`serve`). The run drives one sans-IO
 :class:`~sharefl.protocol.coordinator.RoundCoordinator` per round, stage by stage with a
 deadline per stage, routing every message by the stream's authenticated client id. A
 client that misses a deadline or disconnects counts as dropped; a late message (of an
@@ -10,9 +10,10 @@ earlier round or reclustering, or of a stage that has closed) is dropped with a 
 never held against its sender; a client whose message no honest client sends (malformed,
 oversized, contradictory) gets its stream ended with ``INVALID_ARGUMENT`` or
 ``FAILED_PRECONDITION`` and a message, is named a culprit of the round and counts as
-dropped. Either way the other clients' rounds continue through the protocol's drop-out
-recovery. Every stream the server ends, ends with a status code and a message that says
-why (a :class:`StreamError`), never with gRPC's bare ``INTERNAL``.
+dropped; a client that refuses its cluster counts as dropped there at once. Either way the
+other clients' rounds continue through the protocol's drop-out recovery. Every stream the
+server ends, ends with a status code and a message that says why (a
+:class:`~sharefl.deploy.run.StreamError`), never with gRPC's bare ``INTERNAL``.
 
 Across rounds and restarts the server keeps the coordinator's invariant
 (:mod:`sharefl.protocol.coordinator`): **the server never releases sums of one model under
@@ -21,8 +22,9 @@ rounds and restarts.** A round whose model is the one the previous round ran on 
 was released, or the strategy left the model as it was) reuses that round's clusterings
 under its new round number, its release audit seeded with every sum released on the model
 so far; each round's plan and each release are written to the run's journal
-(:class:`RunJournal`, :class:`~sharefl.deploy.results.ResultsWriter`) before the RoundStart
-or unmask request they justify leaves, and a resumed run restores them with the run id.
+(:class:`~sharefl.deploy.run.RunJournal`, :class:`~sharefl.deploy.results.ResultsWriter`)
+before the RoundStart or unmask request they justify leaves, and a resumed run restores them
+with the run id.
 """
 
 from __future__ import annotations

@@ -650,12 +650,6 @@ def masked_shares_check(p: pb.MaskedShares) -> Callable[[np.ndarray], m.MaskedSh
     return complete
 
 
-def masked_shares_from_parts(p: pb.MaskedShares, vector: np.ndarray) -> m.MaskedShares:
-    """The message of a MaskedShares header and its assembled vector; raises
-    :class:`WireError` (see :func:`masked_shares_check`)."""
-    return masked_shares_check(p)(vector)
-
-
 def consistency_request_to_proto(r: m.ConsistencyRequest) -> pb.ConsistencyRequest:
     return pb.ConsistencyRequest(context=context_to_proto(r.context), survivors=r.survivors)
 
