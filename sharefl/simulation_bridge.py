@@ -14,8 +14,10 @@ same data partition and model; then
   partition and the initial model still come from the file's seed, which every process
   shares;
 * the server (:class:`SimulationStrategy`) receives the cluster sums the protocol
-  releases, aggregates them with the configured robust rule over cluster means and
-  reclusterings (:meth:`Simulation.cluster_aggregate`), steps the model and evaluates it,
+  releases and runs the simulator's own federated round on them
+  (:meth:`Simulation.server_round`: the honest participants charged, the configured
+  robust rule over cluster means or Zeno++, reclusterings averaged), steps the model and
+  evaluates it,
   writing the same ``rounds.jsonl``/``summary.json`` as ``sharefl simulate``. The
   deployment's cluster plans come from the operating system too (no ``reproducible_seed``).
 """
@@ -49,6 +51,7 @@ from sharefl.robust.registry import build_rule
 from sharefl.simulator.config import RunConfig, SimulationConfigError, load_runs
 from sharefl.simulator.federated.client_noise import run_client_noise
 from sharefl.simulator.federated.loop import Simulation
+from sharefl.simulator.federated.released import Released
 from sharefl.simulator.preflight import check_run
 from sharefl.simulator.results import RoundRecord, RunWriter, device_description, run_summary
 
@@ -233,12 +236,10 @@ class SimulationStrategy:
     ) -> tuple[np.ndarray, np.ndarray, str]:
         sim = self.simulation
         sim.set_model(model)
-        sim.accountant_step()
-        sim.record_releases([s.members for sums in released for s in sums])
-        aggregate = sim.cluster_aggregate(
-            [[(s.value, len(s.members)) for s in sums] for sums in released]
+        sim.set_round(round_index)
+        record, aggregate = sim.server_round(
+            Released.of([(s.value, s.members) for s in sums] for sums in released)
         )
-        record = sim.apply(aggregate)
         note = ""
         if record.accuracy is not None:
             record = dataclasses.replace(record, seconds=time.perf_counter() - self.started)

@@ -62,7 +62,7 @@ def raw_and_private(sim: Simulation, ids: list[int]) -> tuple[torch.Tensor, torc
     state = sim.generator.get_state()
     raw = sim.honest_clients.clients.train(sim.model_vector, ids, sim.generator, sigma=sim.sigma())
     sim.generator.set_state(state)
-    private = sim._train_honest(ids, sim.model_vector)
+    private = sim.honest_clients.train(ids, sim.model_vector, sim.round, sim.generator)
     return raw, private
 
 

@@ -1,7 +1,9 @@
 """The federated loop (``[algorithm] name = "federated"``) and what only it uses.
 
 - :mod:`.loop` — :class:`~.loop.Simulation`, one run's rounds: local training, the
-  Byzantine uploads, aggregation, the server step, evaluation;
+  Byzantine uploads, aggregation, the server step, evaluation; its one server round
+  (:meth:`~.loop.Simulation.server_round`) is also what a deployment's server runs on the
+  sums its protocol released (:mod:`.released`);
 - :mod:`.populations` — the honest clients (vectorised local training) and the Byzantine
   ones (what the attack makes them upload);
 - :mod:`.attacks` — the Byzantine attacks on uploads, by name (:data:`~.attacks.ATTACKS`,

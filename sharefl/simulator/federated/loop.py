@@ -44,7 +44,6 @@ last round, and ε spent so far is reported at every evaluation.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -55,6 +54,7 @@ from sharefl.privacy.distributed import DistributedEncoder
 from sharefl.simulator.config import RunConfig
 from sharefl.simulator.datasets import Dataset
 from sharefl.simulator.federated.populations import ByzantineClients, HonestClients
+from sharefl.simulator.federated.released import Released
 from sharefl.simulator.federated.server import Ledger, Server
 from sharefl.simulator.federated.setup import PrivacyPlan, RunSetup, build_setup
 from sharefl.simulator.final_model import FinalModel
@@ -171,20 +171,49 @@ class Simulation(SteppedLoop):
         return self.ledger.plan.sigma(self.round)
 
     def step(self) -> RoundRecord:
-        """Run one round; evaluate when due. Returns the round's record."""
-        honest, byzantine = self.participants()
-        uploads = self._train_honest(honest, self.server.w)
-        if byzantine:
-            uploads = torch.cat([uploads, self._byzantine_uploads(byzantine, uploads)])
-        return self.apply(self._aggregate(uploads, honest + byzantine))
+        """Run one round in this process (:meth:`server_round`); evaluate when due. Returns
+        the round's record."""
+        record, _ = self.server_round()
+        return record
 
-    def _train_honest(self, ids: list[int], w: Tensor) -> Tensor:
-        """Uploads ``[len(ids), d]`` of honest clients ``ids`` (privatised at client level);
-        accounts the round when anyone trained."""
-        uploads = self.honest_clients.train(ids, w, self.round, self.generator)
-        if ids:
+    def server_round(self, released: Released | None = None) -> tuple[RoundRecord, Tensor]:
+        """One federated round: the one recipe of the in-process loop (:meth:`step`) and of
+        a deployment's server (``sharefl launch``'s strategy,
+        :class:`sharefl.simulation_bridge.SimulationStrategy`).
+
+        1. The participants (:meth:`participants`: every client, or ``clients.per_round``
+           of them drawn from :attr:`rng`; a deployment asks every client).
+        2. Without ``released``, their uploads are made here (honest training, the
+           Byzantine clients' attacks) and aggregated by the server
+           (:meth:`~sharefl.simulator.federated.server.Server.aggregate`: with clusters,
+           the protocol in process and then the released sums as below). With
+           ``released`` (a deployment: the clients trained in their own processes and the
+           protocol ran over the transport), the released sums are aggregated
+           (:meth:`~sharefl.simulator.federated.server.Server.aggregate_released`).
+           Either way the cluster ledgers charge the round's honest participants for the
+           sums released (:meth:`~sharefl.simulator.federated.share.ShareAggregation.
+           aggregate_released`).
+        3. The honest clients' accountant composes one round when any honest client took
+           part (:meth:`accountant_step`): the participants not in the Byzantine ids, the
+           clients asked to train, whether or not their sums were released.
+        4. The model step, and evaluation when due (:meth:`apply`).
+
+        Returns the round's record and the aggregate the model stepped with.
+
+        Raises:
+            SimulationConfigError: ``released`` for a run without clusters."""
+        honest, byzantine = self.participants()
+        ids = honest + byzantine
+        if released is None:
+            uploads = self.honest_clients.train(honest, self.server.w, self.round, self.generator)
+            if byzantine:
+                uploads = torch.cat([uploads, self._byzantine_uploads(byzantine, uploads)])
+            aggregate = self.server.aggregate(uploads, ids, self.round, self.rng)
+        else:
+            aggregate = self.server.aggregate_released(released, ids)
+        if honest:
             self.accountant_step()
-        return uploads
+        return self.apply(aggregate), aggregate
 
     def privatize_uploads(self, uploads: Tensor) -> Tensor:
         """Fed-SDP at the clients, in place, at this round's σ
@@ -207,11 +236,12 @@ class Simulation(SteppedLoop):
     def client_update(self, client_id: int, w: Tensor, *, round_index: int | None = None) -> Tensor:
         """One client's upload ``[d]`` from the global ``w`` (a client process over gRPC):
         honest training, or label-flipping / own-data attacks for Byzantine ids.
-        ``round_index`` (default: :attr:`round`) is the 0-based round it trains in."""
+        ``round_index`` (default: :attr:`round`) is the 0-based round it trains in. The
+        round is accounted by the server's :meth:`server_round`, not here."""
         if round_index is not None:
             self.set_round(round_index)
         if client_id < self.run.clients.honest:
-            return self._train_honest([client_id], w)[0]
+            return self.honest_clients.train([client_id], w, self.round, self.generator)[0]
         return self.byzantine_clients.client_upload(client_id, w, self.round, self.generator)
 
     @property
@@ -221,24 +251,10 @@ class Simulation(SteppedLoop):
         share = self.server.share
         return None if share is None else share.distributed
 
-    def record_releases(self, released: Sequence[tuple[int, ...]]) -> None:
-        """Account one round's released cluster sums (their members; every reclustering)
-        for the honest clients, as the simulator's own rounds do (a deployment's server)."""
-        if self.server.share is not None:
-            self.server.share.account(list(released), self.honest_ids)
-
-    def cluster_aggregate(self, released: list[list[tuple[np.ndarray, int]]]) -> Tensor:
-        """The robust aggregate of released cluster sums (:meth:`~sharefl.simulator.
-        server.Server.cluster_aggregate`)."""
-        return self.server.cluster_aggregate(released)
-
     def _byzantine_uploads(self, ids: list[int], honest: Tensor) -> Tensor:
         return self.byzantine_clients.uploads(
             ids, honest, self.server.w, self.round, self.generator
         )
-
-    def _aggregate(self, uploads: Tensor, ids: list[int]) -> Tensor:
-        return self.server.aggregate(uploads, ids, self.round, self.rng)
 
     # -- reporting ---------------------------------------------------------------------
 

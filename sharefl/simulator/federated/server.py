@@ -4,8 +4,9 @@
 :class:`Server` owns the global model ``w``. Aggregation runs over the individual uploads
 (a robust rule, or the DP filter's noise-aware filter with the server's auxiliary data) or, with
 clusters (``secure_aggregation.cluster_size >= 2``), over the cluster sums released by
-:func:`~sharefl.protocol.driver.secure_sum` or by a deployment: the rule over cluster means
-(SHARE, :class:`~sharefl.robust.HierarchicalAggregator`), reclusterings averaged.
+:func:`~sharefl.protocol.driver.secure_sum` or by a deployment
+(:class:`~sharefl.simulator.federated.released.Released`): the rule over cluster means
+(SHARE, :class:`~sharefl.robust.HierarchicalAggregator`) or Zeno++, reclusterings averaged.
 :class:`Ledger` composes the run's :class:`~sharefl.simulator.federated.setup.PrivacyPlan`.
 """
 
@@ -24,6 +25,7 @@ from sharefl.simulator import components
 from sharefl.simulator.config import SimulationConfigError
 from sharefl.simulator.federated import share
 from sharefl.simulator.federated.cluster_zeno import ClusterZeno, ValidationGradient
+from sharefl.simulator.federated.released import Released
 from sharefl.simulator.federated.setup import RunSetup, describe_privacy, server_learning_rate
 
 
@@ -158,32 +160,36 @@ class Server:
 
         With clusters, always SHARE's aggregation (:meth:`~sharefl.simulator.federated.share.
         ShareAggregation.aggregate`: the run's settings, the clusterings planned from
-        ``rng``, zero when every cluster failed): :meth:`build_aggregation` builds it for
-        every clustered run (or refuses the noise filter) and nothing replaces it. Without
-        clusters, the noise filter, Zeno++ (through SHARE's aggregation too) or the rule
-        over the (weighted) uploads."""
+        ``rng``, the released sums aggregated as :meth:`aggregate_released` does):
+        :meth:`build_aggregation` builds it for every clustered run (or refuses the noise
+        filter) and nothing replaces it. Without clusters, the noise filter, Zeno++
+        (through SHARE's aggregation too) or the rule over the (weighted) uploads."""
         if self.noise_filter is not None:
             return self.noise_filter(uploads, self.auxiliary_gradient)
         if self.share is not None and (self.clustered or self.share.zeno is not None):
             return self.share.aggregate(  # SHARE hook (simulator/federated/share.py)
-                uploads,
-                ids,
-                byzantine=set(range(self.setup.run.clients.honest, self.setup.run.clients.total)),
-                w=self.w,
-                rng=rng,
-                round=round_index,
+                uploads, ids, byzantine=self.byzantine, w=self.w, rng=rng, round=round_index
             )
         if self.share is not None:
             uploads = self.share.weigh(uploads, ids)
         return self.rule(uploads)
 
-    def cluster_aggregate(self, released: list[list[tuple[np.ndarray, int]]]) -> Tensor:
-        """The robust aggregate of released cluster sums: per reclustering, a list of
-        (decoded sum, cluster size); the rule runs over cluster means, reclusterings are
-        averaged."""
-        if not isinstance(self.rule, HierarchicalAggregator):
+    def aggregate_released(self, released: Released, ids: list[int]) -> Tensor:
+        """The aggregate of the cluster sums a round of participants ``ids`` released
+        (:meth:`~sharefl.simulator.federated.share.ShareAggregation.aggregate_released`:
+        the honest participants charged, the robust rule over cluster means or Zeno++).
+
+        Raises:
+            SimulationConfigError: the run has no clusters."""
+        if self.share is None or not self.clustered:
             raise SimulationConfigError("cluster sums need secure_aggregation.cluster_size >= 2")
-        return self.rule.aggregate_released(released).to(self.w.dtype).to(self.device)
+        return self.share.aggregate_released(released, ids, byzantine=self.byzantine, w=self.w)
+
+    @property
+    def byzantine(self) -> set[int]:
+        """The Byzantine client ids (``clients.honest … clients.total − 1``)."""
+        clients = self.setup.run.clients
+        return set(range(clients.honest, clients.total))
 
     def check_clusters(self, clusters: int) -> None:
         """Raise the rule's ``ValueError`` when it cannot aggregate ``clusters`` cluster

@@ -2,7 +2,9 @@
 rule over the released cluster sums, the audit of every round's plan, Zeno++, and client
 DP whose noise is split over each cluster.
 
-:class:`ShareAggregation` is what the loop calls with a round's uploads. It
+:class:`ShareAggregation` is what the loop calls with a round's uploads (steps 1–4), or
+with the sums a deployment's protocol released (:meth:`ShareAggregation.aggregate_released`,
+steps 3–4, the same code). It
 
 1. weights the uploads (``training.weighted``: client i uploads N·(n_i/n)·u_i, the
    paper's (n_i/n)-weighted Δ_i rescaled by the N participants so that their mean is the
@@ -55,6 +57,7 @@ from sharefl.robust import HierarchicalAggregator
 from sharefl.simulator.config import RunConfig, SimulationConfigError
 from sharefl.simulator.federated.cluster_zeno import ClusterZeno
 from sharefl.simulator.federated.clustering_schedule import AuditLog, ClusterSchedule
+from sharefl.simulator.federated.released import Released
 
 
 def delta_weights(sizes: Sequence[int]) -> Tensor:
@@ -283,26 +286,39 @@ class ShareAggregation:
         round: int,
     ) -> Tensor:
         """The server's aggregate (a pseudo-gradient ``[d]``) of one round's uploads of
-        clients ``ids`` (rows in that order); ``byzantine`` names the Byzantine ids."""
+        clients ``ids`` (rows in that order); ``byzantine`` names the Byzantine ids. With
+        clusters, the protocol sums the weighted uploads (:meth:`secure_sums`) and
+        :meth:`aggregate_released` takes the released sums; without, Zeno++ runs over the
+        weighted uploads."""
         uploads = self.weigh(uploads, ids)
         if not self.clustered:
             assert self.zeno is not None, "without clusters only Zeno++ runs here"
             flags = [[c in byzantine for c in ids]]
             return self.zeno.aggregate([uploads], w, len(ids), flags)
-        released, members = self._secure_sums(uploads, ids, rng, round, byzantine)
-        self.account([m for r in members for m in r], [c for c in ids if c not in byzantine])
+        released = self.secure_sums(uploads, ids, rng, round, byzantine)
+        return self.aggregate_released(released, ids, byzantine=byzantine, w=w)
+
+    def aggregate_released(
+        self, released: Released, ids: Sequence[int], *, byzantine: set[int], w: Tensor
+    ) -> Tensor:
+        """The server's aggregate (a pseudo-gradient ``[d]``, ``w``'s dtype and device) of
+        the cluster sums one round released, whoever ran the protocol; ``ids`` are the
+        round's participants (the clients asked for an upload), ``byzantine`` the
+        Byzantine ids.
+
+        The honest participants (``ids`` less ``byzantine``) are charged for the released
+        sums (:meth:`account`); zero when nothing was released; otherwise Zeno++ over the
+        sums (normalised by the ``len(ids)`` participants) or the hierarchical rule over
+        cluster means, reclusterings averaged."""
+        self.account(released.all_members(), [c for c in ids if c not in byzantine])
         if not released:  # every cluster failed: no update this round
             return torch.zeros_like(w)
         if self.zeno is not None:
-            rounds = [torch.as_tensor(np.stack(sums)) for sums in released]
-            flags = [[any(c in byzantine for c in m) for m in r] for r in members]
+            rounds = [torch.as_tensor(np.stack(sums)) for sums in released.sums]
+            flags = [[any(c in byzantine for c in m) for m in r] for r in released.members]
             return self.zeno.aggregate(rounds, w, len(ids), flags)
         assert self.rule is not None
-        pairs = [
-            list(zip(sums, map(len, m), strict=True))
-            for sums, m in zip(released, members, strict=True)
-        ]
-        return self.rule.aggregate_released(pairs).to(w.dtype).to(w.device)
+        return self.rule.aggregate_released(released.pairs()).to(w.dtype).to(w.device)
 
     def account(self, released: list[tuple[int, ...]], honest: list[int]) -> None:
         """Record one round's released sums (survivors) for the ``honest`` clients, counting
@@ -319,15 +335,17 @@ class ShareAggregation:
                     self.ledger.record(c, mechanism)
             self.ledger.end_round()
 
-    def _secure_sums(
+    def secure_sums(
         self,
         uploads: Tensor,
         ids: Sequence[int],
         rng: np.random.Generator,
         round: int,
         byzantine: set[int],
-    ) -> tuple[list[list[np.ndarray]], list[list[tuple[int, ...]]]]:
-        """Per reclustering with a released sum: the decoded sums and their members.
+    ) -> Released:
+        """The cluster sums the protocol releases from the (weighted) ``uploads`` of
+        clients ``ids``, in process, with the run's settings and the clusterings of the
+        schedule drawn from ``rng``; records the audit of the plan.
 
         With a discrete mechanism every client's step before masking runs here (honest
         clients add their noise share, Byzantine ones none), the protocol sums the ring
@@ -363,13 +381,16 @@ class ShareAggregation:
         )
         self.audits.record(result.planned_audit)
         self.last_clusterings = result.plan.clusterings
-        kept = [r for r in result.reclusterings if r.clusters]
-        if encoder is None:
-            sums = [[s.float_sum for s in r.clusters] for r in kept]
-        else:
-            sums = [[encoder.decode(s.ring_sum, public_seed) for s in r.clusters] for r in kept]
-        members = [[tuple(s.members) for s in r.clusters] for r in kept]
-        return sums, members
+        return Released.of(
+            [
+                (
+                    s.float_sum if encoder is None else encoder.decode(s.ring_sum, public_seed),
+                    s.members,
+                )
+                for s in r.clusters
+            ]
+            for r in result.reclusterings
+        )
 
     def _keys(self, ids: Sequence[int]) -> dict[int, ClientKeys]:
         """The long-term keys of ``ids``, each client's made once (OS entropy: masks

@@ -1,0 +1,160 @@
+"""One federated server round for the in-process loop and a deployment's server.
+
+``Simulation.server_round`` is the recipe both run: the in-process loop makes the uploads
+and runs the protocol itself, a deployment's server (the gRPC bridge's
+``SimulationStrategy``) hands in the sums its protocol released. Fed the sums an
+in-process run released, the bridge's server reproduces that run bit for bit: the model
+after every round, the ε of every evaluation and the per-client ledger (the honest
+participants charged, the known Byzantine members not)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from sim_configs import with_overrides
+
+from sharefl.deploy.reports import ReleasedSum
+from sharefl.simulation_bridge import SimulationStrategy
+from sharefl.simulator.config import SimulationConfigError, expand
+from sharefl.simulator.federated.loop import Simulation
+from sharefl.simulator.federated.released import Released
+
+CLUSTER_SPLIT = {
+    "enabled": True,
+    "level": "client",
+    "noise_split": "cluster",
+    "epsilon": 2.0,
+    "clip": 0.05,
+    "delta": 1e-5,
+}
+
+
+def config(**overrides) -> dict:
+    """12 honest + 3 sign-flipping clients on synthetic 8×8 images, clusters of 3."""
+    base = {
+        "name": "server-round",
+        "seed": 1,
+        "rounds": 4,
+        "eval_every": 2,
+        "data": {
+            "dataset": "synthetic",
+            "options": {"num_examples": 1200, "shape": [1, 8, 8], "noise": 0.4},
+            "partition": "iid",
+            "auxiliary_per_class": 20,
+        },
+        "model": {"name": "mlp", "options": {"hidden": [32]}},
+        "clients": {"honest": 12, "byzantine": 3},
+        "training": {"batch_size": 16, "local_steps": 2, "learning_rate": 0.1, "upload": "delta"},
+        "attack": {"name": "sign_flipping", "options": {"scale": 10}},
+        "secure_aggregation": {"cluster_size": 3, "clip": 10.0},
+        "aggregator": {"name": "trimmed_mean", "options": {"f": 1}},
+    }
+    return with_overrides(base, overrides)
+
+
+def in_process(run) -> tuple[list[Released], list[np.ndarray], Simulation]:
+    """Every round of ``run`` in process: the sums each round released and the model after
+    it."""
+    sim = Simulation(run)
+    share = sim.share
+    secure_sums = share.secure_sums
+    released: list[Released] = []
+
+    def recording(*args, **kwargs):
+        released.append(secure_sums(*args, **kwargs))
+        return released[-1]
+
+    share.secure_sums = recording
+    models = []
+    for _ in range(run.rounds):
+        sim.step()
+        models.append(sim.model_vector.numpy().copy())
+    return released, models, sim
+
+
+def as_deployed(released: Released) -> list[list[ReleasedSum]]:
+    """The sums as a deployment's server hands them to its strategy."""
+    return [
+        [ReleasedSum(s, m) for s, m in zip(sums, members, strict=True)]
+        for sums, members in zip(released.sums, released.members, strict=True)
+    ]
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        {"secure_aggregation": {"reclusterings": 2}, "server": {"momentum": 0.5}},
+        {
+            # the honest participants charged; Byzantine members of a sum are known
+            "secure_aggregation": {"cluster_size": 4},
+            "privacy": CLUSTER_SPLIT | {"colluders": 0},
+        },
+        {
+            "attack": {"name": "none"},
+            "clients": {"honest": 12, "byzantine": 0},
+            "secure_aggregation": {"reclusterings": 2},
+            "privacy": CLUSTER_SPLIT | {"distributed": "skellam", "bits": 20},
+        },
+    ],
+    ids=["trimmed-mean", "reclusterings-momentum", "cluster-split", "skellam"],
+)
+def test_the_bridge_replays_an_in_process_run_bit_for_bit(overrides, tmp_path):
+    (run,) = expand(config(**overrides))
+    released, models, sim = in_process(run)
+    strategy = SimulationStrategy(run, tmp_path)
+    model = strategy.initial_model()
+    for round_index, sums in enumerate(released):
+        model, _, _ = strategy.apply(model, round_index, as_deployed(sums))
+        assert model.tobytes() == models[round_index].tobytes(), round_index
+    bridge = strategy.simulation
+    assert bridge.epsilon() == sim.epsilon()
+    assert bridge.extra_summary()["share"].get("client_dp") == sim.extra_summary()["share"].get(
+        "client_dp"
+    )
+    rounds = [json.loads(x) for x in (tmp_path / "rounds.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rounds] == [2, 4]
+
+
+def test_the_bridge_runs_zeno_over_the_released_sums(tmp_path):
+    """Zeno++ over a deployment's sums (its server holds the validation set): before the
+    one round, the bridge refused it with a message about cluster sizes."""
+    (run,) = expand(config(aggregator={"name": "zeno", "options": {"rho": 1e-4, "epsilon": 0.0}}))
+    released, _, _ = in_process(run)
+    strategy = SimulationStrategy(run, tmp_path)
+    model = strategy.initial_model()
+    for round_index, sums in enumerate(released):
+        model, aggregate, _ = strategy.apply(model, round_index, as_deployed(sums))
+        assert np.isfinite(aggregate).all()
+    zeno = strategy.simulation.share.zeno
+    assert zeno.candidates == sum(len(r) for sums in released for r in sums.sums)
+
+
+def test_the_bridge_follows_the_servers_round_index(tmp_path):
+    """A round that released nothing never reaches the strategy; the next round is still
+    the server's (here round 2 of 2, evaluated and summarised)."""
+    (run,) = expand(config(rounds=2))
+    released, _, _ = in_process(run)
+    strategy = SimulationStrategy(run, tmp_path)
+    _, _, note = strategy.apply(strategy.initial_model(), 1, as_deployed(released[1]))
+    assert "test accuracy" in note and strategy.simulation.round == 2
+    assert (tmp_path / "summary.json").exists()
+
+
+def test_released_sums_need_their_members_and_no_empty_reclustering():
+    one = np.zeros(3, dtype=np.float32)
+    assert not Released.of([[], []])
+    kept = Released.of([[], [(one, (0, 1)), (one, (2, 3, 4))]])
+    assert kept.pairs() == [[(one, 2), (one, 3)]] and kept.all_members() == [(0, 1), (2, 3, 4)]
+    with pytest.raises(ValueError, match="members"):
+        Released(sums=((one,),), members=((),))
+    with pytest.raises(ValueError, match="left out"):
+        Released(sums=((),), members=((),))
+
+
+def test_released_sums_need_clusters():
+    (run,) = expand(config(secure_aggregation={"cluster_size": 1}))
+    with pytest.raises(SimulationConfigError, match="cluster_size >= 2"):
+        Simulation(run).server_round(Released.of([]))
