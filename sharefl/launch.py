@@ -166,7 +166,7 @@ def _server_config(config_path: str, out: str | None) -> tuple[DeploymentConfig,
         config = load_config(config_path)
         if not config.aggregator.name:
             return config, None
-        from sharefl.simulation_bridge import RobustStrategy
+        from sharefl.robust_strategy import RobustStrategy
 
         return config, RobustStrategy(config)
     from sharefl.simulation_bridge import SimulationStrategy, deployment_for, single_run

@@ -25,7 +25,6 @@ same data partition and model; then
 from __future__ import annotations
 
 import dataclasses
-import secrets
 import time
 from pathlib import Path
 
@@ -44,10 +43,7 @@ from sharefl.privacy.client_budget import round_rdp
 from sharefl.privacy.secure_noise import SecureGenerator
 from sharefl.protocol.budget import ORDERS, PrivacyCharge
 from sharefl.protocol.errors import ConfigurationError
-from sharefl.protocol.model_step import descend
 from sharefl.protocol.settings import SETTINGS_KEYS
-from sharefl.robust.hierarchical import ClusterScale, HierarchicalAggregator
-from sharefl.robust.registry import build_rule
 from sharefl.simulator.config import RunConfig, SimulationConfigError, load_runs
 from sharefl.simulator.federated.client_noise import run_client_noise
 from sharefl.simulator.federated.loop import Simulation
@@ -170,39 +166,6 @@ def deployment_for(run: RunConfig, simulation: Simulation) -> DeploymentConfig:
         raise SimulationConfigError(str(exc)) from exc
 
 
-class RobustStrategy:
-    """The server strategy of a deployment file with an ``[aggregator]`` table: any
-    :mod:`sharefl.robust` rule (named as in simulation configs, with its options and
-    pre-aggregators) over the released cluster sums, reclusterings averaged (SHARE's
-    Algorithm 1), then ``model ← model − learning_rate × aggregate``
-    (:func:`~sharefl.protocol.model_step.descend`); the model starts at zero.
-
-    Raises :class:`~sharefl.robust.base.AggregationError` (a ``ValueError``) for an unknown
-    rule, option or pre-aggregator (:mod:`sharefl.robust.registry`).
-    """
-
-    def __init__(self, config: DeploymentConfig) -> None:
-        section = config.aggregator
-        rule = build_rule(section.name, section.options, section.pre, os_seeded_generator())
-        self.rule = HierarchicalAggregator(rule=rule, scale=ClusterScale(section.scale))
-        self.dim = config.model.dim
-        self.learning_rate = config.model.learning_rate
-
-    def initial_model(self) -> np.ndarray:
-        return np.zeros(self.dim, dtype=np.float32)
-
-    def check(self, clusters: int) -> None:
-        self.rule.check_clusters(clusters)
-
-    def apply(
-        self, model: np.ndarray, round_index: int, released: list
-    ) -> tuple[np.ndarray, np.ndarray, str]:
-        pairs = [[(s.value, len(s.members)) for s in sums] for sums in released]
-        aggregate = self.rule.aggregate_released(pairs).cpu().numpy()
-        updated = descend(model, self.learning_rate, aggregate)
-        return updated, aggregate, f", {type(self.rule.rule).__name__} over cluster sums"
-
-
 class SimulationStrategy:
     """The gRPC server's :class:`~sharefl.deploy.strategy.ServerStrategy` for a run.
 
@@ -266,16 +229,6 @@ class SimulationStrategy:
         )
         summary["paper"] = None
         self.writer.finish(summary)
-
-
-def os_seeded_generator(device: torch.device | str = "cpu") -> torch.Generator:
-    """A ``torch.Generator`` seeded with 64 bits from the operating system (``secrets``):
-    what a real client process draws its DP noise from. Its seed is never derived from the
-    configuration, so the server cannot regenerate the noise; tests pin noise by passing
-    their own generator instead."""
-    generator = torch.Generator(device=device)
-    generator.manual_seed(secrets.randbits(64))
-    return generator
 
 
 def secure_client_generator(device: torch.device | str = "cpu") -> SecureGenerator:

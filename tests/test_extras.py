@@ -41,6 +41,7 @@ EXTRAS = PROJECT["optional-dependencies"]
 
 PROMISES: tuple[tuple[str, tuple[frozenset[str], ...]], ...] = (
     ("sharefl.simulation_bridge", (frozenset({"grpc", "sim"}),)),
+    ("sharefl.robust_strategy", (frozenset({"grpc", "sim"}),)),
     ("sharefl.integrations.flower", (frozenset({"flower"}),)),
     # The rules the Flower integration takes (``ShareflWorkflow(rule=...)``).
     ("sharefl.robust", (frozenset({"sim"}), frozenset({"flower"}))),
@@ -323,7 +324,10 @@ def test_the_installs_block_what_the_extras_leave_out():
     assert {"pytest", "hypothesis", "skimage"} <= blocked["all"]  # test-only
     assert "sharefl.robust.coordinate" in newly_promised(INSTALLS["flower"])
     assert "sharefl.privacy.accountant" not in promised(INSTALLS["flower"])
-    assert newly_promised(INSTALLS["all"]) == ["sharefl.simulation_bridge"]
+    assert newly_promised(INSTALLS["all"]) == [
+        "sharefl.robust_strategy",
+        "sharefl.simulation_bridge",
+    ]
     assert "sharefl.protocol.coordinator" in newly_promised(INSTALLS["core"])
 
 

@@ -14,7 +14,7 @@ from sharefl.deploy.reports import ReleasedSum
 from sharefl.robust import NNM, AggregationError, Krum, Pipeline
 from sharefl.robust.hierarchical import ClusterScale, HierarchicalAggregator
 from sharefl.robust.registry import RULES, build_rule
-from sharefl.simulation_bridge import RobustStrategy
+from sharefl.robust_strategy import RobustStrategy
 from sharefl.simulator.components import build_rule as simulator_build_rule
 from sharefl.simulator.config import SimulationConfigError
 

@@ -9,7 +9,7 @@ from sharefl.deploy.config import AggregatorSection, DeploymentConfig, ModelSect
 from sharefl.deploy.reports import ReleasedSum
 from sharefl.deploy.strategy import AveragingStrategy
 from sharefl.protocol.model_step import descend
-from sharefl.simulation_bridge import RobustStrategy
+from sharefl.robust_strategy import RobustStrategy
 
 
 def _released(rows: list[np.ndarray], size: int) -> list[list[ReleasedSum]]:
