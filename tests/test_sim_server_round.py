@@ -158,3 +158,18 @@ def test_released_sums_need_clusters():
     (run,) = expand(config(secure_aggregation={"cluster_size": 1}))
     with pytest.raises(SimulationConfigError, match="cluster_size >= 2"):
         Simulation(run).server_round(Released.of([]))
+
+
+def test_a_client_process_uploads_its_weighted_delta_as_the_in_process_round_sums_it():
+    """``training.weighted``: the in-process round weighs every upload (N·n_i/n) before
+    the protocol sums them, so a client process uploads its weighted delta."""
+    partition = {"partition": "dirichlet", "partition_options": {"alpha": 0.5}}
+    training = {"batch_size": 16, "local_steps": 2, "learning_rate": 0.1, "upload": "delta"}
+    (plain,) = expand(config(data=partition))
+    (weighted,) = expand(config(data=partition, training=training | {"weighted": True}))
+    sims = Simulation(plain), Simulation(weighted)
+    weights = sims[1].share.weights
+    assert weights is not None and not np.allclose(weights.numpy(), 1.0)
+    for cid in (0, 13):  # an honest client, a Byzantine one
+        raw, up = (s.client_update(cid, s.model_vector, round_index=0) for s in sims)
+        assert up.numpy().tobytes() == (raw * weights[cid]).numpy().tobytes()

@@ -236,13 +236,19 @@ class Simulation(SteppedLoop):
     def client_update(self, client_id: int, w: Tensor, *, round_index: int | None = None) -> Tensor:
         """One client's upload ``[d]`` from the global ``w`` (a client process over gRPC):
         honest training, or label-flipping / own-data attacks for Byzantine ids.
-        ``round_index`` (default: :attr:`round`) is the 0-based round it trains in. The
-        round is accounted by the server's :meth:`server_round`, not here."""
+        ``round_index`` (default: :attr:`round`) is the 0-based round it trains in. With
+        ``training.weighted`` the upload carries the client's weight N·n_i/n, as the
+        in-process round weighs every upload before the protocol sums them
+        (:meth:`~sharefl.simulator.federated.share.ShareAggregation.weigh`). The round is
+        accounted by the server's :meth:`server_round`, not here."""
         if round_index is not None:
             self.set_round(round_index)
         if client_id < self.run.clients.honest:
-            return self.honest_clients.train([client_id], w, self.round, self.generator)[0]
-        return self.byzantine_clients.client_upload(client_id, w, self.round, self.generator)
+            upload = self.honest_clients.train([client_id], w, self.round, self.generator)[0]
+        else:
+            upload = self.byzantine_clients.client_upload(client_id, w, self.round, self.generator)
+        share = self.server.share
+        return upload if share is None else share.weigh(upload[None], [client_id])[0]
 
     @property
     def ring_encoder(self) -> DistributedEncoder | None:
