@@ -6,8 +6,8 @@ uploads are (pseudo-)gradients, and a deployment's trainer returns the same kind
 writes the step for all of them:
 
 - :func:`descend`, ``w − η·v``: every deployment strategy (the gRPC server's
-  :class:`~sharefl.deploy.strategy.AveragingStrategy` and the robust strategy of a
-  simulation file);
+  :class:`~sharefl.deploy.strategy.AveragingStrategy` and
+  :class:`~sharefl.robust_strategy.RobustStrategy`, a deployment's robust rule);
 - :func:`server_step`, the simulator's :meth:`~sharefl.simulator.federated.server.Server.step`:
   :func:`descend` of the aggregate, or of its heavy-ball momentum (:func:`heavy_ball`,
   ``server.momentum``), in the model's dtype.
