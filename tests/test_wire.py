@@ -12,6 +12,7 @@ from conftest import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from needs import needs
+from unchecked import unchecked
 
 from sharefl.crypto.encoding import choose_encoding
 from sharefl.crypto.kdf import TWO_EXCHANGE_VERSION, KeyContext
@@ -374,17 +375,18 @@ def _key_advert(sender=4, **change) -> KeyAdvert:
         mask_public=bytes([sender + 1]) * 32,
         signature=b"s" * 64,
     )
-    return KeyAdvert(sender, **{**fields, **change})
+    return unchecked(KeyAdvert, sender, **{**fields, **change})
 
 
 def _assignment3(keys=None, members=(1, 4, 9)) -> ClusterAssignment:
     keys = tuple(_key_advert(c) for c in members) if keys is None else keys
-    return ClusterAssignment(CTX3, members, 2, 5, 32, None, True, keys)
+    return unchecked(ClusterAssignment, CTX3, members, 2, 5, 32, None, True, keys)
 
 
 def _masked_shares(peers=(1, 9), commitments=None, bundles=None, seed=b"c" * 32) -> MaskedShares:
     size = dealt_bytes(len(peers))
-    return MaskedShares(
+    return unchecked(
+        MaskedShares,
         4,
         CTX3,
         np.arange(5, dtype=np.uint32),
@@ -396,14 +398,20 @@ def _masked_shares(peers=(1, 9), commitments=None, bundles=None, seed=b"c" * 32)
 
 def _unmask_request3(bundles=None) -> UnmaskRequest:
     bundles = {1: b"x" * dealt_bytes(2), 9: b"y" * dealt_bytes(1)} if bundles is None else bundles
-    return UnmaskRequest(CTX3, (1, 4, 9), (7,), {1: b"s" * 64}, bundles)
+    return unchecked(UnmaskRequest, CTX3, (1, 4, 9), (7,), {1: b"s" * 64}, bundles)
 
 
 def _unmask_response3(pair_shares=None, complaints=(9,)) -> UnmaskResponse:
     if pair_shares is None:
         pair_shares = {(1, 7): b"a" * SHARE_BYTES, (4, 7): b"b" * SHARE_BYTES}
-    return UnmaskResponse(
-        4, CTX3, {1: SHARE, 4: SHARE}, {}, pair_shares=pair_shares, complaints=complaints
+    return unchecked(
+        UnmaskResponse,
+        4,
+        CTX3,
+        {1: SHARE, 4: SHARE},
+        {},
+        pair_shares=pair_shares,
+        complaints=complaints,
     )
 
 

@@ -1,23 +1,29 @@
 """The one conversion layer between protobuf (``sharefl.proto``) and the protocol's types.
 
-Everything the gRPC runtime receives passes through here first: fields are range-checked,
-lengths verified, and large vectors reassembled from ordered chunks whose count and sizes
-must match their header. Malformed input raises :class:`WireError` (the server maps
-it to ``INVALID_ARGUMENT``); no protocol logic lives here.
+Everything the gRPC runtime receives passes through here first. For a protocol message this
+module translates shapes only — repeated entries into maps (no key twice), repeated fields
+no longer than any message holds, large vectors reassembled from ordered chunks whose count
+and sizes must match their header — and the message's constructor checks its fields
+(:mod:`sharefl.protocol.messages`: byte sizes, id ranges and duplicates, caps, ring
+width...); its :class:`~sharefl.protocol.errors.MalformedMessage` becomes a
+:class:`WireError` here, as the record codec (:mod:`sharefl.protocol.records`) makes it a
+``RecordError``, so the two refuse alike. Malformed input raises :class:`WireError` (the
+server maps it to ``INVALID_ARGUMENT``); no protocol logic lives here.
 
 The two-exchange round (protocol version 5) travels in fields appended to the four-exchange
 messages (``ClusterAssignment.keys``, ``UnmaskRequest.bundles``, ``UnmaskResponse.
 pair_shares`` and ``.complaints``: empty, hence absent, in a four-exchange round) and in
 two messages of its own, ``KeyAdvert`` and ``MaskedShares`` (``ClientMessage.key_advert``
-and ``.masked_shares``). Its caps are the record codec's
-(:data:`~sharefl.protocol.records.MAX_DEALT_PEERS`,
-:data:`~sharefl.protocol.records.MAX_PAIR_SHARES`), so both codecs refuse alike.
+and ``.masked_shares``). Its caps are the messages' own
+(:data:`~sharefl.protocol.fields.MAX_DEALT_PEERS`,
+:data:`~sharefl.protocol.fields.MAX_PAIR_SHARES`).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -25,19 +31,16 @@ from google.protobuf.message import Message
 
 from sharefl.crypto.encoding import RingEncoding
 from sharefl.crypto.errors import EncodingError
-from sharefl.crypto.kdf import KEY_BYTES, KeyContext
-from sharefl.crypto.shamir import SHARE_BYTES
-from sharefl.crypto.signatures import SIGNATURE_BYTES
+from sharefl.crypto.kdf import KeyContext
 from sharefl.deploy.errors import DeployError
 from sharefl.proto import sharefl_pb2 as pb
 from sharefl.protocol import messages as m
-from sharefl.protocol.bundles import COMMITMENT_BYTES, SEALED_BYTES, dealt_bytes
 from sharefl.protocol.clustering import Clustering, ClusteringError
-from sharefl.protocol.errors import ConfigurationError
-from sharefl.protocol.keys import MAX_SCOPE_BYTES, KeyAdvert
+from sharefl.protocol.errors import ConfigurationError, MalformedMessage
+from sharefl.protocol.fields import MAX_IDS, MAX_PAIR_SHARES
+from sharefl.protocol.keys import KeyAdvert
 from sharefl.protocol.memory import model_digest
 from sharefl.protocol.plan import RoundPlan
-from sharefl.protocol.records import DEALT_SIZES, MAX_DEALT_PEERS, MAX_PAIR_SHARES
 from sharefl.protocol.round_seed import public_round_seed
 
 CHUNK_BYTES = 3 << 20
@@ -55,10 +58,13 @@ _CODES: dict[np.dtype[Any], Any] = {  # numpy dtype -> the wire enum
 _CODES[np.dtype(np.uint64)] = pb.DTYPE_UINT64
 
 
-MAX_CLUSTER_MEMBERS = 1 << 16
-"""Most client ids (or per-peer entries) any one repeated field of a cluster's messages may
-carry: members, neighbours, survivors, dropped, complaints, advertisements, bundles,
-signatures, shares. The protocol layer then bounds them by the cluster's membership."""
+MAX_CLUSTER_MEMBERS = MAX_IDS
+"""Most entries any one repeated field of a cluster's messages is converted with (the
+messages' own cap, :data:`~sharefl.protocol.fields.MAX_IDS`; pair shares:
+:data:`~sharefl.protocol.fields.MAX_PAIR_SHARES`): members, neighbours, survivors,
+dropped, complaints, advertisements, bundles, signatures, shares. A longer field is refused
+before anything is built from it; the messages then bound some by less (a cluster's
+membership, a dealer's neighbours)."""
 
 MAX_RECLUSTERINGS = 1 << 10
 """Most clusterings a round plan may carry on the wire (the client's policy is stricter)."""
@@ -71,6 +77,24 @@ class WireError(DeployError, ValueError):
     """A protobuf message is malformed: missing fields, values out of range, fields of the
     wrong size, repeated fields longer than their cap, vectors whose chunks arrive out of
     order or do not match their header's length or digest."""
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _refusing(convert: Callable[_P, _R]) -> Callable[_P, _R]:
+    """``convert`` with a message's :class:`~sharefl.protocol.errors.MalformedMessage` (its
+    constructor refused the fields) raised as :class:`WireError`."""
+
+    @functools.wraps(convert)
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return convert(*args, **kwargs)
+        except MalformedMessage as exc:
+            raise WireError(str(exc)) from exc
+
+    return wrapper
 
 
 # ---- vectors ------------------------------------------------------------------------------
@@ -295,42 +319,31 @@ def _capped(values: Sequence[_T], what: str, cap: int = MAX_CLUSTER_MEMBERS) -> 
 
 
 def _ids(values: Sequence[int], what: str) -> tuple[int, ...]:
-    ids = tuple(int(v) for v in _capped(values, what))
-    if len(set(ids)) != len(ids):
+    """The ids of a repeated field, as they come (the message refuses duplicates)."""
+    return tuple(int(v) for v in _capped(values, what))
+
+
+def _id_set(values: Sequence[int], what: str) -> frozenset[int]:
+    """The ids of a repeated field that becomes a set: none twice."""
+    ids = frozenset(int(v) for v in _capped(values, what))
+    if len(ids) != len(values):
         raise WireError(f"{what} has duplicate client ids")
     return ids
-
-
-def _bytes(value: bytes, size: int | None, what: str) -> bytes:
-    if size is not None and len(value) != size:
-        raise WireError(f"{what} must be {size} bytes, got {len(value)}")
-    return bytes(value)
 
 
 def _peer_map(
     entries: Sequence[pb.Bundle | pb.SignatureEntry | pb.PeerShare | pb.PeerCommitment],
     what: str,
     field: str,
-    size: int | frozenset[int],
-    cap: int = MAX_CLUSTER_MEMBERS,
 ) -> dict[int, bytes]:
-    """``{peer: bytes}`` from repeated entries: at most ``cap``, each value exactly ``size``
-    bytes (or of one of the sizes ``size`` holds), no peer twice."""
+    """``{peer: bytes}`` from repeated entries, no peer twice (the message checks the
+    sizes and its own cap)."""
     result: dict[int, bytes] = {}
-    for entry in _capped(entries, what, cap):
+    for entry in _capped(entries, what):
         peer = int(entry.peer if hasattr(entry, "peer") else entry.signer)
         if peer in result:
             raise WireError(f"{what} names client {peer} twice")
-        value = getattr(entry, field)
-        if isinstance(size, int):
-            result[peer] = _bytes(value, size, f"{what} entry of client {peer}")
-        elif len(value) not in size:
-            raise WireError(
-                f"{what} entry of client {peer} must be a dealt bundle's size (dealt_bytes of "
-                f"1 to {MAX_DEALT_PEERS} neighbours), got {len(value)}"
-            )
-        else:
-            result[peer] = bytes(value)
+        result[peer] = bytes(getattr(entry, field))
     return result
 
 
@@ -454,6 +467,7 @@ def assignment_to_proto(
     )
 
 
+@_refusing
 def assignment_from_proto(
     p: pb.ClusterAssignment,
 ) -> tuple[m.ClusterAssignment, RingEncoding | None]:
@@ -463,14 +477,11 @@ def assignment_from_proto(
     members = _ids(p.members, "member list")
     if p.neighbours:
         neighbours = {}
-        for entry in _capped(p.neighbours, "neighbour graph", len(members)):
+        for entry in _capped(p.neighbours, "neighbour graph"):
             if entry.client_id in neighbours:
                 raise WireError(f"neighbours of {entry.client_id} listed twice")
-            neighbours[int(entry.client_id)] = frozenset(_ids(entry.peers, "neighbour list"))
-    if p.bits not in (32, 64):
-        raise WireError(f"ring width must be 32 or 64, got {p.bits}")
-    keys = tuple(key_advert_from_proto(k) for k in _capped(p.keys, "key adverts", len(members)))
-    _ids([k.sender for k in keys], "key adverts")
+            neighbours[int(entry.client_id)] = _id_set(entry.peers, "neighbour list")
+    keys = tuple(key_advert_from_proto(k) for k in _capped(p.keys, "key adverts"))
     assignment = m.ClusterAssignment(
         context=context_from_proto(p.context),
         members=tuple(sorted(members)),
@@ -508,16 +519,15 @@ def advert_to_proto(a: m.AdvertiseKeys) -> pb.Advertisement:
     )
 
 
+@_refusing
 def advert_from_proto(p: pb.Advertisement) -> m.AdvertiseKeys:
     return m.AdvertiseKeys(
         sender=int(p.sender),
         context=context_from_proto(p.context),
-        encryption_public=_bytes(p.encryption_public, KEY_BYTES, "encryption public key"),
-        mask_public=_bytes(p.mask_public, KEY_BYTES, "mask public key"),
-        commitment=_bytes(p.commitment, COMMITMENT_BYTES, "seed commitment"),
-        signature=_bytes(
-            p.signature, SIGNATURE_BYTES if p.signature else 0, "advertisement signature"
-        ),
+        encryption_public=bytes(p.encryption_public),
+        mask_public=bytes(p.mask_public),
+        commitment=bytes(p.commitment),
+        signature=bytes(p.signature),
     )
 
 
@@ -531,19 +541,17 @@ def key_advert_to_proto(a: KeyAdvert) -> pb.KeyAdvert:
     )
 
 
+@_refusing
 def key_advert_from_proto(p: pb.KeyAdvert) -> KeyAdvert:
-    """Sizes only: whether the keys are usable X25519 keys (and the signature verifies) is
-    :func:`~sharefl.protocol.keys.check_key_advert`'s to say."""
-    if len(p.scope) > MAX_SCOPE_BYTES:
-        raise WireError(f"key scope has {len(p.scope)} bytes; at most {MAX_SCOPE_BYTES}")
+    """Shapes only (the advert checks its sizes): whether the keys are usable X25519 keys
+    (and the signature verifies) is :func:`~sharefl.protocol.keys.check_key_advert`'s to
+    say."""
     return KeyAdvert(
         sender=int(p.sender),
         scope=bytes(p.scope),
-        encryption_public=_bytes(p.encryption_public, KEY_BYTES, "encryption public key"),
-        mask_public=_bytes(p.mask_public, KEY_BYTES, "mask public key"),
-        signature=_bytes(
-            p.signature, SIGNATURE_BYTES if p.signature else 0, "key advert signature"
-        ),
+        encryption_public=bytes(p.encryption_public),
+        mask_public=bytes(p.mask_public),
+        signature=bytes(p.signature),
     )
 
 
@@ -554,6 +562,7 @@ def keys_to_proto(k: m.KeysBroadcast) -> pb.KeysBroadcast:
     )
 
 
+@_refusing
 def keys_from_proto(p: pb.KeysBroadcast) -> m.KeysBroadcast:
     return m.KeysBroadcast(
         context_from_proto(p.context),
@@ -569,11 +578,10 @@ def shares_to_proto(s: m.EncryptedShares) -> pb.EncryptedShares:
     )
 
 
+@_refusing
 def shares_from_proto(p: pb.EncryptedShares) -> m.EncryptedShares:
     return m.EncryptedShares(
-        int(p.sender),
-        context_from_proto(p.context),
-        _peer_map(p.bundles, "bundles", "ciphertext", SEALED_BYTES),
+        int(p.sender), context_from_proto(p.context), _peer_map(p.bundles, "bundles", "ciphertext")
     )
 
 
@@ -586,12 +594,13 @@ def masking_to_proto(r: m.MaskingRequest) -> pb.MaskingRequest:
     )
 
 
+@_refusing
 def masking_from_proto(p: pb.MaskingRequest) -> m.MaskingRequest:
     return m.MaskingRequest(
         context_from_proto(p.context),
         int(p.receiver),
         _ids(p.survivors, "survivor list"),
-        _peer_map(p.bundles, "bundles", "ciphertext", SEALED_BYTES),
+        _peer_map(p.bundles, "bundles", "ciphertext"),
     )
 
 
@@ -606,6 +615,7 @@ def masked_to_proto(x: m.MaskedInput) -> pb.MaskedInput:
     )
 
 
+@_refusing
 def masked_from_parts(p: pb.MaskedInput, vector: np.ndarray) -> m.MaskedInput:
     return m.MaskedInput(
         int(p.sender),
@@ -630,20 +640,19 @@ def masked_shares_to_proto(x: m.MaskedShares) -> pb.MaskedShares:
     )
 
 
+@_refusing
 def masked_shares_check(p: pb.MaskedShares) -> Callable[[np.ndarray], m.MaskedShares]:
-    """Check a MaskedShares header before its vector is assembled — a 32-byte seed
-    commitment, at most :data:`~sharefl.protocol.records.MAX_DEALT_PEERS` pair commitments
-    of 32 bytes and bundles, no peer twice, every bundle the size a dealer of that many
-    neighbours seals (:func:`~sharefl.protocol.bundles.dealt_bytes`) — and return what
-    completes the message once its vector has come. Raises :class:`WireError`."""
-    seed = _bytes(p.seed_commitment, COMMITMENT_BYTES, "seed commitment")
-    commitments = _peer_map(
-        p.pair_commitments, "pair commitments", "commitment", COMMITMENT_BYTES, MAX_DEALT_PEERS
-    )
-    size = dealt_bytes(len(commitments))
-    dealt = _peer_map(p.bundles, "dealt bundles", "ciphertext", size, MAX_DEALT_PEERS)
+    """Check a MaskedShares header before its vector is assembled — no peer twice, and
+    what :func:`~sharefl.protocol.messages.check_dealt_fields` checks of the message (the
+    commitments' and bundles' sizes and caps) — and return what completes the message once
+    its vector has come. Raises :class:`WireError`."""
+    seed = bytes(p.seed_commitment)
+    commitments = _peer_map(p.pair_commitments, "pair commitments", "commitment")
+    dealt = _peer_map(p.bundles, "dealt bundles", "ciphertext")
+    m.check_dealt_fields(seed, commitments, dealt)
     sender, context = int(p.sender), context_from_proto(p.context)
 
+    @_refusing
     def complete(vector: np.ndarray) -> m.MaskedShares:
         return m.MaskedShares(sender, context, vector, seed, commitments, dealt)
 
@@ -654,6 +663,7 @@ def consistency_request_to_proto(r: m.ConsistencyRequest) -> pb.ConsistencyReque
     return pb.ConsistencyRequest(context=context_to_proto(r.context), survivors=r.survivors)
 
 
+@_refusing
 def consistency_request_from_proto(p: pb.ConsistencyRequest) -> m.ConsistencyRequest:
     return m.ConsistencyRequest(context_from_proto(p.context), _ids(p.survivors, "survivors"))
 
@@ -664,12 +674,9 @@ def signature_to_proto(s: m.ConsistencySignature) -> pb.ConsistencySignature:
     )
 
 
+@_refusing
 def signature_from_proto(p: pb.ConsistencySignature) -> m.ConsistencySignature:
-    return m.ConsistencySignature(
-        int(p.sender),
-        context_from_proto(p.context),
-        _bytes(p.signature, SIGNATURE_BYTES, "signature"),
-    )
+    return m.ConsistencySignature(int(p.sender), context_from_proto(p.context), bytes(p.signature))
 
 
 def unmask_request_to_proto(r: m.UnmaskRequest) -> pb.UnmaskRequest:
@@ -684,16 +691,14 @@ def unmask_request_to_proto(r: m.UnmaskRequest) -> pb.UnmaskRequest:
     )
 
 
+@_refusing
 def unmask_request_from_proto(p: pb.UnmaskRequest) -> m.UnmaskRequest:
-    """Two-exchange bundles: at most :data:`~sharefl.protocol.records.MAX_DEALT_PEERS`
-    (the holder's dealers are its neighbours), each of a size a dealer of 1 to that many
-    neighbours seals."""
     return m.UnmaskRequest(
         context_from_proto(p.context),
         _ids(p.survivors, "survivors"),
         _ids(p.dropped, "dropped"),
-        _peer_map(p.signatures, "signatures", "signature", SIGNATURE_BYTES),
-        _peer_map(p.bundles, "dealt bundles", "ciphertext", DEALT_SIZES, MAX_DEALT_PEERS),
+        _peer_map(p.signatures, "signatures", "signature"),
+        _peer_map(p.bundles, "dealt bundles", "ciphertext"),
     )
 
 
@@ -712,27 +717,24 @@ def unmask_response_to_proto(r: m.UnmaskResponse) -> pb.UnmaskResponse:
 
 
 def _pair_shares(entries: Sequence[pb.PairShare]) -> dict[tuple[int, int], bytes]:
-    """``{(dealer, peer): share}``: at most :data:`~sharefl.protocol.records.
-    MAX_PAIR_SHARES`, two distinct clients per pair, no pair twice, every share
-    ``SHARE_BYTES``."""
+    """``{(dealer, peer): share}``, no pair twice (the message checks the rest)."""
     result: dict[tuple[int, int], bytes] = {}
     for entry in _capped(entries, "pair shares", MAX_PAIR_SHARES):
         pair = (int(entry.dealer), int(entry.peer))
-        if pair[0] == pair[1]:
-            raise WireError(f"pair shares: a pair names client {pair[0]} twice")
         if pair in result:
             raise WireError(f"pair shares name the pair {pair} twice")
-        result[pair] = _bytes(entry.share, SHARE_BYTES, f"pair share of {pair}")
+        result[pair] = bytes(entry.share)
     return result
 
 
+@_refusing
 def unmask_response_from_proto(p: pb.UnmaskResponse) -> m.UnmaskResponse:
     return m.UnmaskResponse(
         int(p.sender),
         context_from_proto(p.context),
-        _peer_map(p.seed_shares, "seed shares", "share", SHARE_BYTES),
-        _peer_map(p.key_shares, "key shares", "share", SHARE_BYTES),
-        _peer_map(p.pair_seeds, "pair seeds", "share", KEY_BYTES),
+        _peer_map(p.seed_shares, "seed shares", "share"),
+        _peer_map(p.key_shares, "key shares", "share"),
+        _peer_map(p.pair_seeds, "pair seeds", "share"),
         _pair_shares(p.pair_shares),
         _ids(p.complaints, "complaints"),
     )

@@ -1,6 +1,6 @@
 """Named exceptions of :mod:`sharefl.protocol`.
 
-Two families:
+Three families:
 
 - :class:`ClientRefusal` — an honest client refuses a server request that would hurt its
   privacy (both secrets of one peer, overlapping lists, a lowered threshold, a replayed or
@@ -9,6 +9,10 @@ Two families:
 - :class:`RejectedMessage` — the server rejects one client's message (wrong stage, wrong
   round or cluster, wrong length, unknown sender, bad signature). The server keeps serving
   the others; the sender is treated as dropped.
+- :class:`MalformedMessage` — a protocol message (:mod:`sharefl.protocol.messages`) or key
+  advert refused by its own constructor: a field of the wrong type, size or range, a list
+  over its cap, duplicate ids. Both codecs turn it into their own error
+  (``WireError``, ``RecordError``); code that builds a message in process gets it directly.
 """
 
 from __future__ import annotations
@@ -128,6 +132,13 @@ class RejectedMessage(ProtocolError):
         super().__init__(message)
         self.sender = sender
         self.misbehaviour = misbehaviour
+
+
+class MalformedMessage(ProtocolError, ValueError):
+    """A protocol message's fields are not what the message allows: bytes of the wrong
+    length, ids out of range or repeated, a map or list over its cap, a ring width other
+    than 32 or 64... Raised by the messages' constructors (so no such message exists); the
+    text names the message, the field and what is expected."""
 
 
 class StageError(ProtocolError):

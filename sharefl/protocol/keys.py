@@ -47,6 +47,7 @@ from sharefl.crypto.kdf import (
 )
 from sharefl.crypto.signatures import SIGNATURE_BYTES, IdentityKey, verify
 from sharefl.protocol.errors import BadAdvertisement
+from sharefl.protocol.fields import check_bytes, check_id, fail
 
 MAX_SCOPE_BYTES = 64
 """The longest scope a key advert may name."""
@@ -73,6 +74,15 @@ class KeyAdvert:
     mask_public: bytes
     signature: bytes = b""
 
+    def __post_init__(self) -> None:
+        check_id("KeyAdvert.sender", self.sender)
+        if not isinstance(self.scope, bytes) or len(self.scope) > MAX_SCOPE_BYTES:
+            got = len(self.scope) if isinstance(self.scope, bytes) else type(self.scope).__name__
+            raise fail("KeyAdvert.scope", f"bytes, at most {MAX_SCOPE_BYTES}", got)
+        check_bytes("KeyAdvert.encryption_public", self.encryption_public, (KEY_BYTES,))
+        check_bytes("KeyAdvert.mask_public", self.mask_public, (KEY_BYTES,))
+        check_bytes("KeyAdvert.signature", self.signature, (0, SIGNATURE_BYTES))
+
     def statement(self) -> bytes:
         """The canonical bytes ``signature`` signs: tag, scope length and scope, id, keys."""
         return (
@@ -87,7 +97,7 @@ class KeyAdvert:
 
 def check_key_advert(advert: KeyAdvert, identity_public: bytes | None = None) -> None:
     """Refuse an advert no honest client sends: raise :class:`BadAdvertisement` for keys
-    that are not 32 bytes, low-order or otherwise unusable, and for what
+    that are low-order or otherwise unusable, and for what
     :func:`check_advert_fields` refuses. The server's check: it holds no private key to
     agree with, so it tests each key's order with a probe."""
     check_advert_fields(advert, identity_public)
@@ -101,22 +111,16 @@ def check_key_advert(advert: KeyAdvert, identity_public: bytes | None = None) ->
 
 
 def check_advert_fields(advert: KeyAdvert, identity_public: bytes | None = None) -> None:
-    """Raise :class:`BadAdvertisement` for keys that are not 32 bytes, equal encryption and
-    mask keys, a scope over :data:`MAX_SCOPE_BYTES`, a signature of the wrong size, and —
-    when ``identity_public`` is given (signed mode) — a signature that does not verify.
+    """Raise :class:`BadAdvertisement` for equal encryption and mask keys and — when
+    ``identity_public`` is given (signed mode) — a signature that does not verify. The
+    sizes (32-byte keys, a scope of at most :data:`MAX_SCOPE_BYTES`, a signature empty or
+    of 64 bytes) are the advert's own: :class:`KeyAdvert` refuses to exist without them.
 
     Not the keys' order: a client checks the adverts of its cluster with this alone, since
     the only keys that touch its secrets are those it agrees with, and the agreement itself
     refuses a low-order key (:meth:`ClientKeys.derive`) before anything leaves the client.
     """
     who = f"client {advert.sender}"
-    if len(advert.scope) > MAX_SCOPE_BYTES:
-        raise BadAdvertisement(f"{who}: a key scope is at most {MAX_SCOPE_BYTES} bytes")
-    if len(advert.signature) not in (0, SIGNATURE_BYTES):
-        raise BadAdvertisement(f"{who}: a signature is empty or {SIGNATURE_BYTES} bytes")
-    for what, key in (("encryption", advert.encryption_public), ("mask", advert.mask_public)):
-        if len(key) != KEY_BYTES:
-            raise BadAdvertisement(f"{who}: the {what} public key must be {KEY_BYTES} bytes")
     if advert.encryption_public == advert.mask_public:
         raise BadAdvertisement(f"{who}: the encryption and mask public keys must differ")
     if identity_public is not None:

@@ -36,9 +36,60 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from sharefl.crypto.kdf import KeyContext
-from sharefl.crypto.signatures import advertised_keys_message
+from sharefl.crypto.kdf import KEY_BYTES, KeyContext
+from sharefl.crypto.shamir import SHARE_BYTES
+from sharefl.crypto.signatures import SIGNATURE_BYTES, advertised_keys_message
+from sharefl.protocol.bundles import COMMITMENT_BYTES, SEALED_BYTES, dealt_bytes
+from sharefl.protocol.errors import MalformedMessage
+from sharefl.protocol.fields import (
+    DEALT_SIZES,
+    MAX_DEALT_PEERS,
+    MAX_IDS,
+    MAX_LENGTH,
+    MAX_PAIR_SHARES,
+    check_all,
+    check_bytes,
+    check_flag,
+    check_graph,
+    check_id,
+    check_ids,
+    check_int,
+    check_pair_map,
+    check_peer_map,
+    check_type,
+    check_vector,
+)
 from sharefl.protocol.keys import KeyAdvert
+
+__all__ = [
+    "DEALT_SIZES",
+    "MAX_DEALT_PEERS",
+    "MAX_IDS",
+    "MAX_LENGTH",
+    "MAX_PAIR_SHARES",
+    "AdvertiseKeys",
+    "ClientMessage",
+    "ClusterAssignment",
+    "ConsistencyRequest",
+    "ConsistencySignature",
+    "EncryptedShares",
+    "KeysBroadcast",
+    "MalformedMessage",
+    "MaskedInput",
+    "MaskedShares",
+    "MaskingRequest",
+    "ServerMessage",
+    "UnmaskRequest",
+    "UnmaskResponse",
+    "check_dealt_fields",
+]
+
+_SIGNATURE_SIZES = (0, SIGNATURE_BYTES)
+_DEALT_WHAT = f"a dealt bundle's size (dealt_bytes of 1 to {MAX_DEALT_PEERS} neighbours)"
+
+
+def _context(name: str, context: object) -> None:
+    check_type(f"{name}.context", context, KeyContext)
 
 
 @dataclass(frozen=True)
@@ -67,6 +118,19 @@ class ClusterAssignment:
     signed: bool = False
     keys: tuple[KeyAdvert, ...] = ()
 
+    def __post_init__(self) -> None:
+        _context("ClusterAssignment", self.context)
+        check_ids("ClusterAssignment.members", self.members, ascending=True)
+        check_int("ClusterAssignment.threshold", self.threshold, 0, MAX_IDS)
+        check_int("ClusterAssignment.length", self.length, 0, MAX_LENGTH)
+        if self.bits not in (32, 64) or isinstance(self.bits, bool):
+            raise MalformedMessage(f"ClusterAssignment.bits must be 32 or 64, got {self.bits!r}")
+        check_graph("ClusterAssignment.neighbours", self.neighbours, len(self.members))
+        check_flag("ClusterAssignment.signed", self.signed)
+        check_all("ClusterAssignment.keys", self.keys, KeyAdvert, len(self.members))
+        if len({k.sender for k in self.keys}) != len(self.keys):
+            raise MalformedMessage("ClusterAssignment.keys has two adverts of one client")
+
     def neighbours_of(self, client_id: int) -> frozenset[int]:
         """The peers ``client_id`` masks with and shares with (never itself)."""
         if self.neighbours is None:
@@ -86,6 +150,14 @@ class AdvertiseKeys:
     commitment: bytes
     signature: bytes = b""
 
+    def __post_init__(self) -> None:
+        check_id("AdvertiseKeys.sender", self.sender)
+        _context("AdvertiseKeys", self.context)
+        check_bytes("AdvertiseKeys.encryption_public", self.encryption_public, (KEY_BYTES,))
+        check_bytes("AdvertiseKeys.mask_public", self.mask_public, (KEY_BYTES,))
+        check_bytes("AdvertiseKeys.commitment", self.commitment, (COMMITMENT_BYTES,))
+        check_bytes("AdvertiseKeys.signature", self.signature, _SIGNATURE_SIZES)
+
     def statement(self) -> bytes:
         """The canonical bytes ``signature`` signs (see ``advertised_keys_message``)."""
         return advertised_keys_message(
@@ -100,6 +172,10 @@ class KeysBroadcast:
     context: KeyContext
     advertisements: tuple[AdvertiseKeys, ...]
 
+    def __post_init__(self) -> None:
+        _context("KeysBroadcast", self.context)
+        check_all("KeysBroadcast.advertisements", self.advertisements, AdvertiseKeys)
+
 
 @dataclass(frozen=True)
 class EncryptedShares:
@@ -110,6 +186,11 @@ class EncryptedShares:
     context: KeyContext
     bundles: dict[int, bytes]
 
+    def __post_init__(self) -> None:
+        check_id("EncryptedShares.sender", self.sender)
+        _context("EncryptedShares", self.context)
+        check_peer_map("EncryptedShares.bundles", self.bundles, (SEALED_BYTES,))
+
 
 @dataclass(frozen=True)
 class MaskingRequest:
@@ -119,6 +200,12 @@ class MaskingRequest:
     receiver: int
     survivors: tuple[int, ...]
     bundles: dict[int, bytes]
+
+    def __post_init__(self) -> None:
+        _context("MaskingRequest", self.context)
+        check_id("MaskingRequest.receiver", self.receiver)
+        check_ids("MaskingRequest.survivors", self.survivors)
+        check_peer_map("MaskingRequest.bundles", self.bundles, (SEALED_BYTES,))
 
 
 @dataclass(frozen=True)
@@ -136,6 +223,12 @@ class MaskedInput:
     context: KeyContext
     vector: np.ndarray
     complaints: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        check_id("MaskedInput.sender", self.sender)
+        _context("MaskedInput", self.context)
+        check_vector("MaskedInput.vector", self.vector)
+        check_ids("MaskedInput.complaints", self.complaints)
 
 
 @dataclass(frozen=True)
@@ -160,6 +253,12 @@ class MaskedShares:
     pair_commitments: dict[int, bytes]
     bundles: dict[int, bytes]
 
+    def __post_init__(self) -> None:
+        check_id("MaskedShares.sender", self.sender)
+        _context("MaskedShares", self.context)
+        check_vector("MaskedShares.vector", self.vector)
+        check_dealt_fields(self.seed_commitment, self.pair_commitments, self.bundles)
+
 
 @dataclass(frozen=True)
 class ConsistencyRequest:
@@ -167,6 +266,10 @@ class ConsistencyRequest:
 
     context: KeyContext
     survivors: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        _context("ConsistencyRequest", self.context)
+        check_ids("ConsistencyRequest.survivors", self.survivors)
 
 
 @dataclass(frozen=True)
@@ -176,6 +279,11 @@ class ConsistencySignature:
     sender: int
     context: KeyContext
     signature: bytes
+
+    def __post_init__(self) -> None:
+        check_id("ConsistencySignature.sender", self.sender)
+        _context("ConsistencySignature", self.context)
+        check_bytes("ConsistencySignature.signature", self.signature, (SIGNATURE_BYTES,))
 
 
 @dataclass(frozen=True)
@@ -192,6 +300,15 @@ class UnmaskRequest:
     dropped: tuple[int, ...]
     signatures: dict[int, bytes] = field(default_factory=dict)
     bundles: dict[int, bytes] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _context("UnmaskRequest", self.context)
+        check_ids("UnmaskRequest.survivors", self.survivors)
+        check_ids("UnmaskRequest.dropped", self.dropped)
+        check_peer_map("UnmaskRequest.signatures", self.signatures, (SIGNATURE_BYTES,))
+        check_peer_map(
+            "UnmaskRequest.bundles", self.bundles, DEALT_SIZES, MAX_DEALT_PEERS, _DEALT_WHAT
+        )
 
 
 @dataclass(frozen=True)
@@ -216,6 +333,37 @@ class UnmaskResponse:
     pair_seeds: dict[int, bytes] = field(default_factory=dict)
     pair_shares: dict[tuple[int, int], bytes] = field(default_factory=dict)
     complaints: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        check_id("UnmaskResponse.sender", self.sender)
+        _context("UnmaskResponse", self.context)
+        check_peer_map("UnmaskResponse.seed_shares", self.seed_shares, (SHARE_BYTES,))
+        check_peer_map("UnmaskResponse.key_shares", self.key_shares, (SHARE_BYTES,))
+        check_peer_map("UnmaskResponse.pair_seeds", self.pair_seeds, (KEY_BYTES,))
+        check_pair_map("UnmaskResponse.pair_shares", self.pair_shares, SHARE_BYTES, MAX_PAIR_SHARES)
+        check_ids("UnmaskResponse.complaints", self.complaints)
+
+
+def check_dealt_fields(
+    seed_commitment: bytes, pair_commitments: dict[int, bytes], bundles: dict[int, bytes]
+) -> None:
+    """The fields of a :class:`MaskedShares` other than its vector (a codec can refuse them
+    before the vector arrives): a 32-byte seed commitment, at most :data:`MAX_DEALT_PEERS`
+    pair commitments of 32 bytes and bundles, every bundle the size a dealer of that many
+    neighbours seals (:func:`~sharefl.protocol.bundles.dealt_bytes`). Raises
+    :class:`MalformedMessage`."""
+    check_bytes("MaskedShares.seed_commitment", seed_commitment, (COMMITMENT_BYTES,))
+    check_peer_map(
+        "MaskedShares.pair_commitments", pair_commitments, (COMMITMENT_BYTES,), MAX_DEALT_PEERS
+    )
+    size = dealt_bytes(len(pair_commitments))
+    check_peer_map(
+        "MaskedShares.bundles",
+        bundles,
+        (size,),
+        MAX_DEALT_PEERS,
+        f"{size} bytes (dealt_bytes of {len(pair_commitments)} neighbours)",
+    )
 
 
 ClientMessage = (

@@ -9,9 +9,14 @@ the same. This module is sans-IO and knows no transport.
 :func:`to_record` converts every protocol message (:mod:`sharefl.protocol.messages`), a
 :class:`~sharefl.protocol.messages.ClusterAssignment`, a
 :class:`~sharefl.crypto.encoding.RingEncoding` and a
-:class:`~sharefl.protocol.plan.RoundPlan`; :func:`from_record` converts back and checks
-everything a peer could get wrong (types, ranges, byte sizes, list lengths, duplicate
-ids), raising :class:`RecordError`. A key context travels as its canonical bytes
+:class:`~sharefl.protocol.plan.RoundPlan`; :func:`from_record` converts back, raising
+:class:`RecordError`. For a message it translates shapes only — missing keys, values of
+the wrong type, parallel lists of different lengths, a key of a map given twice, a list
+longer than any message holds — and the message's constructor checks its fields (byte
+sizes, id ranges and duplicates, caps, ring width...): its
+:class:`~sharefl.protocol.errors.MalformedMessage` becomes a :class:`RecordError` here, as
+the gRPC codec (:mod:`sharefl.deploy.wire`) makes it a ``WireError``, so the two refuse
+alike. A key context travels as its canonical bytes
 (:meth:`KeyContext.to_bytes`); a ``{peer: bytes}`` map as two parallel lists
 ``<name>.peers`` / ``<name>.values``; a list of key adverts as parallel lists
 ``keys.<field>``; a ``{(dealer, peer): bytes}`` map as ``<name>.dealers`` /
@@ -24,7 +29,8 @@ The two-exchange round (protocol version 5) added :class:`~sharefl.protocol.keys
 when absent, so a four-exchange value has the record it had before (``tests/vectors``
 pins both). A two-exchange bundle is :func:`~sharefl.protocol.bundles.dealt_bytes` of its
 dealer's neighbour count, so the number of neighbours one dealer may have is capped
-(:data:`MAX_DEALT_PEERS`), which bounds every bundle and every list of them.
+(:data:`~sharefl.protocol.fields.MAX_DEALT_PEERS`, a message's limit), which bounds every
+bundle and every list of them.
 
 :func:`nest` / :func:`unnest` put one record inside another under a key prefix (a
 transport may carry several values in one record; :class:`ClientSession` state uses it).
@@ -40,14 +46,15 @@ import numpy as np
 
 from sharefl.crypto.encoding import RingEncoding
 from sharefl.crypto.errors import EncodingError
-from sharefl.crypto.kdf import KEY_BYTES, PLAN_DIGEST_BYTES, KeyContext
-from sharefl.crypto.shamir import SHARE_BYTES
-from sharefl.crypto.signatures import SIGNATURE_BYTES
+from sharefl.crypto.kdf import PLAN_DIGEST_BYTES, KeyContext
 from sharefl.protocol import messages as m
-from sharefl.protocol.bundles import COMMITMENT_BYTES, SEALED_BYTES, dealt_bytes
 from sharefl.protocol.clustering import Clustering, ClusteringError
-from sharefl.protocol.errors import ConfigurationError, ProtocolError
-from sharefl.protocol.keys import MAX_SCOPE_BYTES, KeyAdvert
+from sharefl.protocol.errors import ConfigurationError, MalformedMessage, ProtocolError
+from sharefl.protocol.fields import DEALT_SIZES as DEALT_SIZES  # re-exported: the limits
+from sharefl.protocol.fields import MAX_DEALT_PEERS as MAX_DEALT_PEERS
+from sharefl.protocol.fields import MAX_IDS as MAX_IDS
+from sharefl.protocol.fields import MAX_PAIR_SHARES as MAX_PAIR_SHARES
+from sharefl.protocol.keys import KeyAdvert
 from sharefl.protocol.plan import RoundPlan
 
 RecordValue: TypeAlias = int | float | bool | str | bytes | list[int] | list[bytes] | np.ndarray
@@ -56,30 +63,8 @@ Record: TypeAlias = dict[str, RecordValue]
 TYPE_KEY = "type"
 """The key naming what a record holds (the Python class name, e.g. ``"MaskedInput"``)."""
 
-MAX_IDS = 1 << 16
-"""Most client ids (or per-peer entries) one list of a cluster's message may carry."""
-
 MAX_PLAN_IDS = 1 << 20
 """Most client ids a round plan may carry in total (R · n)."""
-
-MAX_DEALT_PEERS = 256
-"""Two-exchange round: most neighbours one dealer may have, hence most pair commitments
-and bundles of a :class:`~sharefl.protocol.messages.MaskedShares` and most bundles of an
-:class:`~sharefl.protocol.messages.UnmaskRequest` (a holder's dealers are its neighbours).
-A bundle is then at most ``dealt_bytes(256)`` = 9,553 bytes and either message at most
-about 2.3 MiB of bundles, under gRPC's 4 MiB message limit (``MAX_IDS`` peers would allow
-bundles of 2.4 MB each, 158 GB in one message). A complete graph of a two-exchange
-cluster therefore has at most 257 members; a larger cluster needs a sparse neighbour
-graph of degree at most 256."""
-
-MAX_PAIR_SHARES = MAX_DEALT_PEERS * (MAX_DEALT_PEERS + 1)
-"""Two-exchange round: most pair shares one :class:`~sharefl.protocol.messages.
-UnmaskResponse` may carry: one per (dealer, dropped peer of the dealer), over at most
-``MAX_DEALT_PEERS + 1`` dealers (the holder's neighbours and itself)."""
-
-DEALT_SIZES = frozenset(dealt_bytes(peers) for peers in range(1, MAX_DEALT_PEERS + 1))
-"""The sizes a two-exchange bundle may have (a dealer has 1 to ``MAX_DEALT_PEERS``
-neighbours)."""
 
 _CONTEXT_HEAD = struct.calcsize(">IQII")
 
@@ -170,10 +155,15 @@ def put_map(record: Record, key: str, values: Mapping[int, bytes]) -> None:
 
 
 def get_map(
-    record: Mapping[str, Any], key: str, size: int | Collection[int], cap: int = MAX_IDS
+    record: Mapping[str, Any],
+    key: str,
+    size: int | Collection[int] | None = None,
+    cap: int = MAX_IDS,
 ) -> dict[int, bytes]:
-    """The map :func:`put_map` stored: at most ``cap`` entries, every value ``size`` bytes
-    (or of one of the sizes ``size`` holds); raises :class:`RecordError`."""
+    """The map :func:`put_map` stored: at most ``cap`` entries, no peer twice, every value
+    bytes (of ``size`` bytes, or of one of the sizes ``size`` holds, unless ``size`` is
+    ``None``: a message's map, whose sizes the message checks); raises
+    :class:`RecordError`."""
     peers = get_ids(record, f"{key}.peers", cap)
     values = _list(record, f"{key}.values", cap)
     if len(values) != len(peers):
@@ -181,26 +171,20 @@ def get_map(
     sizes = (size,) if isinstance(size, int) else size
     result = {}
     for peer, value in zip(peers, values, strict=True):
-        if not isinstance(value, bytes | bytearray) or len(value) not in sizes:
-            if isinstance(size, int):
-                raise RecordError(f"{key!r}: the entry of client {peer} must be {size} bytes")
-            got = len(value) if isinstance(value, bytes | bytearray) else type(value).__name__
-            raise RecordError(
-                f"{key!r}: the entry of client {peer} must be a dealt bundle's size "
-                f"(dealt_bytes of 1 to {MAX_DEALT_PEERS} neighbours), got {got}"
-            )
+        if not isinstance(value, bytes | bytearray):
+            raise RecordError(f"{key!r}: the entry of client {peer} must be bytes")
+        if sizes is not None and len(value) not in sizes:
+            raise RecordError(f"{key!r}: the entry of client {peer} has {len(value)} bytes")
         result[peer] = bytes(value)
     return result
 
 
-def _optional_map(
-    record: Mapping[str, Any], key: str, size: int | Collection[int], cap: int = MAX_IDS
-) -> dict[int, bytes]:
+def _optional_map(record: Mapping[str, Any], key: str) -> dict[int, bytes]:
     """:func:`get_map`, or ``{}`` when neither list is present (a record of a sender that
     predates the field)."""
     if f"{key}.peers" not in record and f"{key}.values" not in record:
         return {}
-    return get_map(record, key, size, cap)
+    return get_map(record, key)
 
 
 def _put_pair_map(record: Record, key: str, values: Mapping[tuple[int, int], bytes]) -> None:
@@ -212,11 +196,9 @@ def _put_pair_map(record: Record, key: str, values: Mapping[tuple[int, int], byt
     record[f"{key}.values"] = [bytes(v) for _, v in items]
 
 
-def _get_pair_map(
-    record: Mapping[str, Any], key: str, size: int, cap: int
-) -> dict[tuple[int, int], bytes]:
-    """The map :func:`_put_pair_map` stored (``{}`` if absent): at most ``cap`` entries of
-    two distinct clients each, no pair twice, every value ``size`` bytes."""
+def _get_pair_map(record: Mapping[str, Any], key: str, cap: int) -> dict[tuple[int, int], bytes]:
+    """The map :func:`_put_pair_map` stored (``{}`` if absent): at most ``cap`` entries, no
+    pair twice, every value bytes (the message checks the rest)."""
     names = [f"{key}.{part}" for part in ("dealers", "peers", "values")]
     if not any(name in record for name in names):
         return {}
@@ -227,12 +209,10 @@ def _get_pair_map(
         raise RecordError(f"the {key!r} lists differ in length")
     result: dict[tuple[int, int], bytes] = {}
     for pair, value in zip(zip(dealers, peers, strict=True), values, strict=True):
-        if pair[0] == pair[1]:
-            raise RecordError(f"{key!r}: a pair names client {pair[0]} twice")
         if pair in result:
             raise RecordError(f"{key!r}: duplicate pair {pair}")
-        if not isinstance(value, bytes | bytearray) or len(value) != size:
-            raise RecordError(f"{key!r}: the entry of pair {pair} must be {size} bytes")
+        if not isinstance(value, bytes | bytearray):
+            raise RecordError(f"{key!r}: the entry of pair {pair} must be bytes")
         result[pair] = bytes(value)
     return result
 
@@ -298,13 +278,10 @@ def _assignment_to(a: m.ClusterAssignment, r: Record) -> None:
 
 
 def _assignment_from(r: Mapping[str, Any]) -> m.ClusterAssignment:
-    members = get_ids(r, "members")
-    bits = get_int(r, "bits")
-    if bits not in (32, 64):
-        raise RecordError(f"'bits' must be 32 or 64, got {bits}")
+    members = get_ids(r, "members", unique=False)
     neighbours = None
     if "neighbours.ids" in r:
-        ids = get_ids(r, "neighbours.ids", len(members))
+        ids = get_ids(r, "neighbours.ids")
         degrees = get_ids(r, "neighbours.degrees", len(members), unique=False)
         peers = get_ids(r, "neighbours.peers", len(members) * len(members), unique=False)
         if len(degrees) != len(ids) or sum(degrees) != len(peers):
@@ -318,12 +295,12 @@ def _assignment_from(r: Mapping[str, Any]) -> m.ClusterAssignment:
     return m.ClusterAssignment(
         context=_context(r),
         members=tuple(sorted(members)),
-        threshold=get_int(r, "threshold", 0, MAX_IDS),
-        length=get_int(r, "length", 0, 2**48),
-        bits=bits,
+        threshold=get_int(r, "threshold"),
+        length=get_int(r, "length"),
+        bits=get_int(r, "bits"),
         neighbours=neighbours,
         signed=get_bool(r, "signed"),
-        keys=_key_adverts_from(r, len(members)),
+        keys=_key_adverts_from(r),
     )
 
 
@@ -335,17 +312,15 @@ def _key_advert_to(a: KeyAdvert, r: Record) -> None:
 
 
 def _key_advert_from(r: Mapping[str, Any]) -> KeyAdvert:
-    """Sizes only: whether the keys are usable X25519 keys (and the signature verifies) is
-    :func:`~sharefl.protocol.keys.check_key_advert`'s to say."""
-    scope = get_bytes(r, "scope")
-    if len(scope) > MAX_SCOPE_BYTES:
-        raise RecordError(f"'scope' has {len(scope)} bytes; at most {MAX_SCOPE_BYTES}")
+    """Shapes only (the advert checks its sizes): whether the keys are usable X25519 keys
+    (and the signature verifies) is :func:`~sharefl.protocol.keys.check_key_advert`'s to
+    say."""
     return KeyAdvert(
         sender=get_int(r, "sender"),
-        scope=scope,
-        encryption_public=get_bytes(r, "encryption_public", (KEY_BYTES,)),
-        mask_public=get_bytes(r, "mask_public", (KEY_BYTES,)),
-        signature=get_bytes(r, "signature", (0, SIGNATURE_BYTES)),
+        scope=get_bytes(r, "scope"),
+        encryption_public=get_bytes(r, "encryption_public"),
+        mask_public=get_bytes(r, "mask_public"),
+        signature=get_bytes(r, "signature"),
     )
 
 
@@ -355,14 +330,14 @@ def _key_adverts_to(adverts: tuple[KeyAdvert, ...], r: Record) -> None:
         r[f"keys.{name}"] = [bytes(getattr(a, name)) for a in adverts]
 
 
-def _key_adverts_from(r: Mapping[str, Any], cap: int) -> tuple[KeyAdvert, ...]:
-    """The ``keys.*`` lists (empty if absent): at most ``cap`` (the members), one advert
-    per sender."""
+def _key_adverts_from(r: Mapping[str, Any]) -> tuple[KeyAdvert, ...]:
+    """The ``keys.*`` lists (empty if absent; the assignment bounds them by its members and
+    refuses two adverts of one client)."""
     names = ("keys.sender", *(f"keys.{n}" for n in _KEY_ADVERT_FIELDS))
     if not any(name in r for name in names):
         return ()
-    senders = get_ids(r, "keys.sender", cap)
-    columns = {n: _list(r, f"keys.{n}", cap) for n in _KEY_ADVERT_FIELDS}
+    senders = get_ids(r, "keys.sender", unique=False)
+    columns = {n: _list(r, f"keys.{n}") for n in _KEY_ADVERT_FIELDS}
     if any(len(c) != len(senders) for c in columns.values()):
         raise RecordError("the 'keys.*' lists differ in length")
     adverts = []
@@ -371,7 +346,7 @@ def _key_adverts_from(r: Mapping[str, Any], cap: int) -> tuple[KeyAdvert, ...]:
             adverts.append(
                 _key_advert_from({"sender": sender, **{n: c[i] for n, c in columns.items()}})
             )
-        except RecordError as exc:
+        except (RecordError, MalformedMessage) as exc:
             raise RecordError(f"the key advert of client {sender}: {exc}") from None
     return tuple(adverts)
 
@@ -391,10 +366,10 @@ def _advert_from(r: Mapping[str, Any]) -> m.AdvertiseKeys:
     return m.AdvertiseKeys(
         sender=get_int(r, "sender"),
         context=_context(r),
-        encryption_public=get_bytes(r, "encryption_public", (KEY_BYTES,)),
-        mask_public=get_bytes(r, "mask_public", (KEY_BYTES,)),
-        commitment=get_bytes(r, "commitment", (COMMITMENT_BYTES,)),
-        signature=get_bytes(r, "signature", (0, SIGNATURE_BYTES)),
+        encryption_public=get_bytes(r, "encryption_public"),
+        mask_public=get_bytes(r, "mask_public"),
+        commitment=get_bytes(r, "commitment"),
+        signature=get_bytes(r, "signature"),
     )
 
 
@@ -429,7 +404,7 @@ def _shares_to(s: m.EncryptedShares, r: Record) -> None:
 
 
 def _shares_from(r: Mapping[str, Any]) -> m.EncryptedShares:
-    return m.EncryptedShares(get_int(r, "sender"), _context(r), get_map(r, "bundles", SEALED_BYTES))
+    return m.EncryptedShares(get_int(r, "sender"), _context(r), get_map(r, "bundles"))
 
 
 def _masking_to(x: m.MaskingRequest, r: Record) -> None:
@@ -441,8 +416,8 @@ def _masking_from(r: Mapping[str, Any]) -> m.MaskingRequest:
     return m.MaskingRequest(
         _context(r),
         get_int(r, "receiver"),
-        get_ids(r, "survivors"),
-        get_map(r, "bundles", SEALED_BYTES),
+        get_ids(r, "survivors", unique=False),
+        get_map(r, "bundles"),
     )
 
 
@@ -452,18 +427,17 @@ def _masked_to(x: m.MaskedInput, r: Record) -> None:
 
 
 def _vector(r: Mapping[str, Any]) -> np.ndarray:
+    """The array in native byte order (the message checks its dtype and shape)."""
     vector = _get(r, "vector")
-    if (
-        not isinstance(vector, np.ndarray)
-        or vector.ndim != 1
-        or vector.dtype.newbyteorder("=") not in (np.dtype(np.uint32), np.dtype(np.uint64))
-    ):
-        raise RecordError("'vector' must be a 1-D uint32 or uint64 numpy array")
+    if not isinstance(vector, np.ndarray):
+        raise RecordError(f"'vector' must be a numpy array, got {type(vector).__name__}")
     return vector.astype(vector.dtype.newbyteorder("="), copy=False)
 
 
 def _masked_from(r: Mapping[str, Any]) -> m.MaskedInput:
-    return m.MaskedInput(get_int(r, "sender"), _context(r), _vector(r), get_ids(r, "complaints"))
+    return m.MaskedInput(
+        get_int(r, "sender"), _context(r), _vector(r), get_ids(r, "complaints", unique=False)
+    )
 
 
 def _masked_shares_to(x: m.MaskedShares, r: Record) -> None:
@@ -478,16 +452,13 @@ def _masked_shares_to(x: m.MaskedShares, r: Record) -> None:
 
 
 def _masked_shares_from(r: Mapping[str, Any]) -> m.MaskedShares:
-    """Every bundle is the size a dealer of ``len(pair_commitments)`` neighbours seals;
-    whether those are the sender's neighbours is the server's to check."""
-    commitments = get_map(r, "pair_commitments", COMMITMENT_BYTES, MAX_DEALT_PEERS)
     return m.MaskedShares(
         get_int(r, "sender"),
         _context(r),
         _vector(r),
-        get_bytes(r, "seed_commitment", (COMMITMENT_BYTES,)),
-        commitments,
-        get_map(r, "bundles", dealt_bytes(len(commitments)), MAX_DEALT_PEERS),
+        get_bytes(r, "seed_commitment"),
+        get_map(r, "pair_commitments"),
+        get_map(r, "bundles"),
     )
 
 
@@ -496,7 +467,7 @@ def _consistency_to(x: m.ConsistencyRequest, r: Record) -> None:
 
 
 def _consistency_from(r: Mapping[str, Any]) -> m.ConsistencyRequest:
-    return m.ConsistencyRequest(_context(r), get_ids(r, "survivors"))
+    return m.ConsistencyRequest(_context(r), get_ids(r, "survivors", unique=False))
 
 
 def _signature_to(x: m.ConsistencySignature, r: Record) -> None:
@@ -504,9 +475,7 @@ def _signature_to(x: m.ConsistencySignature, r: Record) -> None:
 
 
 def _signature_from(r: Mapping[str, Any]) -> m.ConsistencySignature:
-    return m.ConsistencySignature(
-        get_int(r, "sender"), _context(r), get_bytes(r, "signature", (SIGNATURE_BYTES,))
-    )
+    return m.ConsistencySignature(get_int(r, "sender"), _context(r), get_bytes(r, "signature"))
 
 
 def _unmask_request_to(x: m.UnmaskRequest, r: Record) -> None:
@@ -519,10 +488,10 @@ def _unmask_request_to(x: m.UnmaskRequest, r: Record) -> None:
 def _unmask_request_from(r: Mapping[str, Any]) -> m.UnmaskRequest:
     return m.UnmaskRequest(
         _context(r),
-        get_ids(r, "survivors"),
-        get_ids(r, "dropped"),
-        get_map(r, "signatures", SIGNATURE_BYTES),
-        _optional_map(r, "bundles", DEALT_SIZES, MAX_DEALT_PEERS),
+        get_ids(r, "survivors", unique=False),
+        get_ids(r, "dropped", unique=False),
+        get_map(r, "signatures"),
+        _optional_map(r, "bundles"),
     )
 
 
@@ -541,11 +510,11 @@ def _unmask_response_from(r: Mapping[str, Any]) -> m.UnmaskResponse:
     return m.UnmaskResponse(
         get_int(r, "sender"),
         _context(r),
-        get_map(r, "seed_shares", SHARE_BYTES),
-        get_map(r, "key_shares", SHARE_BYTES),
-        get_map(r, "pair_seeds", KEY_BYTES),
-        _get_pair_map(r, "pair_shares", SHARE_BYTES, MAX_PAIR_SHARES),
-        get_ids(r, "complaints") if "complaints" in r else (),
+        get_map(r, "seed_shares"),
+        get_map(r, "key_shares"),
+        get_map(r, "pair_seeds"),
+        _get_pair_map(r, "pair_shares", MAX_PAIR_SHARES),
+        get_ids(r, "complaints", unique=False) if "complaints" in r else (),
     )
 
 
@@ -670,6 +639,8 @@ def from_record(record: Mapping[str, Any], expected: type | tuple[type, ...] | N
         return _CONVERTERS[cls][1](record)
     except RecordError:
         raise
+    except MalformedMessage as exc:  # the message refused its fields
+        raise RecordError(f"bad {name} record: {exc}") from exc
     except (TypeError, ValueError) as exc:
         raise RecordError(f"bad {name} record: {exc}") from exc
 

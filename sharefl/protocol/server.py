@@ -58,11 +58,9 @@ from sharefl.crypto.kdf import (
     x25519_public_key,
 )
 from sharefl.crypto.prg import combine_masks, ring_dtype
-from sharefl.crypto.signatures import SIGNATURE_BYTES, client_list_message, verify
+from sharefl.crypto.signatures import client_list_message, verify
 from sharefl.protocol.atoms import Atoms, whole_atoms
 from sharefl.protocol.bundles import (
-    COMMITMENT_BYTES,
-    SEALED_BYTES,
     dealt_bytes,
     pair_commitment,
     seed_commitment,
@@ -296,23 +294,12 @@ class ServerSession:
     def _on_advert(self, m: AdvertiseKeys) -> None:
         """Accept an advertisement only if relaying it cannot hurt an honest member.
 
-        Rejected (naming the sender): keys or commitment of the wrong size, a signature
-        field longer than a signature, a low-order or malformed X25519 key, an encryption
+        Rejected (naming the sender): a low-order or malformed X25519 key, an encryption
         key equal to the mask key, a key another member of this cluster already advertised
         (relayed, either would make every honest peer refuse the whole broadcast), and in
         signed mode a signature that does not verify against the directory.
         """
         self._first(self._got.adverts, m.sender)
-        if len(m.encryption_public) != KEY_BYTES or len(m.mask_public) != KEY_BYTES:
-            raise RejectedMessage(f"client {m.sender}: public keys must be 32 bytes", m.sender)
-        if len(m.commitment) != 32:
-            raise RejectedMessage(f"client {m.sender}: commitment must be 32 bytes", m.sender)
-        if len(m.signature) not in (0, SIGNATURE_BYTES):
-            raise RejectedMessage(
-                f"client {m.sender}: signature must be empty or {SIGNATURE_BYTES} bytes, "
-                f"got {len(m.signature)}",
-                m.sender,
-            )
         self._check_advertised_keys(m)
         if self.assignment.signed:
             self._check_signature(m.sender, m.statement(), m.signature, "advertisement")
@@ -349,11 +336,6 @@ class ServerSession:
                 f"{sorted(expected)}; got {sorted(m.bundles)}",
                 m.sender,
             )
-        wrong = [r for r, b in m.bundles.items() if len(b) != SEALED_BYTES]
-        if wrong:
-            raise RejectedMessage(
-                f"client {m.sender}: bundles for {wrong} are not {SEALED_BYTES} bytes", m.sender
-            )
         self._got.bundles[m.sender] = dict(m.bundles)
 
     def _on_masked(self, m: MaskedInput) -> None:
@@ -369,18 +351,12 @@ class ServerSession:
         self._got.masked[m.sender] = m
 
     def _on_masked_shares(self, m: MaskedShares) -> None:
-        """Two-exchange round: the vector's type and length, a 32-byte seed commitment, and
-        exactly one pair commitment and one bundle (of the size a dealer of that many
-        neighbours seals) per neighbour of the sender."""
+        """Two-exchange round: the vector's type and length, and exactly one pair commitment
+        and one bundle (of the size a dealer of that many neighbours seals) per neighbour of
+        the sender (the commitments' sizes are the message's own)."""
         self._first(self._got.dealt, m.sender)
         self._check_vector(m.sender, m.vector)
         peers = self.assignment.neighbours_of(m.sender)
-        if len(m.seed_commitment) != COMMITMENT_BYTES or any(
-            len(c) != COMMITMENT_BYTES for c in m.pair_commitments.values()
-        ):
-            raise RejectedMessage(
-                f"client {m.sender}: commitments must be {COMMITMENT_BYTES} bytes", m.sender
-            )
         if set(m.pair_commitments) != peers or set(m.bundles) != peers:
             raise RejectedMessage(
                 f"client {m.sender}: one pair commitment and one bundle per neighbour "
