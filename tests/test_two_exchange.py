@@ -15,6 +15,7 @@ import itertools
 
 import numpy as np
 import pytest
+from unchecked import unchecked_replace
 
 from sharefl.crypto.kdf import TWO_EXCHANGE_VERSION, KeyContext, Purpose
 from sharefl.crypto.signatures import IdentityKey
@@ -24,6 +25,7 @@ from sharefl.protocol.errors import (
     BadAdvertisement,
     ConfigurationError,
     InconsistentRequest,
+    MalformedMessage,
     RejectedMessage,
     StageError,
     VersionRefused,
@@ -214,8 +216,11 @@ def test_the_client_refuses_keys_it_cannot_trust():
             *assignment.keys[2:],
         ),
     }
+    with pytest.raises(MalformedMessage, match="6 entries; at most 5"):  # no such message
+        dataclasses.replace(assignment, keys=tuple(cases["duplicated"]))
     for name, adverts in cases.items():
-        bad = dataclasses.replace(assignment, keys=tuple(adverts))
+        # what a hostile server could send all the same: the client refuses it too
+        bad = unchecked_replace(assignment, keys=tuple(adverts))
         with pytest.raises(BadAdvertisement):
             # a low-order key is refused by the agreement, before the reply exists
             ClientSession(2, bad, inputs[2], keys=keys[2]).start()
@@ -236,8 +241,8 @@ def test_signed_adverts_bind_the_identity_the_scope_and_the_keys():
     ):
         with pytest.raises(BadAdvertisement, match="not signed"):
             check_key_advert(changed, identity.public)
-    with pytest.raises(BadAdvertisement, match="scope"):
-        check_key_advert(dataclasses.replace(advert, scope=bytes(65)))
+    with pytest.raises(MalformedMessage, match="scope"):  # no such advert exists
+        dataclasses.replace(advert, scope=bytes(65))
 
 
 def test_the_client_needs_its_input_and_keys_before_it_starts():
@@ -277,7 +282,8 @@ def test_the_client_refuses_unmask_requests_that_would_reveal_two_secrets(change
     elif change == "lists miss a member":
         request = dataclasses.replace(request, dropped=())
     elif change == "bundle from a dropped client":
-        request = dataclasses.replace(request, bundles={**request.bundles, 13: b"x" * 10})
+        bundle = next(iter(request.bundles.values()))  # of a size a dealer seals
+        request = dataclasses.replace(request, bundles={**request.bundles, 13: bundle})
     else:
         sessions[2].handle(request)
     with pytest.raises(InconsistentRequest):
@@ -307,12 +313,18 @@ def test_the_server_rejects_malformed_replies_and_keeps_serving():
     server = ServerSession(assignment)
     replies = {c: ClientSession(c, assignment, inputs[c], keys=keys[c]).start() for c in MEMBERS}
     good = replies[2]
+    for change in (  # sizes are the message's own: no such message exists
+        dict(seed_commitment=b"short"),
+        dict(bundles={**good.bundles, 5: good.bundles[5] + b"x"}),
+        dict(pair_commitments={**good.pair_commitments, 99: bytes(32)}),  # bundles too small
+    ):
+        with pytest.raises(MalformedMessage):
+            dataclasses.replace(good, **change)
+    stranger = {99 if k == 5 else k: v for k, v in good.pair_commitments.items()}
     hostile = [
         dataclasses.replace(good, vector=good.vector[:-1]),
-        dataclasses.replace(good, seed_commitment=b"short"),
         dataclasses.replace(good, bundles={k: v for k, v in list(good.bundles.items())[1:]}),
-        dataclasses.replace(good, bundles={**good.bundles, 5: good.bundles[5] + b"x"}),
-        dataclasses.replace(good, pair_commitments={**good.pair_commitments, 99: bytes(32)}),
+        dataclasses.replace(good, pair_commitments=stranger),
     ]
     for message in hostile:
         with pytest.raises(RejectedMessage):
