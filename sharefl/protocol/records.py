@@ -298,7 +298,7 @@ def _assignment_from(r: Mapping[str, Any]) -> m.ClusterAssignment:
         threshold=get_int(r, "threshold"),
         length=get_int(r, "length"),
         bits=get_int(r, "bits"),
-        neighbours=neighbours,
+        neighbours=neighbours or None,  # an empty graph is none, as in protobuf
         signed=get_bool(r, "signed"),
         keys=_key_adverts_from(r),
     )
