@@ -66,7 +66,6 @@ from sharefl.crypto.kdf import (
 from sharefl.crypto.prg import combine_masks, ring_dtype
 from sharefl.crypto.shamir import SHARE_BYTES
 from sharefl.crypto.signatures import (
-    SIGNATURE_BYTES,
     IdentityKey,
     client_list_message,
     verify,
@@ -74,7 +73,6 @@ from sharefl.crypto.signatures import (
 from sharefl.protocol import records
 from sharefl.protocol.audit import DEFAULT_SEARCH_BUDGET
 from sharefl.protocol.bundles import (
-    COMMITMENT_BYTES,
     BundleError,
     DealtShares,
     SharePair,
@@ -662,16 +660,7 @@ class ClientSession:
                 raise BadAdvertisement(f"two advertisements for client {advert.sender}")
             if advert.sender not in self.assignment.members or advert.context != self.context:
                 raise BadAdvertisement(f"advertisement of {advert.sender} is not for this cluster")
-            if (
-                len(advert.encryption_public) != KEY_BYTES
-                or len(advert.mask_public) != KEY_BYTES
-                or len(advert.commitment) != COMMITMENT_BYTES
-                or len(advert.signature) not in (0, SIGNATURE_BYTES)
-            ):
-                raise BadAdvertisement(
-                    f"client {advert.sender} advertised malformed keys: X25519 keys and the "
-                    f"commitment must be {KEY_BYTES} bytes, a signature {SIGNATURE_BYTES}"
-                )
+            # the sizes of keys, commitment and signature are the advert's own (its constructor)
             if self.assignment.signed:
                 self._verify_advert(advert)
             adverts[advert.sender] = advert
