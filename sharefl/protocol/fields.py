@@ -10,7 +10,7 @@ map of ids (never over a vector: an array's dtype and shape only).
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection
 from itertools import pairwise
 from typing import Any
 
@@ -56,9 +56,9 @@ def fail(where: str, expected: str, got: object) -> MalformedMessage:
 
 def is_id(value: object) -> bool:
     """``value`` is a client id: an int (not a bool) in [0, 2^64)."""
-    return (
-        isinstance(value, int | np.integer) and not isinstance(value, bool) and 0 <= value < _ID_END
-    )
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        return False
+    return 0 <= int(value) < _ID_END
 
 
 def check_id(where: str, value: object) -> None:
@@ -164,7 +164,7 @@ def check_all(where: str, values: object, cls: type, cap: int = MAX_IDS) -> None
         check_type(f"{where} entry", value, cls)
 
 
-def check_graph(where: str, graph: Mapping[object, object] | None, members: int) -> None:
+def check_graph(where: str, graph: object, members: int) -> None:
     """``None`` (complete graph) or a non-empty dict of at most ``members`` entries
     ``{client id: frozenset of at most members client ids}``."""
     if graph is None:
