@@ -3,8 +3,33 @@
 Every message carries the :class:`~sharefl.crypto.kdf.KeyContext` (version, round,
 reclustering, cluster) it belongs to; both sides refuse messages of another context.
 Server → client messages are named ``*Request`` / ``*Broadcast``; client → server
-messages are named after what they carry. The gRPC layer converts these to protobuf in one
-place; the state machines see only these types.
+messages are named after what they carry. The state machines see only these types.
+
+The contract: a message validates itself in its constructor (``__post_init__``; as h11's
+events do), so a message that exists has fields of the right type, size and range —
+whoever built it. Each refuses, with
+:class:`~sharefl.protocol.errors.MalformedMessage` naming the message, the field and what
+it must be: bytes of the wrong length (public keys, commitments, signatures, sealed and
+dealt bundles — :func:`~sharefl.protocol.bundles.dealt_bytes` of the pair commitments'
+count —, shares, pair seeds), client ids outside [0, 2^64) or twice in one list, members
+not in ascending order, a list or map over its cap (:data:`MAX_IDS`,
+:data:`MAX_DEALT_PEERS`, :data:`MAX_PAIR_SHARES`, the member count for neighbours and key
+adverts), a threshold over :data:`MAX_IDS`, a length over :data:`MAX_LENGTH`, a ring width
+other than 32 or 64, an empty neighbour map, a vector that is not a 1-D uint32/uint64
+array (its dtype and shape: the elements are never read), a context that is not a
+:class:`~sharefl.crypto.kdf.KeyContext` (which checks its own fields). The checks and
+limits live in :mod:`sharefl.protocol.fields`; :class:`~sharefl.protocol.keys.KeyAdvert`
+makes them too. They cost a type test and a length per field and one pass over the ids of
+a list or map.
+
+The two codecs only translate shapes: protobuf (:mod:`sharefl.deploy.wire`: presence,
+chunk framing, repeated entries into maps) and records (:mod:`sharefl.protocol.records`:
+record value types, parallel lists). Each turns ``MalformedMessage`` into its own error
+(``WireError``, which the gRPC server answers with ``INVALID_ARGUMENT``; ``RecordError``),
+so both refuse exactly what the constructors refuse (``tests/test_message_codecs.py``).
+What depends on the cluster — membership, neighbours, who may send what at which stage —
+is the client's and the server's to check (:mod:`sharefl.protocol.client`,
+:mod:`sharefl.protocol.server`).
 
 Stage by stage (U1 ⊇ U2 ⊇ U3 ⊇ U5 are the clients that completed each stage):
 
