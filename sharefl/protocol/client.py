@@ -400,8 +400,7 @@ class ClientSession:
             )
         if self.id not in a.members:
             raise InconsistentRequest(f"client {self.id} is not a member of {a.members}")
-        if len(set(a.members)) != len(a.members):
-            raise InconsistentRequest("the cluster's member list has duplicates")
+        # members without duplicates, in order: the assignment's own check (its constructor)
         holders = len(a.neighbours_of(self.id)) + 1
         colluders = p.colluders_for(holders, a.signed)
         floor = threshold_floor(holders, colluders)
@@ -479,8 +478,7 @@ class ClientSession:
             )
 
     def _check_survivors(self, survivors: tuple[int, ...], superset: set[int], what: str) -> None:
-        if len(set(survivors)) != len(survivors):
-            raise InconsistentRequest(f"{what} list has duplicates")
+        # no id twice: the request's own check (its constructor)
         if self.id not in survivors:
             raise InconsistentRequest(f"{what} list omits this client {self.id}")
         if not set(survivors) <= superset:
@@ -820,8 +818,7 @@ class ClientSession:
                 f"clients {sorted(survivors & dropped)} are both survivors and dropped: "
                 "revealing both of their secrets would expose their inputs"
             )
-        if len(dropped) != len(message.dropped):
-            raise InconsistentRequest("dropped list has duplicates")
+        # no id twice in either list: the request's own check (its constructor)
         self._check_survivors(message.survivors, set(self._survivors), "unmask survivor")
         if survivors | dropped != set(self._survivors):
             raise InconsistentRequest(

@@ -86,11 +86,11 @@ from sharefl.protocol.client import default_colluders
 from sharefl.protocol.client_round import plan_rows
 from sharefl.protocol.clustering import Clustering, ClusteringError, random_clustering
 from sharefl.protocol.errors import ConfigurationError, LeakageError, RejectedMessage, StageError
+from sharefl.protocol.fields import MAX_DEALT_PEERS
 from sharefl.protocol.isolation import Suspicion, isolating_reclusterings
 from sharefl.protocol.keys import KeyAdvert
 from sharefl.protocol.messages import ClientMessage, ClusterAssignment, ServerMessage
 from sharefl.protocol.plan import RoundPlan
-from sharefl.protocol.records import MAX_DEALT_PEERS
 from sharefl.protocol.server import ClusterSum, FailedCluster, ServerSession
 from sharefl.protocol.settings import KeySetup
 from sharefl.protocol.settings import Planner as Planner  # re-exported: its old home
