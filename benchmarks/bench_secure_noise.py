@@ -27,7 +27,8 @@ import torch
 from common import add_smoke_flag, compare, emit, emit_machine, finish, use_smoke
 
 from sharefl.privacy.noise import standard_normal
-from sharefl.simulation_bridge import SimulationTrainer, os_seeded_generator
+from sharefl.robust_strategy import os_seeded_generator
+from sharefl.simulation_bridge import SimulationTrainer
 from sharefl.simulator.config import expand
 
 MODELS = {
@@ -61,7 +62,7 @@ def trainer_pair(
         }
     )
     secure, plain = SimulationTrainer(run, 0), SimulationTrainer(run, 0)
-    plain.simulation.use_generator(os_seeded_generator(plain.simulation.device))
+    plain.client.use_generator(os_seeded_generator(plain.client.device))
     return secure, plain
 
 
@@ -70,19 +71,19 @@ def measure(
 ) -> list[dict]:
     """The two records of one model: a DP-SGD round, and the noise alone."""
     secure, plain = trainer_pair(model, shape, device, steps, batch)
-    assert secure.simulation.generator is secure.randomness  # the secure path is timed
-    w = secure.simulation.model_vector.detach().cpu().numpy()
+    assert secure.client.generator is secure.randomness  # the secure path is timed
+    w = secure.client.initial_model().detach().cpu().numpy()
     sync = torch.cuda.synchronize if device.startswith("cuda") else lambda: None
 
     def round_of(trainer: SimulationTrainer) -> None:
         # Same batches for both (their torch states reseeded alike): only the noise
         # differs; the secure noise still comes from the AES-CTR stream.
-        trainer.simulation.generator.manual_seed(BATCH_SEED)
+        trainer.client.generator.manual_seed(BATCH_SEED)
         trainer(w, round=0, client_id=0)
         sync()
 
     mine, base = compare(lambda: round_of(secure), lambda: round_of(plain), repeat=repeat)
-    dim = secure.simulation.dim
+    dim = secure.client.dim
     first = {
         "name": f"{name}/dp_sgd_round",
         "model": name,
@@ -97,7 +98,7 @@ def measure(
         "secure_samples_drawn": secure.randomness.gaussian.drawn,
     }
     emit(first)
-    where = secure.simulation.device
+    where = secure.client.device
     torch_gen = os_seeded_generator(where)
 
     def noise(generator: torch.Generator) -> None:

@@ -1,9 +1,10 @@
 """The same simulation configuration across real processes over gRPC.
 
 ``sharefl launch experiments/quickstart.toml`` starts one server and
-``clients.total`` client processes on loopback. Every process builds the run's
-:class:`~sharefl.simulator.federated.loop.Simulation` from the same file and seed, so each holds the
-same data partition and model; then
+``clients.total`` client processes on loopback, all from the same file and seed: the server
+builds the run's :class:`~sharefl.simulator.federated.loop.Simulation`, every client process
+only its own client (:class:`~sharefl.simulator.federated.client.ClientPart`: the training
+set partitioned as the run partitions it, its own examples kept, the model, σ); then
 
 * a client process (:class:`SimulationTrainer`, the gRPC client's trainer) trains only its
   own client — honest DP training, or its Byzantine behaviour (label flipping, or an attack
@@ -45,6 +46,7 @@ from sharefl.protocol.budget import ORDERS, PrivacyCharge
 from sharefl.protocol.errors import ConfigurationError
 from sharefl.protocol.settings import SETTINGS_KEYS
 from sharefl.simulator.config import RunConfig, SimulationConfigError, load_runs
+from sharefl.simulator.federated.client import ClientPart
 from sharefl.simulator.federated.client_noise import run_client_noise
 from sharefl.simulator.federated.loop import Simulation
 from sharefl.simulator.federated.released import Released
@@ -242,19 +244,19 @@ def secure_client_generator(device: torch.device | str = "cpu") -> SecureGenerat
 
 
 class SimulationTrainer:
-    """The gRPC client's trainer for client ``client_id`` of a run (see module doc); its
-    simulation draws from :func:`secure_client_generator` (``self.randomness``)."""
+    """The gRPC client's trainer for client ``client_id`` of a run (see module doc): its
+    :class:`~sharefl.simulator.federated.client.ClientPart` (``self.client``), drawing from
+    :func:`secure_client_generator` (``self.randomness``).
+
+    Raises:
+        SimulationConfigError: ``client_id`` outside the run."""
 
     def __init__(self, run: RunConfig, client_id: int) -> None:
-        if not 0 <= client_id < run.clients.total:
-            raise SimulationConfigError(
-                f"client id {client_id} is not in 0..{run.clients.total - 1}"
-            )
-        self.simulation = Simulation(run)
-        self.randomness = secure_client_generator(self.simulation.device)
-        self.simulation.use_generator(self.randomness)
+        self.client = ClientPart(run, client_id)
+        self.randomness = secure_client_generator(self.client.device)
+        self.client.use_generator(self.randomness)
         self.client_id = client_id
-        encoder = self.simulation.ring_encoder
+        encoder = self.client.ring_encoder
         self.ring_inputs = (
             None
             if encoder is None
@@ -269,17 +271,19 @@ class SimulationTrainer:
         """The Rényi DP of one round of the noise this client adds itself, at
         :data:`sharefl.protocol.budget.ORDERS` (``sharefl client --max-epsilon`` charges it
         to the client's own budget); ``None`` for a client that adds no noise."""
-        sim, run = self.simulation, self.simulation.run
-        if not run.privacy.enabled or self.client_id >= run.clients.honest:
+        client, run = self.client, self.client.run
+        if not run.privacy.enabled or not client.honest:
             return None
-        examples = len(sim.setup.honest_parts[self.client_id])
+        examples = len(client.setup.part(self.client_id))
         noise = run_client_noise(
-            run, examples, noise_multiplier=sim.setup.privacy.sigma(round), dim=sim.dim
+            run, examples, noise_multiplier=client.setup.privacy.sigma(round), dim=client.dim
         )
         return PrivacyCharge(round_rdp(noise, orders=ORDERS))
 
     def __call__(self, model: np.ndarray, *, round: int, client_id: int) -> np.ndarray:
-        sim = self.simulation
-        w = torch.as_tensor(model, device=sim.device)
-        upload = sim.client_update(self.client_id, w, round_index=round)
-        return upload.detach().cpu().numpy().astype(np.float32)
+        """The upload of this trainer's client from ``model`` (float32 ``[d]``, read in
+        place: no copy on the way in) as float32; the tensor's own memory is returned
+        (no copy on the way out)."""
+        client = self.client
+        upload = client.update(torch.as_tensor(model, device=client.device), round)
+        return np.asarray(upload.detach().cpu().numpy(), dtype=np.float32)

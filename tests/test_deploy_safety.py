@@ -669,7 +669,7 @@ def test_client_processes_draw_dp_noise_the_server_cannot_regenerate():
         }
     )
     first, second = SimulationTrainer(run, 2), SimulationTrainer(run, 2)
-    model = first.simulation.model_vector.detach().cpu().numpy()
+    model = first.client.initial_model().detach().cpu().numpy()
     a = first(model, round=0, client_id=2)
     b = second(model, round=0, client_id=2)
     # Same file, seed, client, model and round: only the OS-seeded noise differs.

@@ -155,12 +155,12 @@ def deployment_run(level: str, local_steps: int):
 @pytest.mark.parametrize(("level", "local_steps"), [("example", 3), ("client", 2)])
 def test_a_deployment_clients_trainer_draws_its_dp_noise_from_the_secure_stream(level, local_steps):
     """DP-SGD: one noise vector of d values per local step; client level: one share of d.
-    Both come from the trainer's SecureGenerator, which is the simulation's generator."""
+    Both come from the trainer's SecureGenerator, which is its client's generator."""
     trainer = SimulationTrainer(deployment_run(level, local_steps), 1)
     assert isinstance(trainer.randomness, SecureGenerator)
-    assert trainer.simulation.generator is trainer.randomness
+    assert trainer.client.generator is trainer.randomness
     sampler = trainer.randomness.gaussian
-    model = trainer.simulation.model_vector.detach().cpu().numpy()
+    model = trainer.client.initial_model().detach().cpu().numpy()
     upload = trainer(model, round=0, client_id=1)
     per_round = local_steps if level == "example" else 1
-    assert sampler.drawn == per_round * trainer.simulation.dim == per_round * upload.size
+    assert sampler.drawn == per_round * trainer.client.dim == per_round * upload.size

@@ -221,7 +221,7 @@ def test_a_cluster_sum_of_client_ring_inputs_carries_the_noise_the_accounting_as
     one update differ (fresh OS-keyed noise each time)."""
     run = grpc_run("skellam")
     trainers = [SimulationTrainer(run, cid) for cid in range(3)]
-    encoder = trainers[0].simulation.ring_encoder
+    encoder = trainers[0].client.ring_encoder
     rng = np.random.default_rng(0)
     updates = [rng.normal(size=encoder.dim).astype(np.float32) * 1e-4 for _ in trainers]
     seed = bytes(48)

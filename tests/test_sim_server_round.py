@@ -18,6 +18,7 @@ from sim_configs import with_overrides
 from sharefl.deploy.reports import ReleasedSum
 from sharefl.simulation_bridge import SimulationStrategy
 from sharefl.simulator.config import SimulationConfigError, expand
+from sharefl.simulator.federated.client import ClientPart
 from sharefl.simulator.federated.loop import Simulation
 from sharefl.simulator.federated.released import Released
 
@@ -171,5 +172,5 @@ def test_a_client_process_uploads_its_weighted_delta_as_the_in_process_round_sum
     weights = sims[1].share.weights
     assert weights is not None and not np.allclose(weights.numpy(), 1.0)
     for cid in (0, 13):  # an honest client, a Byzantine one
-        raw, up = (s.client_update(cid, s.model_vector, round_index=0) for s in sims)
+        raw, up = (ClientPart(s.run, cid).update(s.model_vector, 0) for s in sims)
         assert up.numpy().tobytes() == (raw * weights[cid]).numpy().tobytes()

@@ -27,20 +27,30 @@ def resolve_device(name: str | torch.device) -> torch.device:
 def load_data(run: RunConfig, device: torch.device) -> tuple[Dataset, Dataset]:
     """(train, test) datasets of the run, subsampled and standardised as configured, on
     ``device``."""
-    cfg = run.data
-    root = cfg.root or None
-    train = load_dataset(cfg.dataset, "train", root=root, download=cfg.download, **cfg.options)
-    test = load_dataset(cfg.dataset, "test", root=root, download=cfg.download, **cfg.options)
     rng = np.random.default_rng(run.seed + 7919)
-    if cfg.train_examples and cfg.train_examples < len(train):
-        train = train.subset(np.sort(rng.choice(len(train), cfg.train_examples, replace=False)))
-    if cfg.test_examples and cfg.test_examples < len(test):
-        test = test.subset(np.sort(rng.choice(len(test), cfg.test_examples, replace=False)))
+    return _load(run, "train", device, rng), _load(run, "test", device, rng)
+
+
+def load_train(run: RunConfig, device: torch.device) -> Dataset:
+    """The run's training set alone, exactly as :func:`load_data` loads it (the test
+    set's subsample draws after the training set's): what a deployed client process
+    needs, which never evaluates."""
+    return _load(run, "train", device, np.random.default_rng(run.seed + 7919))
+
+
+def _load(run: RunConfig, split: str, device: torch.device, rng: np.random.Generator) -> Dataset:
+    """One split of the run's data set, subsampled (from ``rng``, training set first),
+    standardised and moved to ``device``."""
+    cfg = run.data
+    data = load_dataset(
+        cfg.dataset, split, root=cfg.root or None, download=cfg.download, **cfg.options
+    )
+    keep = cfg.train_examples if split == "train" else cfg.test_examples
+    if keep and keep < len(data):
+        data = data.subset(np.sort(rng.choice(len(data), keep, replace=False)))
     if cfg.input_mean:
-        train = train.standardized(cfg.input_mean, cfg.input_std)
-        test = test.standardized(cfg.input_mean, cfg.input_std)
-    move = lambda d: Dataset(d.name, d.inputs.to(device), d.targets.to(device), d.num_classes)  # noqa: E731
-    return move(train), move(test)
+        data = data.standardized(cfg.input_mean, cfg.input_std)
+    return Dataset(data.name, data.inputs.to(device), data.targets.to(device), data.num_classes)
 
 
 def run_data(

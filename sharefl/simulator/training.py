@@ -207,6 +207,11 @@ class VectorizedClients:
         partitions: the training-set indices of every client (client id = list index).
         training: :class:`LocalTraining`.
         label_map: optional map applied to the targets of every batch (label flipping).
+        held: a client process's own client: ``inputs``/``targets`` hold its examples
+            only (in its partition's order) and the other ``partitions`` give their sizes
+            alone, so that its batches are drawn as the whole run draws them from the same
+            generator state; training another client raises :class:`TrainingError`.
+            ``None``: ``inputs``/``targets`` are the whole training set.
     """
 
     def __init__(
@@ -218,9 +223,17 @@ class VectorizedClients:
         training: LocalTraining,
         *,
         label_map: LabelMap | None = None,
+        held: int | None = None,
     ) -> None:
         if not partitions or any(len(p) == 0 for p in partitions):
             raise TrainingError("every client needs at least one training example")
+        if held is not None and not (
+            0 <= held < len(partitions) and len(partitions[held]) == len(targets)
+        ):
+            raise TrainingError(
+                f"client {held} is not one of the {len(partitions)} partitions, or the "
+                f"{len(targets)} examples given are not its own"
+            )
         self.model = model
         self.inputs, self.targets = inputs, targets
         self.training = training
@@ -229,9 +242,13 @@ class VectorizedClients:
         sizes = [len(p) for p in partitions]
         self.sizes = torch.tensor(sizes, device=self.device)
         padded = torch.zeros(len(partitions), max(sizes), dtype=torch.long)
-        for k, part in enumerate(partitions):
-            padded[k, : len(part)] = torch.as_tensor(list(part), dtype=torch.long)
+        if held is None:
+            for k, part in enumerate(partitions):
+                padded[k, : len(part)] = torch.as_tensor(list(part), dtype=torch.long)
+        else:  # its examples are inputs[0 … n − 1]; the other rows are never read
+            padded[held, : sizes[held]] = torch.arange(sizes[held])
         self.index = padded.to(self.device)
+        self.held = held
         self.steps_done = 0  # global local-step counter (σ_t schedules, replayed batches)
         # adaptive clipping: the bound C (quantile) and its per-round history, or every
         # client's running mean and variance (AdaClip)
@@ -377,6 +394,11 @@ class VectorizedClients:
         sigma: float | None,
     ) -> Tensor:
         clients = torch.as_tensor(clients, dtype=torch.long, device=self.device)
+        if self.held is not None and bool((clients != self.held).any()):
+            raise TrainingError(
+                f"this process holds client {self.held}'s examples only, not those of "
+                f"clients {sorted(set(clients.tolist()) - {self.held})}"
+            )
         K = len(clients)
         params = w.detach().to(self.device).unsqueeze(0).repeat(K, 1)
         adaclip = None

@@ -115,7 +115,9 @@ class Simulation(SteppedLoop):
 
     @property
     def test_set(self) -> Dataset:
-        return self.setup.test
+        test = self.setup.test
+        assert test is not None  # build_setup always loads it (a client process's has none)
+        return test
 
     # -- public API of a run (what transports use) -------------------------------------
 
@@ -134,7 +136,7 @@ class Simulation(SteppedLoop):
         self.server.w = torch.as_tensor(w, device=self.device).to(self.setup.initial.dtype)
 
     def set_round(self, round_index: int) -> None:
-        """Set the number of rounds done (a client process follows the server's round)."""
+        """Set the number of rounds done (a deployment's server follows its own round)."""
         if round_index < 0:
             raise ValueError(f"round index must be >= 0, got {round_index}")
         self.round = round_index
@@ -233,27 +235,12 @@ class Simulation(SteppedLoop):
         accuracy, loss = self.server.evaluate()
         return RoundRecord(self.round, accuracy, loss, self.epsilon(), self.elapsed())
 
-    def client_update(self, client_id: int, w: Tensor, *, round_index: int | None = None) -> Tensor:
-        """One client's upload ``[d]`` from the global ``w`` (a client process over gRPC):
-        honest training, or label-flipping / own-data attacks for Byzantine ids.
-        ``round_index`` (default: :attr:`round`) is the 0-based round it trains in. With
-        ``training.weighted`` the upload carries the client's weight N·n_i/n, as the
-        in-process round weighs every upload before the protocol sums them
-        (:meth:`~sharefl.simulator.federated.share.ShareAggregation.weigh`). The round is
-        accounted by the server's :meth:`server_round`, not here."""
-        if round_index is not None:
-            self.set_round(round_index)
-        if client_id < self.run.clients.honest:
-            upload = self.honest_clients.train([client_id], w, self.round, self.generator)[0]
-        else:
-            upload = self.byzantine_clients.client_upload(client_id, w, self.round, self.generator)
-        share = self.server.share
-        return upload if share is None else share.weigh(upload[None], [client_id])[0]
-
     @property
     def ring_encoder(self) -> DistributedEncoder | None:
         """The discrete pipeline of a discrete ``privacy.distributed`` (σ as calibrated for
-        this run), which a deployed client runs before masking; ``None`` otherwise."""
+        this run), which a deployed client runs before masking (its own:
+        :attr:`~sharefl.simulator.federated.client.ClientPart.ring_encoder`, equal);
+        ``None`` otherwise."""
         share = self.server.share
         return None if share is None else share.distributed
 

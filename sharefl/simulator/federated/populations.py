@@ -1,9 +1,11 @@
 """The clients of a federated run: :class:`HonestClients` (vectorised local training) and
 :class:`ByzantineClients` (what the attack makes them upload).
 
-Both are built from a :class:`~sharefl.simulator.federated.setup.RunSetup` and take every source of
-state from their caller: the global model, the round index (σ comes from the run's
-:class:`~sharefl.simulator.federated.setup.PrivacyPlan` at that round) and the generator.
+Both are built from a :class:`~sharefl.simulator.federated.setup.RunSetup` (a client
+process's, whose ``held`` client is the one they train: :class:`~sharefl.simulator.federated.
+client.ClientPart`) and take every source of state from their caller: the global model,
+the round index (σ comes from the run's :class:`~sharefl.simulator.federated.setup.
+PrivacyPlan` at that round) and the generator.
 """
 
 from __future__ import annotations
@@ -52,7 +54,12 @@ class HonestClients:
         self.plan = setup.privacy
         training = local_training(setup, setup.run.training.batch_size, None)
         self.clients = VectorizedClients(
-            setup.model, setup.train.inputs, setup.train.targets, setup.honest_parts, training
+            setup.model,
+            setup.train.inputs,
+            setup.train.targets,
+            setup.honest_parts,
+            training,
+            held=setup.held,
         )
         uses_momentum = isinstance(training.clipping, components.Normalization) and (
             setup.run.privacy.momentum > 0
@@ -140,6 +147,7 @@ class ByzantineClients:
                 label_map=(
                     LabelFlipping(setup.train.num_classes) if self.attack.label_flipping else None
                 ),
+                held=None if setup.held is None else setup.held - self.first_id,
             )
 
     def _needs_own(self) -> bool:

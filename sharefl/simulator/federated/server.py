@@ -234,4 +234,5 @@ class Server:
     def evaluate(self) -> tuple[float, float]:
         """(accuracy, mean loss) of ``w`` on the test set."""
         test = self.setup.test
+        assert test is not None, "built from a client process's setup, which has no test set"
         return self.model.evaluate(self.w, test.inputs, test.targets)

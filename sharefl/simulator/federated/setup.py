@@ -12,6 +12,7 @@ the accountant both read it, so the σ that is composed is the σ that was added
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,12 +23,12 @@ import torch
 from sharefl.privacy.calibration import calibrate_noise
 from sharefl.privacy.schedules import NoiseSchedule
 from sharefl.simulator import components
-from sharefl.simulator.config import RunConfig, default_delta
+from sharefl.simulator.config import RunConfig, SimulationConfigError, default_delta
 from sharefl.simulator.datasets import Dataset
 from sharefl.simulator.federated.share import distributed_encoder
 from sharefl.simulator.models import build_model
 from sharefl.simulator.partition import partition
-from sharefl.simulator.setup import run_data
+from sharefl.simulator.setup import load_train, resolve_device, run_data
 from sharefl.simulator.training import FlatModel, sample_rate
 
 
@@ -152,29 +153,43 @@ def upload_noise_std(run: RunConfig, plan: PrivacyPlan) -> float:
 
 @dataclass(frozen=True, eq=False)
 class RunSetup:
-    """What a run starts from (built by :func:`build_setup`).
+    """What a run starts from (built by :func:`build_setup`), or what a deployed client
+    process starts from (:func:`build_client_setup`: ``held`` set).
 
     Attributes:
         run: the configuration; device: where tensors live.
-        train, test: the datasets on ``device``.
+        train, test: the datasets on ``device``; with ``held``, ``train`` holds client
+            ``held``'s examples only (in its partition's order) and ``test`` is ``None``.
         auxiliary: the server's auxiliary examples (``data.auxiliary_per_class``), taken out
-            of the clients' pool, or ``None``.
+            of the clients' pool, or ``None`` (always with ``held``).
         honest_parts, byzantine_parts: training-set indices of every honest / Byzantine
-            client (client id = list index; Byzantine ids start after the honest ones).
+            client (client id = list index; Byzantine ids start after the honest ones):
+            the run's partition, identical with ``held`` (its sizes set σ, the weights and
+            how batches are drawn).
         model: the flat model; ``initial`` its parameters at ``model.init_seed``.
         privacy: the :class:`PrivacyPlan`.
+        held: the client whose examples ``train`` holds alone (a client process), or
+            ``None``: ``train`` is the whole training set.
     """
 
     run: RunConfig
     device: torch.device
     train: Dataset
-    test: Dataset
+    test: Dataset | None
     auxiliary: Dataset | None
     honest_parts: list[np.ndarray]
     byzantine_parts: list[np.ndarray]
     model: FlatModel
     initial: torch.Tensor
     privacy: PrivacyPlan
+    held: int | None = None
+
+    def part(self, client_id: int) -> np.ndarray:
+        """The training-set indices of client ``client_id`` (honest ids first)."""
+        honest = len(self.honest_parts)
+        if client_id < honest:
+            return self.honest_parts[client_id]
+        return self.byzantine_parts[client_id - honest]
 
 
 def build_setup(
@@ -192,14 +207,71 @@ def build_setup(
             that does not fit (from :func:`privacy_plan`).
     """
     where, train, test = run_data(run, device, train, test)
+    aux_idx, honest_parts, byzantine_parts = client_parts(run, train)
+    model = flat_model(run, train, where)
+    return RunSetup(
+        run=run,
+        device=where,
+        train=train,
+        test=test,
+        auxiliary=None if aux_idx is None else train.subset(aux_idx),
+        honest_parts=honest_parts,
+        byzantine_parts=byzantine_parts,
+        model=model,
+        initial=model.initial().to(where),
+        privacy=privacy_plan(run, min(len(p) for p in honest_parts), model.dim),
+    )
+
+
+def build_client_setup(
+    run: RunConfig, client_id: int, *, device: str | torch.device | None = None
+) -> RunSetup:
+    """What client ``client_id`` of ``run`` starts from in a process of its own (a
+    deployment's client): the training set alone (:func:`~sharefl.simulator.setup.
+    load_train`), the run's partition of it (:func:`client_parts`, the same as
+    :func:`build_setup`'s), of which ``train`` keeps this client's examples only; the model
+    and the privacy plan as :func:`build_setup` makes them. No test set, no auxiliary set.
+
+    Raises:
+        SimulationConfigError: as :func:`build_setup`, or ``client_id`` outside the run.
+    """
+    if not 0 <= client_id < run.clients.total:
+        raise SimulationConfigError(f"client id {client_id} is not in 0..{run.clients.total - 1}")
+    where = resolve_device(device or run.device)
+    train = load_train(run, where)
+    _, honest_parts, byzantine_parts = client_parts(run, train)
+    model = flat_model(run, train, where)
+    setup = RunSetup(
+        run=run,
+        device=where,
+        train=train,
+        test=None,
+        auxiliary=None,
+        honest_parts=honest_parts,
+        byzantine_parts=byzantine_parts,
+        model=model,
+        initial=model.initial().to(where),
+        privacy=privacy_plan(run, min(len(p) for p in honest_parts), model.dim),
+        held=client_id,
+    )
+    return dataclasses.replace(setup, train=train.subset(setup.part(client_id)))
+
+
+def client_parts(
+    run: RunConfig, train: Dataset
+) -> tuple[np.ndarray | None, list[np.ndarray], list[np.ndarray]]:
+    """(the server's auxiliary indices or ``None``, the honest clients' parts, the
+    Byzantine clients' parts) of ``train``: the auxiliary set (``data.auxiliary_per_class``)
+    is taken out of the pool first, then the pool is partitioned
+    (``run.partition_seed``); with ``data.honest_only`` the Byzantine clients draw from
+    the whole pool. Indices into ``train``."""
     clients = run.clients
     pool = np.arange(len(train))
-    auxiliary = None
+    aux_idx = None
     if run.data.auxiliary_per_class:
         aux_idx = auxiliary_indices(
             train.targets.cpu().numpy(), run.data.auxiliary_per_class, run.seed
         )
-        auxiliary = train.subset(aux_idx)
         pool = np.setdiff1d(pool, aux_idx)
     split_among = clients.honest if run.data.honest_only else clients.total
     parts = partition(
@@ -214,23 +286,17 @@ def build_setup(
     byzantine_parts = parts[clients.honest :]
     if run.data.honest_only:  # Byzantine workers draw from the whole training set
         byzantine_parts = [pool] * clients.byzantine
+    return aux_idx, honest_parts, byzantine_parts
+
+
+def flat_model(run: RunConfig, train: Dataset, device: torch.device) -> FlatModel:
+    """The run's model for ``train``'s inputs and classes, initialised from
+    ``model.init_seed``, on ``device``."""
     module = build_model(
         run.model.name,
         num_classes=train.num_classes,
         input_shape=tuple(train.inputs.shape[1:]),
         seed=run.model.init_seed,
         **run.model.options,
-    ).to(where)
-    model = FlatModel(module)
-    return RunSetup(
-        run=run,
-        device=where,
-        train=train,
-        test=test,
-        auxiliary=auxiliary,
-        honest_parts=honest_parts,
-        byzantine_parts=byzantine_parts,
-        model=model,
-        initial=model.initial().to(where),
-        privacy=privacy_plan(run, min(len(p) for p in honest_parts), model.dim),
-    )
+    ).to(device)
+    return FlatModel(module)

@@ -68,6 +68,17 @@ def delta_weights(sizes: Sequence[int]) -> Tensor:
     return (len(counts) * counts / counts.sum()).to(torch.float32)
 
 
+def weigh(uploads: Tensor, weights: Tensor | None, ids: Sequence[int]) -> Tensor:
+    """The uploads ``[K, d]`` of clients ``ids`` times their weights (:func:`delta_weights`,
+    a new tensor); ``uploads`` itself without weights. The one weighing of the in-process
+    round (:meth:`ShareAggregation.weigh`) and of a client process
+    (:class:`~sharefl.simulator.federated.client.ClientPart`)."""
+    if weights is None:
+        return uploads
+    w = weights[list(ids)].to(uploads.device, uploads.dtype)
+    return uploads * w[:, None]
+
+
 MIN_SUM_SIZE = DEFAULTS.min_sum_size
 """The default of ``secure_aggregation.min_sum_size`` (:class:`~sharefl.protocol.settings.
 SecureAggregationSettings`); a run takes its own from its settings (:func:`split_survivors`,
@@ -269,11 +280,8 @@ class ShareAggregation:
         return self.run.secure_aggregation.cluster_size >= 2
 
     def weigh(self, uploads: Tensor, ids: Sequence[int]) -> Tensor:
-        """The uploads of clients ``ids`` with their weights applied (a new tensor)."""
-        if self.weights is None:
-            return uploads
-        w = self.weights[list(ids)].to(uploads.device, uploads.dtype)
-        return uploads * w[:, None]
+        """The uploads of clients ``ids`` with their weights applied (:func:`weigh`)."""
+        return weigh(uploads, self.weights, ids)
 
     def aggregate(
         self,
