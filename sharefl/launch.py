@@ -177,18 +177,30 @@ def _server_config(config_path: str, out: str | None) -> tuple[DeploymentConfig,
 
 
 def _client_trainer(config_path: str | None, trainer: str, client_id: int) -> Any:
-    """The client's trainer: a simulation file's client of the run; ``trainer`` (a
+    """The client's trainer (:func:`_client_setup`)."""
+    return _client_setup(config_path, trainer, client_id)[0]
+
+
+def _client_setup(config_path: str | None, trainer: str, client_id: int) -> tuple[Any, bool]:
+    """(the client's trainer, whether it requires atom plans), from one read of the file.
+
+    The trainer: a simulation file's client of the run (only that client is built:
+    :class:`~sharefl.simulation_bridge.SimulationTrainer`); ``trainer`` (a
     ``module:function``) with the noise of a deployment file's ``[privacy]`` table; or
-    ``trainer`` alone without a file. Raises :class:`ConfigurationError` for a deployment file
-    without ``[privacy]`` (nothing in it is for a client)."""
+    ``trainer`` alone without a file. Atom plans: as the file's
+    ``secure_aggregation.atoms`` says for a deployment (on unless switched off); on without
+    a file. Raises :class:`ConfigurationError` for a deployment file without ``[privacy]``
+    (nothing in it is for a client)."""
     if config_path is None:
-        return load_trainer(trainer)
+        return load_trainer(trainer), True
     from sharefl.simulator.config import is_simulation_config
 
     if is_simulation_config(config_path):
         from sharefl.simulation_bridge import SimulationTrainer, single_run
 
-        return SimulationTrainer(single_run(config_path), client_id)
+        run = single_run(config_path)
+        atoms = run.secure_aggregation.atoms_on(deployment=True)
+        return SimulationTrainer(run, client_id), atoms
     from sharefl.deploy.distributed import (
         DistributedRingInputs,
         NoisyTrainer,
@@ -203,24 +215,10 @@ def _client_trainer(config_path: str | None, trainer: str, client_id: int) -> An
             "deployment file (drop --config, or add the table)"
         )
     single = deployment.secure_aggregation.reclusterings == 1
-    return NoisyTrainer(
+    noisy = NoisyTrainer(
         load_trainer(trainer), DistributedRingInputs(encoder, single_clustering=single)
     )
-
-
-def _client_atoms(config_path: str | None) -> bool:
-    """Whether a client of ``config_path`` requires atom plans: the file's
-    ``secure_aggregation.atoms`` as a deployment reads it (on unless switched off); on
-    without a file."""
-    if config_path is None:
-        return True
-    from sharefl.simulator.config import is_simulation_config
-
-    if is_simulation_config(config_path):
-        from sharefl.simulation_bridge import single_run
-
-        return single_run(config_path).secure_aggregation.atoms_on(deployment=True)
-    return load_config(config_path).secure_aggregation.atoms_on(deployment=True)
+    return noisy, deployment.secure_aggregation.atoms_on(deployment=True)
 
 
 def client_runtime(
@@ -242,9 +240,10 @@ def client_runtime(
 ) -> ClientRuntime:
     """Build a client from CLI-style arguments; ``keys`` is a ``sharefl keygen`` folder
     (its CA is required: a client with keys always uses TLS); ``config``, a simulation
-    file, replaces ``trainer`` by that run's client training; ``state_dir`` holds the
-    client's memory of rounds and models (default: ``keys``, so a signed client always
-    has one; without either the memory lasts as long as the process); ``atoms``: require
+    file, replaces ``trainer`` by that run's client training (the file is read once);
+    ``state_dir`` holds the client's memory of rounds and models (default: ``keys``, so a
+    signed client always has one; without either the memory lasts as long as the
+    process); ``atoms``: require
     atom plans (``None``: as ``config``'s ``secure_aggregation.atoms`` says for a
     deployment, on without a file); ``max_rounds``/``max_epsilon``: the client's own
     budget (:mod:`sharefl.protocol.budget`). Raises
@@ -259,18 +258,19 @@ def client_runtime(
         tls = read_tls(str(folder / "ca.pem"), str(cert), str(key))
         directory = load_directory(str(folder / "directory.json"))
         signed = True  # a client with an identity and a directory never runs unsigned
+    client_trainer, file_atoms = _client_setup(config, trainer, client_id)
     policy = ClientPolicy(
         identity=identity,
         directory=directory,
         require_signed=signed,
-        require_atoms=_client_atoms(config) if atoms is None else atoms,
+        require_atoms=file_atoms if atoms is None else atoms,
         max_rounds=max_rounds,
         max_epsilon=max_epsilon,
     )
     return ClientRuntime(
         client_id,
         address,
-        trainer=_client_trainer(config, trainer, client_id),
+        trainer=client_trainer,
         identity=identity,
         policy=policy,
         tls=tls,
