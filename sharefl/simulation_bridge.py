@@ -215,7 +215,8 @@ class SimulationStrategy:
             note = f", test accuracy {record.accuracy:.4f}{eps}"
             if record.round == self.run.rounds:
                 self._write_summary(record)
-        new = sim.model_vector.detach().cpu().numpy().astype(np.float32)
+        # the stepped model's own memory (a new array every round, never written in place)
+        new = np.asarray(sim.model_vector.detach().cpu().numpy(), dtype=np.float32)
         return new, aggregate.detach().cpu().numpy(), note
 
     def _write_summary(self, last: RoundRecord) -> None:

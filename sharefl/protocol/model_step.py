@@ -45,7 +45,7 @@ def descend(
     every deployment's model).
     """
     stepped: np.ndarray = model - learning_rate * direction
-    return stepped.astype(dtype)
+    return stepped.astype(dtype, copy=False)  # already new: no second copy
 
 
 def heavy_ball(velocity: np.ndarray, momentum: float, aggregate: np.ndarray) -> np.ndarray:
