@@ -424,9 +424,8 @@ class _Client:
                     "the model this message brings is not the one the round's assignment "
                     "named (and this client's memory recorded): refusing to train on it"
                 )
-            out, ring = self._train(
-                msg, instructions, received, legacy, ctxt, call_next, guard.plan
-            )
+            seed = round_seed(guard.plan, guard.model_digest)  # the digest checked above
+            out, ring = self._train(msg, instructions, received, legacy, ctxt, call_next, seed)
         session.set_input(ring)
         if session.context.reclustering + 1 >= guard.plan.reclusterings:
             # The round's last masking: the input (d ring elements) leaves the Context,
@@ -483,11 +482,11 @@ class _Client:
         legacy: bool,
         ctxt: Context,
         call_next: ClientAppCallable,
-        plan: RoundPlan,
+        seed: bytes,
     ) -> tuple[RecordDict, np.ndarray]:
         """Run the client app on the strategy's ``instructions`` (:func:`_instructions`);
         its reply with every array cleared, and its update (trained − received) encoded
-        for masking."""
+        for masking (ring inputs rotate with ``seed``, the round's public seed)."""
         out = call_next(_with_content(msg, instructions), ctxt)
         if out.has_error():
             raise FlowerIntegrationError(f"the client app failed to train: {out.error.reason}")
@@ -496,7 +495,7 @@ class _Client:
         if self.privacy is not None:
             flat = np.concatenate([d.reshape(-1) for d in delta]) if delta else np.zeros(0)
             encoder = _client_encoder(self.privacy, flat.size)
-            ring = encoder.encode(flat, round_seed(plan, arrays_digest(received)), SecureRandom())
+            ring = encoder.encode(flat, seed, SecureRandom())
         else:
             encoding_record = self._load("encoding")
             max_weight = float(encoding_record.pop("max_weight"))
