@@ -976,7 +976,8 @@ def test_a_silent_client_costs_the_idle_timeout_not_the_round():
     hung = NODES[4]
     started = time.monotonic()
     new, _ = run_round(workflow, updates, global_arrays, silent_at={hung: "MaskingRequest"})
-    assert time.monotonic() - started < 30
+    # not hung: less than the stage's other deadline (a bound on work, not a time budget)
+    assert time.monotonic() - started < workflow.first_reply_timeout
     summed = set().union(*(set(c.members) for c in workflow.last_result.clusters))
     assert summed == set(NODES) - {hung}
     for got, want in zip(new, fedavg(updates, sorted(summed)), strict=True):
