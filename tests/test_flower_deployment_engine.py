@@ -271,3 +271,13 @@ def test_the_help_text_is_whole(capsys):
     assert "a SuperLink and N SuperNodes, each its own process, TLS between them," in help_text
     assert "sharefl's signed mode on top." in help_text
     assert "Exit status: 0 the run finished" in help_text
+
+
+def test_a_late_heartbeat_refusal_is_not_counted_as_a_relaunch():
+    """Flower logs a task-token refusal both when a ClientApp is taken back (counted) and
+    when a finished task's last heartbeat arrives after its token was revoked (not)."""
+    script = _load_script()
+    late = "ERROR: [/v1/runtime/send-task-heartbeat][ApiError:1008] " + script.RELAUNCH_MARK
+    taken = "ERROR: [/v1/runtime/pull-task-input][ApiError:1008] " + script.RELAUNCH_MARK
+    assert script.relaunches(late) == 0
+    assert script.relaunches("\n".join([taken, late, "INFO: Received successfully", taken])) == 2

@@ -81,6 +81,17 @@ FINAL_ACCURACY = r"(\d+): \{'accuracy': '([0-9.e+-]+)'"
 ROUND_MARK = re.compile(r"\[ROUND (\d+)/(\d+)\]")
 FINISHED_MARK = "Strategy execution finished"
 RELAUNCH_MARK = "Runtime task-token authentication failed"
+HEARTBEAT_ENDPOINT = "send-task-heartbeat"
+"""A task's heartbeat may reach the SuperNode just after the task finished and its token
+was revoked: Flower logs the same authentication error then, but nothing is relaunched."""
+
+
+def relaunches(log: str) -> int:
+    """ClientApp processes a SuperNode's ``log`` shows taken back and launched again: the
+    task-token refusals other than those of a late heartbeat."""
+    return sum(
+        RELAUNCH_MARK in line and HEARTBEAT_ENDPOINT not in line for line in log.splitlines()
+    )
 
 
 class DeploymentError(RuntimeError):
@@ -705,7 +716,7 @@ def deploy(options: Options, work: Path) -> dict:
             round_s=log.round_seconds(),
             accuracy=log.final_accuracy(rounds),
             clientapp_relaunches=sum(
-                path.read_text(errors="replace").count(RELAUNCH_MARK) for path in deployment.logs
+                relaunches(path.read_text(errors="replace")) for path in deployment.logs
             ),
             memory={
                 "superlink": memory.server.report(),
