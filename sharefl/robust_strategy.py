@@ -17,10 +17,10 @@ import numpy as np
 import torch
 
 from sharefl.deploy.config import DeploymentConfig
-from sharefl.deploy.reports import Released
-from sharefl.protocol.model_step import descend
 from sharefl.robust.hierarchical import ClusterScale, HierarchicalAggregator
 from sharefl.robust.registry import build_rule
+from sharefl.rounds.model_step import descend
+from sharefl.rounds.released import Released
 
 
 class RobustStrategy:
@@ -28,7 +28,7 @@ class RobustStrategy:
     :mod:`sharefl.robust` rule (named as in simulation configs, with its options and
     pre-aggregators) over the released cluster sums, reclusterings averaged (SHARE's
     Algorithm 1), then ``model ← model − learning_rate × aggregate``
-    (:func:`~sharefl.protocol.model_step.descend`); the model starts at zero.
+    (:func:`~sharefl.rounds.model_step.descend`); the model starts at zero.
 
     Raises :class:`~sharefl.robust.base.AggregationError` (a ``ValueError``) for an unknown
     rule, option or pre-aggregator (:mod:`sharefl.robust.registry`).
@@ -51,12 +51,11 @@ class RobustStrategy:
         self.rule.check_clusters(clusters)
 
     def apply(
-        self, model: np.ndarray, round_index: int, released: list[Released]
+        self, model: np.ndarray, round_index: int, released: Released
     ) -> tuple[np.ndarray, np.ndarray, str]:
         """``(model − learning_rate × aggregate, the aggregate, a note naming the rule)``
         for the sums of every reclustering that released at least one cluster."""
-        pairs = [[(s.value, len(s.members)) for s in sums] for sums in released]
-        aggregate = self.rule.aggregate_released(pairs).cpu().numpy()
+        aggregate = self.rule.aggregate_released(released.pairs()).cpu().numpy()
         updated = descend(model, self.learning_rate, aggregate)
         return updated, aggregate, f", {type(self.rule.rule).__name__} over cluster sums"
 

@@ -45,11 +45,11 @@ from sharefl.privacy.secure_noise import SecureGenerator
 from sharefl.protocol.budget import ORDERS, PrivacyCharge
 from sharefl.protocol.errors import ConfigurationError
 from sharefl.protocol.settings import SETTINGS_KEYS
+from sharefl.rounds.released import Released
 from sharefl.simulator.config import RunConfig, SimulationConfigError, load_runs
 from sharefl.simulator.federated.client import ClientPart
 from sharefl.simulator.federated.client_noise import run_client_noise
 from sharefl.simulator.federated.loop import Simulation
-from sharefl.simulator.federated.released import Released
 from sharefl.simulator.preflight import check_run
 from sharefl.simulator.results import RoundRecord, RunWriter, device_description, run_summary
 
@@ -197,14 +197,12 @@ class SimulationStrategy:
         return self.simulation.model_vector.detach().cpu().numpy().astype(np.float32)
 
     def apply(
-        self, model: np.ndarray, round_index: int, released: list
+        self, model: np.ndarray, round_index: int, released: Released
     ) -> tuple[np.ndarray, np.ndarray, str]:
         sim = self.simulation
         sim.set_model(model)
         sim.set_round(round_index)
-        record, aggregate = sim.server_round(
-            Released.of([(s.value, s.members) for s in sums] for sums in released)
-        )
+        record, aggregate = sim.server_round(released)
         note = ""
         if record.accuracy is not None:
             record = dataclasses.replace(record, seconds=time.perf_counter() - self.started)

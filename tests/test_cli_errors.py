@@ -270,7 +270,7 @@ def test_every_status_is_documented_in_help_and_readme():
         ("sharefl.protocol.errors", "ConfigurationError", ExitStatus.CONFIG),
         ("sharefl.protocol.errors", "LeakageError", ExitStatus.CONFIG),
         ("sharefl.deploy.results", "ResumeError", ExitStatus.CONFIG),
-        ("sharefl.protocol.keyfiles", "KeyFileError", ExitStatus.CONFIG),
+        ("sharefl.rounds.keyfiles", "KeyFileError", ExitStatus.CONFIG),
         ("sharefl.deploy.client", "ConnectionLost", ExitStatus.UNREACHABLE),
         ("sharefl.deploy.client", "ServerSilent", ExitStatus.UNREACHABLE),
         ("sharefl.deploy.client", "ServerRefused", ExitStatus.REFUSED),

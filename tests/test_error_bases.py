@@ -33,6 +33,7 @@ BASES: dict[str, type[BaseException]] = {
     "sharefl.protocol": ProtocolError,
     "sharefl.deploy": DeployError,
     "sharefl.integrations": ProtocolError,
+    "sharefl.rounds": ProtocolError,  # the round layer: every error is a configuration one
     "sharefl.robust": AggregationError,
     "sharefl.privacy": PrivacyError,
     "sharefl.simulator": SimulatorError,

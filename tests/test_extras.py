@@ -51,7 +51,7 @@ PROMISES: tuple[tuple[str, tuple[frozenset[str], ...]], ...] = (
     ("sharefl.deploy", (frozenset({"grpc"}),)),
     ("sharefl.proto", (frozenset({"grpc"}),)),
     ("sharefl.launch", (frozenset({"grpc"}),)),
-    ("sharefl", (frozenset(),)),  # the core: crypto, protocol, the command line's entry
+    ("sharefl", (frozenset(),)),  # the core: crypto, protocol, rounds, the command line's entry
 )
 """Module prefix (first match wins) → the sets of extras each of which makes it importable.
 A new module falls under the core unless it is placed here."""
@@ -329,6 +329,7 @@ def test_the_installs_block_what_the_extras_leave_out():
         "sharefl.simulation_bridge",
     ]
     assert "sharefl.protocol.coordinator" in newly_promised(INSTALLS["core"])
+    assert "sharefl.rounds.model_plans" in newly_promised(INSTALLS["core"])
 
 
 def test_the_guard_names_the_module_that_imports_a_blocked_package():

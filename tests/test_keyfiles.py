@@ -3,7 +3,7 @@ message: ``sharefl serve``'s directory (``deploy.server.load_directory``), the i
 of ``sharefl client``/``launch`` (``deploy.keygen.load_identity``, and through
 ``launch.client_runtime`` both files of a keys folder), and the Flower integration's
 (``read_directory``/``read_identity``, ``ShareflWorkflow(directory=...)``,
-``policy_from_node_config``). They all call :mod:`sharefl.protocol.keyfiles`."""
+``policy_from_node_config``). They all call :mod:`sharefl.rounds.keyfiles`."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from sharefl.integrations.flower import ShareflWorkflow, read_directory, read_id
 from sharefl.integrations.flower.client import policy_from_node_config
 from sharefl.launch import client_runtime
 from sharefl.protocol.errors import ConfigurationError
-from sharefl.protocol.keyfiles import KeyFileError
+from sharefl.rounds.keyfiles import KeyFileError
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The one model step ``w ← w − η·v`` (:mod:`sharefl.protocol.model_step`), shared by the
+"""The one model step ``w ← w − η·v`` (:mod:`sharefl.rounds.model_step`), shared by the
 simulator's server and every deployment strategy.
 
 Oracles: the simulator's step as it was written in torch before it moved here
@@ -17,7 +17,7 @@ import torch
 from test_sim_outputs import FEDERATED
 
 import sharefl.deploy.strategy as deploy_strategy
-from sharefl.protocol.model_step import ModelStepError, descend, heavy_ball, server_step
+from sharefl.rounds.model_step import ModelStepError, descend, heavy_ball, server_step
 from sharefl.simulator.checkpoint import LoopState
 from sharefl.simulator.config import expand
 from sharefl.simulator.federated.server import Server

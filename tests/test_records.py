@@ -32,7 +32,7 @@ from sharefl.protocol.messages import (
 )
 from sharefl.protocol.plan import RoundPlan
 from sharefl.protocol.server import ClusterSum, ServerSession
-from sharefl.protocol.updates import UpdateError, WeightedUpdateCodec
+from sharefl.rounds.updates import UpdateError, WeightedUpdateCodec
 
 IDS = [3, 7, 11, 2**64 - 2]
 

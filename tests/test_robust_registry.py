@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from sharefl.deploy.config import AggregatorSection, DeploymentConfig, ModelSection
-from sharefl.deploy.reports import ReleasedSum
 from sharefl.robust import NNM, AggregationError, Krum, Pipeline
 from sharefl.robust.hierarchical import ClusterScale, HierarchicalAggregator
 from sharefl.robust.registry import RULES, build_rule
 from sharefl.robust_strategy import RobustStrategy
+from sharefl.rounds.released import Released
 from sharefl.simulator.components import build_rule as simulator_build_rule
 from sharefl.simulator.config import SimulationConfigError
 
@@ -61,7 +61,7 @@ def test_a_deployment_with_pre_aggregators_steps_with_them():
     strategy = RobustStrategy(config)
     rng = np.random.default_rng(3)
     sums = [rng.normal(size=3) * 3 for _ in range(5)]
-    released = [[ReleasedSum(s, (3 * i, 3 * i + 1, 3 * i + 2)) for i, s in enumerate(sums)]]
+    released = Released.of([[(s, (3 * i, 3 * i + 1, 3 * i + 2)) for i, s in enumerate(sums)]])
     model = strategy.initial_model()
     updated, aggregate, _ = strategy.apply(model, 0, released)
     means = torch.as_tensor(np.stack(sums) / 3)

@@ -25,6 +25,7 @@ import torch
 import sharefl.deploy.run as deploy_run
 import sharefl.deploy.server as deploy_server
 import sharefl.protocol.driver as driver
+import sharefl.rounds.model_plans as model_plans
 from sharefl.crypto.signatures import IdentityKey
 from sharefl.deploy.config import load_config
 from sharefl.exit_status import ExitStatus
@@ -100,7 +101,7 @@ def captured(monkeypatch):
             super().__init__(settings, **kwargs)
 
     monkeypatch.setattr(driver, "RoundCoordinator", Recording)
-    monkeypatch.setattr(deploy_run, "RoundCoordinator", Recording)
+    monkeypatch.setattr(model_plans, "RoundCoordinator", Recording)  # gRPC server, Flower
     monkeypatch.setattr(deploy_server, "RoundCoordinator", Recording)
     return seen
 
@@ -369,7 +370,7 @@ def test_flower_workflow(key, monkeypatch):
         seen.append(settings)
         raise ConfigurationError("recorded")  # the round then releases nothing
 
-    monkeypatch.setattr(flower, "RoundCoordinator", recording)
+    monkeypatch.setattr(model_plans, "RoundCoordinator", recording)  # the workflow's rounds
     refusal = REFUSED.get(("flower", key))
     if refusal is not None:
         with pytest.raises(SettingsError, match=refusal):

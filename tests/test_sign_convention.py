@@ -6,17 +6,15 @@ from __future__ import annotations
 import numpy as np
 
 from sharefl.deploy.config import AggregatorSection, DeploymentConfig, ModelSection
-from sharefl.deploy.reports import ReleasedSum
 from sharefl.deploy.strategy import AveragingStrategy
-from sharefl.protocol.model_step import descend
 from sharefl.robust_strategy import RobustStrategy
+from sharefl.rounds.model_step import descend
+from sharefl.rounds.released import Released
 
 
-def _released(rows: list[np.ndarray], size: int) -> list[list[ReleasedSum]]:
+def _released(rows: list[np.ndarray], size: int) -> Released:
     """One reclustering whose clusters of ``size`` clients summed to ``rows``."""
-    return [
-        [ReleasedSum(row, tuple(range(i * size, (i + 1) * size))) for i, row in enumerate(rows)]
-    ]
+    return Released.of([[(row, range(i * size, (i + 1) * size)) for i, row in enumerate(rows)]])
 
 
 def test_descend_subtracts_the_scaled_aggregate():

@@ -16,10 +16,11 @@ from sim_configs import with_overrides
 
 from sharefl.privacy.adaptive_clipping import AdaClip, QuantileClipping, update_noise_multiplier
 from sharefl.privacy.calibration import compute_epsilon
+from sharefl.privacy.vocabulary import CLIPPINGS
 from sharefl.simulation_bridge import deployment_section
 from sharefl.simulator import components
 from sharefl.simulator.checkpoint import LoopState
-from sharefl.simulator.config import CLIPPINGS, SimulationConfigError, expand, load_runs
+from sharefl.simulator.config import SimulationConfigError, expand, load_runs
 from sharefl.simulator.federated.loop import Simulation
 from sharefl.simulator.training import TrainingError
 

@@ -15,7 +15,7 @@ import torch
 from sim_configs import with_overrides
 
 from sharefl import papers
-from sharefl.deploy.reports import ReleasedSum
+from sharefl.rounds.released import Released
 from sharefl.simulation_bridge import SimulationStrategy, SimulationTrainer
 from sharefl.simulator.config import SimulationConfigError, expand
 from sharefl.simulator.federated import populations
@@ -261,9 +261,7 @@ def test_the_bridge_steps_the_server_with_the_trainers_uploads(tmp_path):
     # OS-seeded noise: two trainers of the same client do not draw the same noise
     again = SimulationTrainer(run, 0)(model, round=0, client_id=0)
     assert not np.array_equal(again, uploads[0])
-    released = [
-        [ReleasedSum(uploads[0] + uploads[1], (0, 1)), ReleasedSum(uploads[2] + uploads[3], (2, 3))]
-    ]
+    released = Released.of([[(uploads[0] + uploads[1], (0, 1)), (uploads[2] + uploads[3], (2, 3))]])
     new, aggregate, note = strategy.apply(model, 0, released)
     np.testing.assert_allclose(aggregate, np.mean(uploads, axis=0), rtol=1e-5, atol=1e-6)
     lr = strategy.simulation.server.learning_rate

@@ -15,12 +15,11 @@ import numpy as np
 import pytest
 from sim_configs import with_overrides
 
-from sharefl.deploy.reports import ReleasedSum
+from sharefl.rounds.released import Released
 from sharefl.simulation_bridge import SimulationStrategy
 from sharefl.simulator.config import SimulationConfigError, expand
 from sharefl.simulator.federated.client import ClientPart
 from sharefl.simulator.federated.loop import Simulation
-from sharefl.simulator.federated.released import Released
 
 CLUSTER_SPLIT = {
     "enabled": True,
@@ -75,14 +74,6 @@ def in_process(run) -> tuple[list[Released], list[np.ndarray], Simulation]:
     return released, models, sim
 
 
-def as_deployed(released: Released) -> list[list[ReleasedSum]]:
-    """The sums as a deployment's server hands them to its strategy."""
-    return [
-        [ReleasedSum(s, m) for s, m in zip(sums, members, strict=True)]
-        for sums, members in zip(released.sums, released.members, strict=True)
-    ]
-
-
 @pytest.mark.parametrize(
     "overrides",
     [
@@ -108,7 +99,7 @@ def test_the_bridge_replays_an_in_process_run_bit_for_bit(overrides, tmp_path):
     strategy = SimulationStrategy(run, tmp_path)
     model = strategy.initial_model()
     for round_index, sums in enumerate(released):
-        model, _, _ = strategy.apply(model, round_index, as_deployed(sums))
+        model, _, _ = strategy.apply(model, round_index, sums)
         assert model.tobytes() == models[round_index].tobytes(), round_index
     bridge = strategy.simulation
     assert bridge.epsilon() == sim.epsilon()
@@ -127,7 +118,7 @@ def test_the_bridge_runs_zeno_over_the_released_sums(tmp_path):
     strategy = SimulationStrategy(run, tmp_path)
     model = strategy.initial_model()
     for round_index, sums in enumerate(released):
-        model, aggregate, _ = strategy.apply(model, round_index, as_deployed(sums))
+        model, aggregate, _ = strategy.apply(model, round_index, sums)
         assert np.isfinite(aggregate).all()
     zeno = strategy.simulation.share.zeno
     assert zeno.candidates == sum(len(r) for sums in released for r in sums.sums)
@@ -139,7 +130,7 @@ def test_the_bridge_follows_the_servers_round_index(tmp_path):
     (run,) = expand(config(rounds=2))
     released, _, _ = in_process(run)
     strategy = SimulationStrategy(run, tmp_path)
-    _, _, note = strategy.apply(strategy.initial_model(), 1, as_deployed(released[1]))
+    _, _, note = strategy.apply(strategy.initial_model(), 1, released[1])
     assert "test accuracy" in note and strategy.simulation.round == 2
     assert (tmp_path / "summary.json").exists()
 

@@ -684,11 +684,11 @@ def test_a_four_exchange_message_has_the_bytes_it_had_before():
 
 def test_the_round_seed_is_one_derivation_pinned_for_grpc():
     """Both transports derive the public round seed with
-    :func:`~sharefl.protocol.round_seed.public_round_seed`; gRPC's bytes are pinned (a
+    :func:`~sharefl.rounds.round_seed.public_round_seed`; gRPC's bytes are pinned (a
     client and a server of different versions must agree on them)."""
     from sharefl.integrations.flower.common import arrays_digest, round_seed
     from sharefl.protocol.memory import model_digest
-    from sharefl.protocol.round_seed import public_round_seed
+    from sharefl.rounds.round_seed import public_round_seed
 
     run, model = bytes(range(16)), np.linspace(-1, 1, 7, dtype=np.float32)
     seed = wire.round_seed(run, 3, model)

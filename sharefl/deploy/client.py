@@ -98,7 +98,7 @@ if TYPE_CHECKING:  # grpc ships no type stubs here: to mypy these are Any, kept 
 
 Trainer = Callable[..., np.ndarray]
 """``f(model, round=r, client_id=i)`` → the update the server steps against:
-``model ← model − learning_rate · aggregate`` (:func:`~sharefl.protocol.model_step.descend`), so
+``model ← model − learning_rate · aggregate`` (:func:`~sharefl.rounds.model_step.descend`), so
 a trainer returns ``model − trained_model`` (or a gradient), never the trained model."""
 
 
@@ -300,7 +300,7 @@ def load_trainer(spec: str) -> Trainer:
 
 def demo_trainer(model: np.ndarray, *, round: int, client_id: int) -> np.ndarray:
     """A deterministic stand-in for local training: an update (the vector the server steps
-    against, :func:`~sharefl.protocol.model_step.descend`) that depends only on the client id and
+    against, :func:`~sharefl.rounds.model_step.descend`) that depends only on the client id and
     the round, in multiples of 1/256 within [-1, 1) so fixed-point sums are exact."""
     rng = np.random.default_rng([client_id, round])
     steps = rng.integers(-256, 256, size=model.shape[0], dtype=np.int16)

@@ -33,7 +33,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID, ObjectIdentifier
 
 from sharefl.crypto.signatures import IdentityKey
-from sharefl.protocol.keyfiles import read_identity
+from sharefl.rounds.keyfiles import read_identity
 
 VALIDITY = dt.timedelta(days=365)
 FOLDER_MODE = 0o700
@@ -143,6 +143,6 @@ def keygen(
 
 def load_identity(path: str | Path) -> IdentityKey:
     """Read a ``client-<id>.identity`` file written by :func:`keygen`, with the one checked
-    reader (:func:`~sharefl.protocol.keyfiles.read_identity`: raises its
-    :class:`~sharefl.protocol.keyfiles.KeyFileError`)."""
+    reader (:func:`~sharefl.rounds.keyfiles.read_identity`: raises its
+    :class:`~sharefl.rounds.keyfiles.KeyFileError`)."""
     return read_identity(path)

@@ -1,12 +1,11 @@
 """What a deployment round and run report: :class:`RoundReport` (one per round, the
-result file's rows), :class:`RunResult`, the released sums a strategy steps with
-(:class:`ReleasedSum`), and the message of a run that stalls."""
+result file's rows), :class:`RunResult`, and the message of a run that stalls."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import grpc
 import numpy as np
@@ -156,16 +155,3 @@ class RunResult:
 
 
 Log = Callable[[str], None]
-
-
-class ReleasedSum(NamedTuple):
-    """One released cluster sum: its value (float64 ``[model dim]``: the float inputs'
-    decoded sum, or the decoded ring sum of a run with ``[privacy]``) and the clients in
-    it."""
-
-    value: np.ndarray
-    members: tuple[int, ...]
-
-
-Released = list[ReleasedSum]
-"""One reclustering's released cluster sums."""

@@ -8,7 +8,7 @@ Under the results folder:
 - ``round-R-aggregate.npy``: the aggregate of round R (from 1), and ``model.npy``: the model after
   the last finished round, each replaced atomically (write a temporary file, then rename).
   Both are float32 ``[dim]`` (:data:`OUTPUT_DTYPE`, the model's dtype on the wire and in
-  the model step, :func:`~sharefl.protocol.model_step.descend`). Only the aggregates of the last
+  the model step, :func:`~sharefl.rounds.model_step.descend`). Only the aggregates of the last
   ``server.keep_aggregates`` rounds that produced one are kept (0: none, -1: all; see
   :func:`prune_aggregates`); the older files are deleted once the round that displaces
   them is on disk. No aggregate file is needed to resume;
@@ -46,7 +46,7 @@ import dataclasses
 import io
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +63,7 @@ from sharefl.protocol.coordinator import Release
 from sharefl.protocol.errors import ConfigurationError
 from sharefl.protocol.memory import model_digest
 from sharefl.protocol.plan import RoundPlan
+from sharefl.rounds.model_plans import ModelPlan
 
 ROUNDS_FILE = "rounds.jsonl"
 MODEL_FILE = "model.npy"
@@ -87,22 +88,6 @@ def model_id(model: np.ndarray) -> str:
     return model_digest(np.asarray(model, dtype=np.float32)).hex()
 
 
-@dataclass
-class ModelRecord:
-    """What the run committed and released on one model.
-
-    Attributes:
-        model: the model's :func:`model_id`.
-        clusterings: the clusterings every round on this model uses (the first plan's).
-        releases: every sum approved on it so far (``sum`` left ``None``: the audit needs
-            the members and positions only), across rounds and restarts.
-    """
-
-    model: str
-    clusterings: tuple[Clustering, ...]
-    releases: list[Release] = field(default_factory=list)
-
-
 @dataclass(frozen=True)
 class Checkpoint:
     """Where a run stopped: the finished rounds' JSON objects (in order), the model after
@@ -113,7 +98,7 @@ class Checkpoint:
     rows: list[dict[str, Any]]
     model: np.ndarray
     run: bytes | None = None
-    current: ModelRecord | None = None
+    current: ModelPlan | None = None
 
     @property
     def next_round(self) -> int:
@@ -203,7 +188,7 @@ def read_journal(folder: Path, run: bytes | None) -> list[dict[str, Any]]:
     return entries
 
 
-def model_record(entries: list[dict[str, Any]], model: str) -> ModelRecord | None:
+def model_record(entries: list[dict[str, Any]], model: str) -> ModelPlan | None:
     """What ``entries`` (the journal of one run) hold about ``model``: the clusterings of
     its first plan and every release approved on it (None: it was never planned)."""
     plans = [e for e in entries if e["kind"] == "plan" and e["model"] == model]
@@ -217,7 +202,7 @@ def model_record(entries: list[dict[str, Any]], model: str) -> ModelRecord | Non
         for e in entries
         if e["kind"] == "release" and e["model"] == model
     ]
-    return ModelRecord(model, clusterings, releases)
+    return ModelPlan(model, clusterings, releases)
 
 
 def interrupted_row(

@@ -23,7 +23,7 @@ from sharefl.deploy import wire
 from sharefl.deploy.config import DeploymentConfig, check_secure_deployment
 from sharefl.deploy.distributed import deployment_encoder, input_length
 from sharefl.deploy.errors import DeployError
-from sharefl.deploy.results import Checkpoint, ModelRecord, model_id
+from sharefl.deploy.results import Checkpoint, model_id
 from sharefl.proto import sharefl_pb2 as pb
 from sharefl.protocol import messages as m
 from sharefl.protocol.atoms import chunk_atoms, complete_atoms
@@ -40,6 +40,8 @@ from sharefl.protocol.keys import KeyAdvert, check_distinct_keys, check_key_adve
 from sharefl.protocol.plan import RoundPlan
 from sharefl.protocol.server import ClusterSum
 from sharefl.protocol.settings import KeySetup, SecureAggregationSettings
+from sharefl.rounds.model_plans import ModelPlans
+from sharefl.rounds.released import Released
 from sharefl.wording import counted
 
 if TYPE_CHECKING:  # grpc ships no type stubs here: to mypy this is Any, kept for the reader
@@ -47,7 +49,7 @@ if TYPE_CHECKING:  # grpc ships no type stubs here: to mypy this is Any, kept fo
     """The server's end of one ``Session`` stream."""
 
 from sharefl.deploy.errors import ClientsLost, RunStalled, TooFewClients
-from sharefl.deploy.reports import Log, ReleasedSum, RoundReport, stall_message
+from sharefl.deploy.reports import Log, RoundReport, stall_message
 from sharefl.deploy.strategy import AveragingStrategy, ServerStrategy
 
 
@@ -222,7 +224,7 @@ class ServerRun:
     the others only get the round's RoundEnd.
 
     One model, one plan (the invariant of :mod:`sharefl.protocol.coordinator`): a round
-    whose model has a :class:`~sharefl.deploy.results.ModelRecord` (an earlier round, or
+    whose model has a :class:`~sharefl.rounds.model_plans.ModelPlan` (an earlier round, or
     the run before a restart, planned on it) reuses its clusterings and participants
     exactly, with its releases seeding the audit; a participant that is gone, excluded or
     not connected counts as dropped (its clusters' sums shrink, and the audit decides).
@@ -273,7 +275,11 @@ class ServerRun:
         self.model = np.asarray(self.strategy.initial_model(), dtype=np.float32)
         self.journal = journal
         self.run_id = os.urandom(RUN_ID_BYTES)
-        self.current: ModelRecord | None = None
+        self.plans = ModelPlans(
+            resume.current if resume is not None else None,
+            on_plan=journal.plan if journal is not None else None,
+            on_release=journal.release if journal is not None else None,
+        )
         """The plan and releases of the model the last round ran on (see the class doc)."""
         self.atoms: Clustering | None = None
         """The atoms of this server (``secure_aggregation.atoms``, on by default): the
@@ -287,9 +293,6 @@ class ServerRun:
             self.model = np.asarray(resume.model, dtype=np.float32)
             if resume.run is not None:
                 self.run_id = resume.run
-            if resume.current is not None:  # a copy: the run appends to its releases
-                known = resume.current
-                self.current = ModelRecord(known.model, known.clusterings, list(known.releases))
             for row in resume.rows:  # the exclusion policy's and the ledger's state, replayed
                 self.exclusions.record({int(c): r for c, r in row["culprits"].items()})
                 if self.privacy_ledger is not None:
@@ -596,12 +599,8 @@ class ServerRun:
         result = rc.result()
         self._sync_journal()
         self.round = None
-        value = self._cluster_value(round_index)  # before the strategy replaces the model
-        released = [
-            [ReleasedSum(value(s), s.members) for s in rec.clusters]
-            for rec in result.reclusterings
-            if rec.clusters
-        ]
+        # read before the strategy replaces the model (the ring sums' seed names it)
+        released = Released.from_reclusterings(result.reclusterings, self._ring_reader(round_index))
         total, note = None, ""
         if released:
             self.model, total, note = self.strategy.apply(self.model, round_index, released)
@@ -611,7 +610,7 @@ class ServerRun:
         )
         report.sampled_out = sorted(set(eligible) - set(participants))
         if self.privacy_ledger is not None:
-            self.privacy_ledger.record_round([s.members for sums in released for s in sums])
+            self.privacy_ledger.record_round(released.all_members())
             report.epsilon = self.privacy_ledger.epsilon(self.config.privacy.delta)
         report.traffic = {
             cid: {
@@ -644,12 +643,13 @@ class ServerRun:
         self.peer_log.end_round()
         return report
 
-    def _cluster_value(self, round_index: int) -> Callable[[ClusterSum], np.ndarray]:
-        """How a released cluster's value is read this round: the float inputs' decoded
-        sum, or the ring sum decoded with the round's public seed (``[privacy]``)."""
+    def _ring_reader(self, round_index: int) -> Callable[[ClusterSum], np.ndarray] | None:
+        """With ``[privacy]``, how a released cluster's ring sum is read this round:
+        decoded with the round's public seed; ``None`` without (the float inputs' decoded
+        sum is the value)."""
         encoder = self.encoder
         if encoder is None:
-            return lambda s: s.float_sum
+            return None
         seed = wire.round_seed(self.run_id, round_index, self.model)
         return lambda s: encoder.decode(s.ring_sum, seed)
 
@@ -660,20 +660,16 @@ class ServerRun:
         Raises :class:`ConfigurationError` when fewer than ``max(2, min_sum_size)`` of the
         round's participants are connected and not excluded."""
         digest = model_id(self.model)
-        record = self.current if self.current and self.current.model == digest else None
+        record = self.plans.reusable(digest, atoms=self.atoms is not None)
         partition = None
         if self.atoms is not None:
-            # Any grouping of whole atoms is safe on any model (sharefl.protocol.atoms):
-            # no plan is reused, so a cluster that failed (or a client that left) does not
-            # stall the run; only complete atoms of connected clients are planned.
-            record = None
             chosen = sample_atoms(
                 complete_atoms(self.atoms, eligible), self.config.server.clients_per_round, self.rng
             )
             participants = sorted(i for atom in chosen for i in atom)
             partition = Clustering(tuple(chosen)) if chosen else None
         elif record is not None:
-            participants = list(record.clusterings[0].members)
+            participants = record.participants
         else:
             participants = sample_participants(
                 eligible, self.config.server.clients_per_round, self.rng
@@ -689,37 +685,23 @@ class ServerRun:
                 f"excluded); a round needs at least {needed} (the clients' own lines say why "
                 "they left)"
             )
-
-        def released(release: Release) -> None:
-            # Persist first: the unmask request (or the next reclustering) waits for it.
-            if self.journal is not None:
-                self.journal.release(digest, release)
-            if release.sum is None:
-                assert self.current is not None
-                self.current.releases.append(release)
-
-        rc = RoundCoordinator(
+        rc = self.plans.coordinator(
             self.settings,
+            model=digest,
+            reuse=record,
             round=round_index,
             participants=participants,
             length=input_length(self.config, self.encoder),
             rng=self.rng,
             directory=self.directory,
-            clusterings=record.clusterings if record is not None else None,
-            prior_releases=list(record.releases) if record is not None else (),
-            on_release=released,
             atom_partition=partition,
             keys=self.key_adverts,
         )
-        if record is None:
-            self.current = ModelRecord(digest, rc.plan.clusterings)
-        else:
+        if record is not None:
             self.log(
                 f"round {round_index + 1}: the model is unchanged, so its clusterings are "
                 f"reused ({counted(len(record.releases), 'sum')} already released on it)"
             )
-        if self.journal is not None:
-            self.journal.plan(digest, rc.plan)
         return rc
 
     def _send(self, cid: int, message: pb.ServerMessage) -> None:

@@ -45,9 +45,9 @@ from sharefl.protocol.coordinator import RoundCoordinator
 from sharefl.protocol.errors import (
     ConfigurationError,
 )
-from sharefl.protocol.keyfiles import read_directory
 from sharefl.protocol.keys import ClientKeys
 from sharefl.protocol.settings import KeySetup
+from sharefl.rounds.keyfiles import read_directory
 from sharefl.wording import counted
 
 if TYPE_CHECKING:  # grpc ships no type stubs here: to mypy this is Any, kept for the reader
@@ -135,8 +135,8 @@ def validate_deployment(
 
 def load_directory(path: str) -> dict[int, bytes] | None:
     """``{client id: Ed25519 public key}`` from a keygen ``directory.json`` (None if unset),
-    read by :func:`~sharefl.protocol.keyfiles.read_directory` (raises its
-    :class:`~sharefl.protocol.keyfiles.KeyFileError`)."""
+    read by :func:`~sharefl.rounds.keyfiles.read_directory` (raises its
+    :class:`~sharefl.rounds.keyfiles.KeyFileError`)."""
     return read_directory(path) if path else None
 
 

@@ -10,30 +10,31 @@ import numpy as np
 
 from sharefl.deploy.config import DeploymentConfig
 from sharefl.proto import sharefl_pb2 as pb
-from sharefl.protocol.model_step import descend
+from sharefl.rounds.model_step import descend
+from sharefl.rounds.released import Released
 
 if TYPE_CHECKING:  # grpc ships no type stubs here: to mypy this is Any, kept for the reader
     SessionContext: TypeAlias = grpc.aio.ServicerContext[pb.ClientMessage, pb.ServerMessage]
     """The server's end of one ``Session`` stream."""
-
-from sharefl.deploy.reports import Released
 
 
 class ServerStrategy(Protocol):
     """What the server does with the released sums (the protocol part is fixed).
 
     ``initial_model()`` is the model broadcast in round 0 (float32 ``[dim]``);
-    ``apply(model, round, released)`` gets the sums of every reclustering that released
-    at least one cluster and returns ``(new model, the aggregate, a note for the log)``.
-    A strategy may also define ``check(clusters)``, called before the server listens with
-    the number of clusters of a reclustering, raising ``ValueError`` (e.g. a robust rule's
-    ``f`` too large for that many cluster sums).
+    ``apply(model, round, released)`` gets the round's released sums
+    (:class:`~sharefl.rounds.released.Released`: every reclustering that released at least
+    one cluster; each value float64 ``[model dim]``, the float inputs' decoded sum or, with
+    ``[privacy]``, the decoded ring sum) and returns ``(new model, the aggregate, a note
+    for the log)``. A strategy may also define ``check(clusters)``, called before the
+    server listens with the number of clusters of a reclustering, raising ``ValueError``
+    (e.g. a robust rule's ``f`` too large for that many cluster sums).
     """
 
     def initial_model(self) -> np.ndarray: ...
 
     def apply(
-        self, model: np.ndarray, round_index: int, released: list[Released]
+        self, model: np.ndarray, round_index: int, released: Released
     ) -> tuple[np.ndarray, np.ndarray, str]: ...
 
 
@@ -50,12 +51,12 @@ class AveragingStrategy:
         return np.zeros(self.config.model.dim, dtype=np.float32)
 
     def apply(
-        self, model: np.ndarray, round_index: int, released: list[Released]
+        self, model: np.ndarray, round_index: int, released: Released
     ) -> tuple[np.ndarray, np.ndarray, str]:
         aggregates = []
-        for sums in released:
-            total = np.sum([s.value for s in sums], axis=0)
-            members = sum(len(s.members) for s in sums)
+        for sums, clusters in zip(released.sums, released.members, strict=True):
+            total = np.sum(sums, axis=0)
+            members = sum(len(m) for m in clusters)
             aggregates.append(total / members if self.config.model.aggregator == "mean" else total)
         total = np.mean(aggregates, axis=0)
         updated = descend(model, self.config.model.learning_rate, total)

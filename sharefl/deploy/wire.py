@@ -41,7 +41,7 @@ from sharefl.protocol.fields import MAX_IDS, MAX_PAIR_SHARES
 from sharefl.protocol.keys import KeyAdvert
 from sharefl.protocol.memory import model_digest
 from sharefl.protocol.plan import RoundPlan
-from sharefl.protocol.round_seed import public_round_seed
+from sharefl.rounds.round_seed import public_round_seed
 
 CHUNK_BYTES = 3 << 20
 """Payload bytes per VectorChunk (3 MiB, below gRPC's 4 MiB message limit with headroom)."""
@@ -501,7 +501,7 @@ def assignment_from_proto(
 
 
 def round_seed(run: bytes, round_index: int, model: np.ndarray) -> bytes:
-    """The round's public seed (:func:`~sharefl.protocol.round_seed.public_round_seed`),
+    """The round's public seed (:func:`~sharefl.rounds.round_seed.public_round_seed`),
     which the server and every client derive alike from what the RoundStart carries: the
     run id and the round (length-prefixed) and the model."""
     binding = len(run).to_bytes(2, "big") + run + round_index.to_bytes(8, "big")

@@ -50,13 +50,7 @@ if TYPE_CHECKING:
     from .client_level import ClientDPConfig, clip_update_, privatize_update_
     from .clipping import ClippingMode, FlatClipping, L2MaxClipping, Normalization, PerLayerClipping
     from .discrete_samplers import DiscreteGaussian, Skellam, discrete_gaussian, skellam
-    from .distributed import (
-        DistributedDPConfig,
-        DistributedEncoder,
-        DistributedMechanism,
-        Rotation,
-        calibrate_distributed,
-    )
+    from .distributed import DistributedDPConfig, DistributedEncoder, calibrate_distributed
     from .distributed_accounting import DiscreteGaussianSum, DistributedDPLedger, SkellamSum
     from .dpsgd import DPSGD, DPSGDConfig, PrivateGradient
     from .errors import (
@@ -93,6 +87,7 @@ if TYPE_CHECKING:
         sign_flip_epsilon,
         sign_flip_gamma,
     )
+    from .vocabulary import DistributedMechanism, Rotation
 
 EXPORTS: dict[str, tuple[str, ...]] = {
     "accountant": (
@@ -131,8 +126,6 @@ EXPORTS: dict[str, tuple[str, ...]] = {
     "distributed": (
         "DistributedDPConfig",
         "DistributedEncoder",
-        "DistributedMechanism",
-        "Rotation",
         "calibrate_distributed",
     ),
     "distributed_accounting": (
@@ -181,6 +174,7 @@ EXPORTS: dict[str, tuple[str, ...]] = {
         "StaircaseSchedule",
     ),
     "secure_noise": ("SecureGaussian", "SecureGenerator"),
+    "vocabulary": ("DistributedMechanism", "Rotation"),
     "secure_random": ("SecureRandom",),
     "sign": (
         "SignFlip",

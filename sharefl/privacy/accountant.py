@@ -26,17 +26,16 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from os import PathLike
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .errors import AccountantStateError, PrivacyConfigError
+from .vocabulary import Backend, Conversion
 
 if TYPE_CHECKING:
     import dp_accounting
 
-Backend = Literal["rdp", "pld"]
-Conversion = Literal["improved", "classic"]
 
 #: Version tag of :meth:`PrivacyAccountant.state_dict`.
 STATE_FORMAT = "sharefl.privacy.accountant/1"

@@ -9,8 +9,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from .accountant import Backend, Conversion, PrivacyAccountant, check_delta, check_step
+from .accountant import PrivacyAccountant, check_delta, check_step
 from .errors import CalibrationError, PrivacyConfigError
+from .vocabulary import Backend, Conversion
 
 # Below this σ the accountant's arithmetic is unreliable; no useful target lies there.
 _MIN_NOISE_MULTIPLIER = 1e-3

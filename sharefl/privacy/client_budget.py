@@ -26,13 +26,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Protocol
 
 import numpy as np
 
-from .accountant import Conversion, PrivacyAccountant, check_sample_rate
+from .accountant import PrivacyAccountant, check_sample_rate
 from .distributed_accounting import DEFAULT_ORDERS, RdpMechanism, rdp_to_epsilon
 from .errors import PrivacyConfigError
+from .vocabulary import Conversion, Level
 
 __all__ = [
     "DEFAULT_ORDERS",
@@ -41,8 +42,6 @@ __all__ = [
     "epsilon_from_rdp",
     "round_rdp",
 ]
-
-Level = Literal["example", "client"]
 
 
 @dataclass(frozen=True)

@@ -47,11 +47,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .accountant import Backend, Conversion, PrivacyAccountant
+from .accountant import PrivacyAccountant
 from .client_level import clip_update_
 from .distributed_accounting import cell_noise_adders
 from .errors import PrivacyConfigError
 from .noise import add_gaussian_noise_
+from .vocabulary import Backend, Conversion
 
 
 @dataclass(frozen=True)

@@ -65,13 +65,11 @@ import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from enum import StrEnum
 from fractions import Fraction
 from functools import cached_property
 
 import numpy as np
 
-from .accountant import Conversion
 from .discrete_samplers import DiscreteGaussian, skellam
 from .distributed_accounting import (
     DEFAULT_ORDERS,
@@ -84,26 +82,7 @@ from .distributed_accounting import (
 )
 from .errors import CalibrationError, PrivacyConfigError
 from .secure_random import SecureRandom
-
-
-class DistributedMechanism(StrEnum):
-    """The noise the members of a cluster add (``privacy.distributed``)."""
-
-    GAUSSIAN = "gaussian"  # continuous, float encoding (sharefl.privacy.cluster_noise)
-    DISCRETE_GAUSSIAN = "discrete_gaussian"
-    SKELLAM = "skellam"
-
-    @property
-    def discrete(self) -> bool:
-        return self is not DistributedMechanism.GAUSSIAN
-
-
-class Rotation(StrEnum):
-    """The random rotation before quantisation (``privacy.rotation``)."""
-
-    HADAMARD = "hadamard"
-    NONE = "none"
-
+from .vocabulary import Conversion, DistributedMechanism, Rotation
 
 #: Conditional rounding's failure probability β: TF Federated's default e^(−1/2).
 DEFAULT_BETA = math.exp(-0.5)

@@ -33,14 +33,13 @@ import contextlib
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
 from .accountant import check_delta, classic_rdp_epsilon
 from .errors import AccountantStateError, PrivacyConfigError
-
-Conversion = Literal["improved", "classic"]
+from .vocabulary import Conversion
 
 #: dp-accounting's ``DEFAULT_RDP_ORDERS`` (0.6.0), copied so that importing this module
 #: does not import dp-accounting; a test checks that the two agree.

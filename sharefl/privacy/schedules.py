@@ -153,3 +153,15 @@ class CyclicSchedule(NoiseSchedule):
     def _formula(self, t: int) -> float:
         phase = (t % self.period) / self.period
         return 0.5 * self.sigma0 * (math.cos(math.pi * phase) + 1.0)
+
+
+SCHEDULE_CLASSES: dict[str, type[NoiseSchedule]] = {
+    "constant": ConstantSchedule,
+    "linear": LinearSchedule,
+    "staircase": StaircaseSchedule,
+    "exponential": ExponentialSchedule,
+    "cyclic": CyclicSchedule,
+}
+"""``privacy.schedule`` → its class, for every name of
+:data:`~sharefl.privacy.vocabulary.SCHEDULES` (tests/test_privacy_vocabulary.py holds them
+equal)."""

@@ -19,14 +19,7 @@ from sharefl.privacy.clipping import (
     Normalization,
     PerLayerClipping,
 )
-from sharefl.privacy.schedules import (
-    ConstantSchedule,
-    CyclicSchedule,
-    ExponentialSchedule,
-    LinearSchedule,
-    NoiseSchedule,
-    StaircaseSchedule,
-)
+from sharefl.privacy.schedules import SCHEDULE_CLASSES, NoiseSchedule
 from sharefl.robust import registry
 from sharefl.robust.registry import RULES
 from sharefl.simulator.config import PrivacyConfig, SimulationConfigError
@@ -73,7 +66,8 @@ CLIPPING_BUILDERS: dict[str, Callable[[PrivacyConfig], ClippingMode | AdaptiveCl
     "adaclip": _adaclip,
 }
 """``privacy.clipping`` → its mode, for every name of
-:data:`~sharefl.simulator.config.CLIPPINGS` (the configuration's list of the names)."""
+:data:`~sharefl.privacy.vocabulary.CLIPPINGS` (tests/test_sim_adaptive_clipping.py holds
+them equal)."""
 
 
 def build_clipping(privacy: PrivacyConfig) -> ClippingMode | AdaptiveClipping | None:
@@ -91,15 +85,6 @@ def build_clipping(privacy: PrivacyConfig) -> ClippingMode | AdaptiveClipping | 
 def build_schedule(privacy: PrivacyConfig, sigma: float) -> float | NoiseSchedule:
     """σ (constant) or the configured decay schedule starting from ``sigma``; the schedule
     options are those of :mod:`sharefl.privacy.schedules` (``sigma0`` defaults to σ)."""
-    kinds = {
-        "linear": LinearSchedule,
-        "staircase": StaircaseSchedule,
-        "exponential": ExponentialSchedule,
-        "cyclic": CyclicSchedule,
-        "constant": ConstantSchedule,
-    }
-    if privacy.schedule not in kinds:
-        raise SimulationConfigError(f"privacy.schedule must be one of {sorted(kinds)}")
     if privacy.schedule == "constant" and not privacy.schedule_options:
         return sigma
     options = dict(privacy.schedule_options)
@@ -107,7 +92,8 @@ def build_schedule(privacy: PrivacyConfig, sigma: float) -> float | NoiseSchedul
         options.setdefault("sigma", sigma)
     else:
         options.setdefault("sigma0", sigma)
-    return construct("privacy.schedule", privacy.schedule, kinds[privacy.schedule], options)
+    kind = SCHEDULE_CLASSES[privacy.schedule]  # a name the configuration checked
+    return construct("privacy.schedule", privacy.schedule, kind, options)
 
 
 def build_rule(name: str, options: dict[str, Any], pre: list[str], generator: torch.Generator):

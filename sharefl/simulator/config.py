@@ -50,6 +50,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
+from sharefl.privacy.vocabulary import (
+    ADAPTIVE_CLIPPINGS,
+    CLIPPINGS,
+    DISTRIBUTED_MECHANISMS,
+    LEVELS,
+    NOISE_SPLITS,
+    ROTATIONS,
+    SCHEDULES,
+    Backend,
+    Conversion,
+)
 from sharefl.protocol.client import default_colluders
 from sharefl.protocol.errors import ConfigurationError
 from sharefl.protocol.settings import Planner, SecureAggregationSettings
@@ -81,8 +92,6 @@ def _require(condition: bool, message: str) -> None:
 # wherever the library's own Literal is expected, and flag a word it does not know).
 Upload = Literal["gradient", "delta"]
 Sampling = Literal["poisson", "shuffle", "replay"]
-AccountantName = Literal["rdp", "pld"]
-Conversion = Literal["improved", "classic"]
 
 
 def _require_one_of(value: object, words: Any, key: str) -> None:
@@ -169,15 +178,6 @@ class TrainingConfig:
         )
 
 
-CLIPPINGS: tuple[str, ...] = ("flat", "per_layer", "l2max", "normalize", "quantile", "adaclip")
-"""``privacy.clipping``: the per-example clipping modes
-(:func:`sharefl.simulator.components.build_clipping` builds each one): flat, per-layer,
-Fed-αCDP's l2-max, the DP filter's normalisation, and the adaptive baselines of Fed-αCDP's Table X,
-quantile clipping (Andrew et al.) and AdaClip (Pichapati et al.)."""
-ADAPTIVE_CLIPPINGS: tuple[str, ...] = ("quantile", "adaclip")
-"""The modes of :data:`CLIPPINGS` that read ``privacy.clipping_options``."""
-
-
 @dataclass(frozen=True)
 class PrivacyConfig:
     """Differential privacy of the honest clients.
@@ -221,9 +221,9 @@ class PrivacyConfig:
     # "adaclip": beta1, beta2, h1, h2, initial_variance, max_norm (default 1, not clip)
     clipping_options: dict[str, Any] = field(default_factory=dict)
     momentum: float = 0.0  # the DP filter's per-example momentum β ("normalize")
-    schedule: str = "constant"  # "constant", "linear", "staircase", "exponential", "cyclic"
+    schedule: str = "constant"  # one of SCHEDULES
     schedule_options: dict[str, Any] = field(default_factory=dict)
-    accountant: AccountantName = "rdp"
+    accountant: Backend = "rdp"
     conversion: Conversion = "improved"  # "classic": RDP only
     level: str = "example"  # "example" (DP-SGD) or "client" (Fed-SDP)
     sample_rate: float = 0.0  # > 0: q of the accounting (the paper's); 0: computed
@@ -260,7 +260,7 @@ class PrivacyConfig:
             not self.enabled or self.epsilon > 0 or self.noise_multiplier > 0,
             "privacy.enabled needs privacy.epsilon (target) or privacy.noise_multiplier",
         )
-        _require_one_of(self.accountant, AccountantName, "privacy.accountant")
+        _require_one_of(self.accountant, Backend, "privacy.accountant")
         _require_one_of(self.conversion, Conversion, "privacy.conversion")
         _require(
             self.accountant == "rdp" or self.conversion == "improved",
@@ -272,7 +272,11 @@ class PrivacyConfig:
             " the client's examples and clients.per_round)",
         )
         _require(
-            self.level in ("example", "client"),
+            self.schedule in SCHEDULES,
+            f"privacy.schedule must be one of {', '.join(map(repr, SCHEDULES))}",
+        )
+        _require(
+            self.level in LEVELS,
             'privacy.level must be "example" (per-example DP-SGD) or "client" (Fed-SDP)',
         )
         _require(
@@ -717,9 +721,6 @@ CLUSTERINGS = ("random", "fixed", "fixed_plan")
 ``"fixed"`` reused round 1's R clusterings; runs of that kind are now ``"fixed_plan"`` and
 keep their ids (:attr:`RunConfig.run_id`), while ``"fixed"`` with R = 1 was and is one
 clustering."""
-NOISE_SPLITS = ("participants", "cluster")
-DISTRIBUTED_MECHANISMS = ("gaussian", "discrete_gaussian", "skellam")
-ROTATIONS = ("hadamard", "none")
 
 _SHARE_DEFAULTS: dict[str, Any] = {
     "training": TrainingConfig(),

@@ -37,7 +37,7 @@ own directory, so the binding the server chose cannot let it substitute keys.
 
 What is aggregated: each client's *update* (its trained arrays minus the arrays it
 received), clipped per coordinate to ``clip`` and weighted by its number of examples
-(:class:`~sharefl.protocol.updates.WeightedUpdateCodec`). The server learns only cluster
+(:class:`~sharefl.rounds.updates.WeightedUpdateCodec`). The server learns only cluster
 sums; a robust ``rule`` (any :mod:`sharefl.robust` aggregator, through
 :class:`~sharefl.robust.hierarchical.HierarchicalAggregator`) combines them, averaged over
 the reclusterings; the default, :class:`~sharefl.robust.coordinate.Mean`, is exactly

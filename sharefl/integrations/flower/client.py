@@ -34,7 +34,7 @@ from sharefl.protocol.messages import (
     UnmaskRequest,
 )
 from sharefl.protocol.plan import RoundPlan
-from sharefl.protocol.updates import WeightedUpdateCodec
+from sharefl.rounds.updates import WeightedUpdateCodec
 
 from .common import (
     DIRECTORY_CONFIG,

@@ -13,14 +13,14 @@ from sharefl.install_hint import install_command
 from sharefl.protocol import records
 from sharefl.protocol.client import ClientPolicy
 from sharefl.protocol.errors import ProtocolError
-
-# The one checked reader of keygen files, re-exported (sharefl.protocol.keyfiles).
-from sharefl.protocol.keyfiles import checked_directory as checked_directory
-from sharefl.protocol.keyfiles import read_directory as read_directory
-from sharefl.protocol.keyfiles import read_identity as read_identity
 from sharefl.protocol.memory import model_digest
 from sharefl.protocol.plan import RoundPlan
-from sharefl.protocol.round_seed import public_round_seed
+
+# The one checked reader of keygen files, re-exported (sharefl.rounds.keyfiles).
+from sharefl.rounds.keyfiles import checked_directory as checked_directory
+from sharefl.rounds.keyfiles import read_directory as read_directory
+from sharefl.rounds.keyfiles import read_identity as read_identity
+from sharefl.rounds.round_seed import public_round_seed
 
 try:  # flwr is the [flower] extra
     from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
@@ -125,7 +125,7 @@ def arrays_digest(arrays: Sequence[np.ndarray]) -> bytes:
 
 
 def round_seed(plan: RoundPlan, model: bytes) -> bytes:
-    """The round's public seed (:func:`~sharefl.protocol.round_seed.public_round_seed`)
+    """The round's public seed (:func:`~sharefl.rounds.round_seed.public_round_seed`)
     of the ring inputs' rotation: the plan's digest and the :func:`arrays_digest` of the
     global arrays the clients received (``model``), which both sides hold."""
     return public_round_seed(plan.digest(), model)

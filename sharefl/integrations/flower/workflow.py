@@ -18,7 +18,7 @@ from sharefl.privacy.distributed import DistributedDPConfig, DistributedEncoder,
 from sharefl.protocol import records
 from sharefl.protocol.atoms import chunk_atoms, complete_atoms
 from sharefl.protocol.clustering import Clustering, tolerance_warning
-from sharefl.protocol.coordinator import Release, RoundCoordinator, RoundResult
+from sharefl.protocol.coordinator import RoundCoordinator, RoundResult
 from sharefl.protocol.drive import Outgoing, server_exchanges
 from sharefl.protocol.errors import (
     BadAdvertisement,
@@ -35,10 +35,12 @@ from sharefl.protocol.settings import (
     SettingsError,
     settings_from,
 )
-from sharefl.protocol.updates import WeightedUpdateCodec
 from sharefl.robust.base import Aggregator
 from sharefl.robust.coordinate import Mean
 from sharefl.robust.hierarchical import ClusterScale, HierarchicalAggregator
+from sharefl.rounds.model_plans import ModelPlans
+from sharefl.rounds.released import Released
+from sharefl.rounds.updates import WeightedUpdateCodec
 from sharefl.wording import counted
 
 from ..collect import ReplyDeadlines, send_and_collect
@@ -123,22 +125,6 @@ class Route:
 
 
 # ---- the server side ----------------------------------------------------------------------
-
-
-@dataclass
-class ModelPlan:
-    """The plan the workflow used on one model: a round on the same model must reuse its
-    clusterings (the clients' memory refuses it under others, invariant I4), and the sums
-    released on it are the release check's prior."""
-
-    digest: bytes
-    """:func:`arrays_digest` of the global arrays."""
-    clusterings: tuple[Clustering, ...]
-    releases: list[Release] = field(default_factory=list)
-
-    @property
-    def participants(self) -> list[int]:
-        return list(self.clusterings[0].members)
 
 
 @dataclass(frozen=True)
@@ -266,7 +252,7 @@ class ShareflWorkflow:
         self.last_failures = []
         self._proven: dict[int, int] = {}
         """Signed mode: node id → the client id it proved and trained under last round."""
-        self._model: ModelPlan | None = None
+        self._plans = ModelPlans()
         """The plan of the last round's model (reused while the model stays unchanged)."""
         self._key_adverts: dict[int, KeyAdvert] = {}
         """``key_setup = "once"``: each client's long-term key advert, collected by the
@@ -433,13 +419,11 @@ class ShareflWorkflow:
                 self._ledger = ReleaseLedger(built, self.privacy.colluders)
             encoder = self._ledger.encoder  # built once: its tables serve every round
         digest = arrays_digest(global_arrays)
-        known = self._model if self._model is not None and self._model.digest == digest else None
+        known = self._plans.reusable(digest.hex(), atoms=self.atom_size is not None)
         participants = known.participants if known is not None else sorted(fitins)
         partition = None
         if self.atom_size is not None:
-            # Any grouping of whole atoms is safe on any model: no plan reuse; selected
-            # clients outside a complete atom of this round sit it out (sent nothing).
-            known = None
+            # selected clients outside a complete atom of this round sit it out (sent nothing)
             ids = sorted(self._directory) if self._directory else sorted(fitins)
             chosen = complete_atoms(chunk_atoms(ids, self.atom_size), fitins)
             participants = sorted(i for atom in chosen for i in atom)
@@ -459,29 +443,22 @@ class ShareflWorkflow:
                 counted(len(set(participants) - set(fitins)), "client"),
             )
 
-        def released(release: Release) -> None:
-            if release.sum is None and self._model is not None:
-                self._model.releases.append(release)
-
         try:
-            rc = RoundCoordinator(
+            rc = self._plans.coordinator(
                 self._round_settings,
+                model=digest.hex(),
+                reuse=known,
                 round=current_round,
                 participants=participants,
                 length=codec.length if encoder is None else encoder.padded,
                 rng=self._rng,
                 directory=self._directory,
-                clusterings=known.clusterings if known is not None else None,
-                prior_releases=list(known.releases) if known is not None else (),
-                on_release=released,
                 atom_partition=partition,
                 keys=self._key_adverts,
             )
         except (ConfigurationError, LeakageError) as exc:
             reason = f" — no round with {counted(len(fitins), 'client')}: {exc}"
             return self._nothing_released(current_round, reason, failures)
-        if known is None:
-            self._model = ModelPlan(digest, tuple(rc.plan.clusterings))
         train_replies: dict[int, Message] = {}
         for outgoing in server_exchanges(rc):
             # a planned client that is not in this round (the model's plan is reused) is
@@ -753,21 +730,17 @@ class ShareflWorkflow:
         """The rule over each reclustering's cluster means (weighted by the clusters' total
         weights where the rule takes weights: Mean gives FedAvg exactly), averaged over
         the reclusterings; ``None`` when nothing was released."""
-        released = []
-        for reclustering in result.reclusterings:
-            if not reclustering.clusters:
-                continue
-            means, weights = codec.cluster_means(
-                np.stack([c.float_sum for c in reclustering.clusters])
-            )
+        weighted = []
+        for sums in Released.from_reclusterings(result.reclusterings).sums:
+            means, weights = codec.cluster_means(np.stack(sums))
             # the MEAN scale divides each sum by its size and weights by it: with the
             # clusters' total weights as sizes, Mean is FedAvg exactly
-            released.append(
+            weighted.append(
                 [(m * w, float(w)) for m, w in zip(means, weights, strict=True) if w > 0]
             )
-        if not any(released):
+        if not any(weighted):
             return None
-        return codec.split(self._aggregator.aggregate_released(released).numpy())
+        return codec.split(self._aggregator.aggregate_released(weighted).numpy())
 
     def _aggregate_ring(
         self,
@@ -780,16 +753,15 @@ class ShareflWorkflow:
         means (weighted by member counts), averaged over the reclusterings; the released
         sums are charged to :attr:`last_epsilon`'s ledger."""
         assert self._ledger is not None
-        released = [r.clusters for r in result.reclusterings if r.clusters]
-        self._ledger.record_round([c.members for clusters in released for c in clusters])
+        released = Released.from_reclusterings(
+            result.reclusterings, lambda c: encoder.decode(c.ring_sum, seed)
+        )
+        self._ledger.record_round(released.all_members())
         self.last_epsilon = self._ledger.epsilon(self.delta)
         if not released:
             return None
-        decoded = [
-            [(encoder.decode(c.ring_sum, seed), float(len(c.members))) for c in clusters]
-            for clusters in released
-        ]
-        return codec.split(self._aggregator.aggregate_released(decoded).numpy())
+        sized = [[(s, float(n)) for s, n in sums] for sums in released.pairs()]
+        return codec.split(self._aggregator.aggregate_released(sized).numpy())
 
 
 class ShareflStrategy(Strategy):

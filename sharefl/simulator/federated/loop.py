@@ -51,10 +51,10 @@ import torch
 from torch import Tensor
 
 from sharefl.privacy.distributed import DistributedEncoder
+from sharefl.rounds.released import Released
 from sharefl.simulator.config import RunConfig
 from sharefl.simulator.datasets import Dataset
 from sharefl.simulator.federated.populations import ByzantineClients, HonestClients
-from sharefl.simulator.federated.released import Released
 from sharefl.simulator.federated.server import Ledger, Server
 from sharefl.simulator.federated.setup import PrivacyPlan, RunSetup, build_setup
 from sharefl.simulator.final_model import FinalModel

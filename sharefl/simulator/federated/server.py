@@ -5,7 +5,7 @@
 (a robust rule, or the DP filter's noise-aware filter with the server's auxiliary data) or, with
 clusters (``secure_aggregation.cluster_size >= 2``), over the cluster sums released by
 :func:`~sharefl.protocol.driver.secure_sum` or by a deployment
-(:class:`~sharefl.simulator.federated.released.Released`): the rule over cluster means
+(:class:`~sharefl.rounds.released.Released`): the rule over cluster means
 (SHARE, :class:`~sharefl.robust.HierarchicalAggregator`) or Zeno++, reclusterings averaged.
 :class:`Ledger` composes the run's :class:`~sharefl.simulator.federated.setup.PrivacyPlan`.
 """
@@ -19,13 +19,13 @@ import torch
 from torch import Tensor, nn
 
 from sharefl.privacy.accountant import PrivacyAccountant
-from sharefl.protocol.model_step import server_step
 from sharefl.robust import ClusterScale, HierarchicalAggregator, NoiseAwareFilter
+from sharefl.rounds.model_step import server_step
+from sharefl.rounds.released import Released
 from sharefl.simulator import components
 from sharefl.simulator.config import SimulationConfigError
 from sharefl.simulator.federated import share
 from sharefl.simulator.federated.cluster_zeno import ClusterZeno, ValidationGradient
-from sharefl.simulator.federated.released import Released
 from sharefl.simulator.federated.setup import RunSetup, describe_privacy, server_learning_rate
 
 
@@ -212,8 +212,8 @@ class Server:
 
     def step(self, aggregate: Tensor) -> None:
         """``w ← w − η_s · v`` with v the aggregate (or its momentum, ``server.momentum``):
-        sharefl's one model step, :func:`~sharefl.protocol.model_step.server_step` (as the
-        deployment's :func:`~sharefl.protocol.model_step.descend`), on host copies of the
+        sharefl's one model step, :func:`~sharefl.rounds.model_step.server_step` (as the
+        deployment's :func:`~sharefl.rounds.model_step.descend`), on host copies of the
         tensors: the elementwise operations torch ran here before, in the same order and
         dtype, each rounded once, so the same bits (compared with the torch formula in
         tests/test_model_step.py). The velocity is written back in place (a checkpoint

@@ -54,10 +54,10 @@ from sharefl.protocol.driver import secure_sum
 from sharefl.protocol.keys import ClientKeys
 from sharefl.protocol.settings import DEFAULTS, KeySetup
 from sharefl.robust import HierarchicalAggregator
+from sharefl.rounds.released import Released
 from sharefl.simulator.config import RunConfig, SimulationConfigError
 from sharefl.simulator.federated.cluster_zeno import ClusterZeno
 from sharefl.simulator.federated.clustering_schedule import AuditLog, ClusterSchedule
-from sharefl.simulator.federated.released import Released
 
 
 def delta_weights(sizes: Sequence[int]) -> Tensor:
@@ -389,15 +389,9 @@ class ShareAggregation:
         )
         self.audits.record(result.planned_audit)
         self.last_clusterings = result.plan.clusterings
-        return Released.of(
-            [
-                (
-                    s.float_sum if encoder is None else encoder.decode(s.ring_sum, public_seed),
-                    s.members,
-                )
-                for s in r.clusters
-            ]
-            for r in result.reclusterings
+        return Released.from_reclusterings(
+            result.reclusterings,
+            None if encoder is None else lambda s: encoder.decode(s.ring_sum, public_seed),
         )
 
     def _keys(self, ids: Sequence[int]) -> dict[int, ClientKeys]:

@@ -1,20 +1,24 @@
-"""One round's released cluster sums, as the federated server aggregates them.
+"""One round's released cluster sums, in the one shape every server aggregates them.
 
-:class:`Released` is what the server round (:meth:`~sharefl.simulator.federated.loop.
-Simulation.server_round`) takes from whoever ran the protocol: the in-process driver
-(:func:`~sharefl.protocol.driver.secure_sum`, in :mod:`~sharefl.simulator.federated.share`)
-or a deployment's server (the gRPC bridge, which hands in the sums its coordinator
-released). Only reclusterings that released at least one cluster are kept; each sum is
-decoded (floats, or a discrete mechanism's decoded ring sum) and carries its members, the
-clients that survived into it.
+:class:`Released` is what a round hands its server step, whoever ran the protocol: the
+in-process driver (:func:`~sharefl.protocol.driver.secure_sum`, in
+:mod:`~sharefl.simulator.federated.share`), the gRPC server (:mod:`sharefl.deploy.run`,
+whose strategies and the simulation bridge take it) and the Flower workflow. Each builds it
+with :meth:`Released.from_reclusterings` from the coordinator's result and the round's
+reader of a sum (the float inputs' decoded sum, or a discrete mechanism's ring sum decoded
+with the round's public seed). Only reclusterings that released at least one cluster are
+kept; each sum carries its members, the clients that survived into it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from sharefl.protocol.coordinator import ReclusteringResult
+from sharefl.protocol.server import ClusterSum
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,19 @@ class Released:
             members=tuple(tuple(tuple(int(c) for c in m) for _, m in r) for r in kept),
         )
 
+    @classmethod
+    def from_reclusterings(
+        cls,
+        reclusterings: Iterable[ReclusteringResult],
+        read: Callable[[ClusterSum], np.ndarray] | None = None,
+    ) -> Released:
+        """From a round's reclusterings (``RoundResult.reclusterings``,
+        ``SecureSumResult.reclusterings``): each released cluster's value is ``read(sum)``
+        (by default its decoded float sum, :attr:`~sharefl.protocol.server.ClusterSum.
+        float_sum`; a discrete mechanism passes its decoder of ``ring_sum``)."""
+        value = read if read is not None else _float_sum
+        return cls.of([(value(s), s.members) for s in r.clusters] for r in reclusterings)
+
     def __bool__(self) -> bool:
         """Whether any cluster sum was released."""
         return bool(self.sums)
@@ -67,3 +84,7 @@ class Released:
             list(zip(sums, map(len, members), strict=True))
             for sums, members in zip(self.sums, self.members, strict=True)
         ]
+
+
+def _float_sum(cluster: ClusterSum) -> np.ndarray:
+    return cluster.float_sum
