@@ -52,9 +52,12 @@ class RobustStrategy:
 
     def apply(
         self, model: np.ndarray, round_index: int, released: Released
-    ) -> tuple[np.ndarray, np.ndarray, str]:
+    ) -> tuple[np.ndarray, np.ndarray | None, str]:
         """``(model − learning_rate × aggregate, the aggregate, a note naming the rule)``
-        for the sums of every reclustering that released at least one cluster."""
+        for the sums of every reclustering that released at least one cluster; the model
+        unchanged (and no aggregate) when nothing was released."""
+        if not released:
+            return model, None, ""
         aggregate = self.rule.aggregate_released(released.pairs()).cpu().numpy()
         updated = descend(model, self.learning_rate, aggregate)
         return updated, aggregate, f", {type(self.rule.rule).__name__} over cluster sums"

@@ -198,7 +198,12 @@ class SimulationStrategy:
 
     def apply(
         self, model: np.ndarray, round_index: int, released: Released
-    ) -> tuple[np.ndarray, np.ndarray, str]:
+    ) -> tuple[np.ndarray, np.ndarray | None, str]:
+        """The loop's federated round over ``released``
+        (:meth:`~sharefl.simulator.federated.loop.Simulation.server_round`, the in-process
+        recipe, also when nothing was released: a zero aggregate, server momentum, the
+        accountant, evaluation when due); ``(new model, the aggregate or None when nothing
+        was released, a note with the test accuracy when evaluated)``."""
         sim = self.simulation
         sim.set_model(model)
         sim.set_round(round_index)
@@ -215,7 +220,7 @@ class SimulationStrategy:
                 self._write_summary(record)
         # the stepped model's own memory (a new array every round, never written in place)
         new = np.asarray(sim.model_vector.detach().cpu().numpy(), dtype=np.float32)
-        return new, aggregate.detach().cpu().numpy(), note
+        return new, aggregate.detach().cpu().numpy() if released else None, note
 
     def _write_summary(self, last: RoundRecord) -> None:
         if self.writer is None:

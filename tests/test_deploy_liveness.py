@@ -34,6 +34,7 @@ from sharefl.deploy.config import (
 from sharefl.deploy.errors import RunStalled
 from sharefl.deploy.reports import RoundReport
 from sharefl.deploy.server import serve
+from sharefl.deploy.strategy import AveragingStrategy
 from sharefl.exit_status import ExitStatus
 from sharefl.protocol.client import ClientPolicy
 from sharefl.protocol.errors import ConfigurationError
@@ -56,6 +57,18 @@ def _config(rounds: int) -> DeploymentConfig:
     )
 
 
+class RecordingStrategy(AveragingStrategy):
+    """The default strategy, recording (round, whether anything was released) per call."""
+
+    def __init__(self, config: DeploymentConfig) -> None:
+        super().__init__(config)
+        self.calls: list[tuple[int, bool]] = []
+
+    def apply(self, model, round_index, released):
+        self.calls.append((round_index, bool(released)))
+        return super().apply(model, round_index, released)
+
+
 def test_a_client_that_corrupts_its_cluster_once_and_leaves_ends_the_run():
     """Round 1: the attacker's input corrupts the only cluster; it then leaves. Rounds 2
     and 3 reuse the plan of the unchanged model and withhold the three honest clients' sum.
@@ -64,6 +77,7 @@ def test_a_client_that_corrupts_its_cluster_once_and_leaves_ends_the_run():
     waiting through 10 rounds that cannot release anything."""
     reports: list[RoundReport] = []
     attacker: list[asyncio.Task] = []
+    strategy = RecordingStrategy(_config(rounds=10))
 
     def on_round(report: RoundReport, _model) -> None:
         reports.append(report)
@@ -72,7 +86,7 @@ def test_a_client_that_corrupts_its_cluster_once_and_leaves_ends_the_run():
 
     async def main():
         server, address = await serving(
-            serve, _config(rounds=10), log=lambda _: None, on_round=on_round
+            serve, _config(rounds=10), log=lambda _: None, on_round=on_round, strategy=strategy
         )
         honest = [
             asyncio.create_task(ClientRuntime(c, address, policy=PER_CLIENT).run())
@@ -89,6 +103,9 @@ def test_a_client_that_corrupts_its_cluster_once_and_leaves_ends_the_run():
     stalled, ends = asyncio.run(main())
     assert [bool(r.corrupted) for r in reports] == [True, False, False]
     assert all(r.clusters == [] for r in reports)
+    # every round reaches the strategy, with nothing released; the default keeps the model
+    assert strategy.calls == [(0, False), (1, False), (2, False)]
+    assert all(r.total is None for r in reports)
     assert all(r.withheld and list(r.withheld[0]["members"]) == [0, 1, 2, 3] for r in reports[1:])
     message = str(stalled)
     assert "3 rounds in a row (rounds 1-3) released no cluster sum" in message, message

@@ -54,16 +54,20 @@ def config(**overrides) -> dict:
     return with_overrides(base, overrides)
 
 
-def in_process(run) -> tuple[list[Released], list[np.ndarray], Simulation]:
+def in_process(
+    run, *, failed_rounds: frozenset[int] = frozenset()
+) -> tuple[list[Released], list[np.ndarray], Simulation]:
     """Every round of ``run`` in process: the sums each round released and the model after
-    it."""
+    it. In ``failed_rounds`` (0-based) every cluster fails: the protocol runs and nothing
+    is released."""
     sim = Simulation(run)
     share = sim.share
     secure_sums = share.secure_sums
     released: list[Released] = []
 
     def recording(*args, **kwargs):
-        released.append(secure_sums(*args, **kwargs))
+        sums = secure_sums(*args, **kwargs)
+        released.append(Released.of([]) if len(released) in failed_rounds else sums)
         return released[-1]
 
     share.secure_sums = recording
@@ -110,6 +114,45 @@ def test_the_bridge_replays_an_in_process_run_bit_for_bit(overrides, tmp_path):
     assert [r["round"] for r in rounds] == [2, 4]
 
 
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"server": {"momentum": 0.5}, "rounds": 3, "eval_every": 1},
+        {
+            "attack": {"name": "none"},
+            "clients": {"honest": 12, "byzantine": 0},
+            "privacy": CLUSTER_SPLIT,
+            "rounds": 3,
+            "eval_every": 1,
+        },
+    ],
+    ids=["momentum", "cluster-split"],
+)
+def test_a_round_that_released_nothing_is_the_same_round_in_process_and_deployed(
+    overrides, tmp_path
+):
+    """Every cluster of round 2 fails: in process the round still runs its recipe (a zero
+    aggregate: server momentum moves the model, the accountant composes the round, the
+    round is evaluated); the deployed server hands the bridge the empty release and gets
+    the same model, record and ε, bit for bit (it used to skip the strategy: the model
+    stood still and the round was neither charged nor evaluated)."""
+    (run,) = expand(config(**overrides))
+    released, models, sim = in_process(run, failed_rounds=frozenset({1}))
+    assert not released[1] and released[0] and released[2]
+    strategy = SimulationStrategy(run, tmp_path)
+    model = strategy.initial_model()
+    notes = []
+    for round_index, sums in enumerate(released):
+        model, aggregate, note = strategy.apply(model, round_index, sums)
+        assert (aggregate is None) == (not sums)
+        assert model.tobytes() == models[round_index].tobytes(), round_index
+        notes.append(note)
+    assert "test accuracy" in notes[1]  # the empty round is evaluated, as in process
+    assert strategy.simulation.epsilon() == sim.epsilon()
+    if "momentum" in str(overrides):
+        assert models[1].tobytes() != models[0].tobytes()  # momentum moved it anyway
+
+
 def test_the_bridge_runs_zeno_over_the_released_sums(tmp_path):
     """Zeno++ over a deployment's sums (its server holds the validation set): before the
     one round, the bridge refused it with a message about cluster sizes."""
@@ -125,8 +168,8 @@ def test_the_bridge_runs_zeno_over_the_released_sums(tmp_path):
 
 
 def test_the_bridge_follows_the_servers_round_index(tmp_path):
-    """A round that released nothing never reaches the strategy; the next round is still
-    the server's (here round 2 of 2, evaluated and summarised)."""
+    """The strategy's round is the server's (here round 2 of 2, evaluated and summarised),
+    whatever rounds the bridge saw before."""
     (run,) = expand(config(rounds=2))
     released, _, _ = in_process(run)
     strategy = SimulationStrategy(run, tmp_path)

@@ -601,9 +601,7 @@ class ServerRun:
         self.round = None
         # read before the strategy replaces the model (the ring sums' seed names it)
         released = Released.from_reclusterings(result.reclusterings, self._ring_reader(round_index))
-        total, note = None, ""
-        if released:
-            self.model, total, note = self.strategy.apply(self.model, round_index, released)
+        self.model, total, note = self.strategy.apply(self.model, round_index, released)
         self._exclude(result.culprits)
         report = RoundReport.of(
             result, sorted(self.exclusions.excluded), time.monotonic() - start, total

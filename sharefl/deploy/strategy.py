@@ -22,11 +22,15 @@ class ServerStrategy(Protocol):
     """What the server does with the released sums (the protocol part is fixed).
 
     ``initial_model()`` is the model broadcast in round 0 (float32 ``[dim]``);
-    ``apply(model, round, released)`` gets the round's released sums
-    (:class:`~sharefl.rounds.released.Released`: every reclustering that released at least
-    one cluster; each value float64 ``[model dim]``, the float inputs' decoded sum or, with
-    ``[privacy]``, the decoded ring sum) and returns ``(new model, the aggregate, a note
-    for the log)``. A strategy may also define ``check(clusters)``, called before the
+    ``apply(model, round, released)`` is called after every round with the sums it
+    released (:class:`~sharefl.rounds.released.Released`: every reclustering that released
+    at least one cluster; each value float64 ``[model dim]``, the float inputs' decoded sum
+    or, with ``[privacy]``, the decoded ring sum; empty when every cluster failed) and
+    returns ``(new model, the aggregate or None when nothing was released, a note for the
+    log)``. The averaging and robust strategies keep the model when nothing was released;
+    a simulation file's strategy runs its loop's round as in process (a zero aggregate:
+    server momentum still moves the model, the accountant composes the round, evaluation
+    when due). A strategy may also define ``check(clusters)``, called before the
     server listens with the number of clusters of a reclustering, raising ``ValueError``
     (e.g. a robust rule's ``f`` too large for that many cluster sums).
     """
@@ -35,7 +39,7 @@ class ServerStrategy(Protocol):
 
     def apply(
         self, model: np.ndarray, round_index: int, released: Released
-    ) -> tuple[np.ndarray, np.ndarray, str]: ...
+    ) -> tuple[np.ndarray, np.ndarray | None, str]: ...
 
 
 class AveragingStrategy:
@@ -52,7 +56,9 @@ class AveragingStrategy:
 
     def apply(
         self, model: np.ndarray, round_index: int, released: Released
-    ) -> tuple[np.ndarray, np.ndarray, str]:
+    ) -> tuple[np.ndarray, np.ndarray | None, str]:
+        if not released:
+            return model, None, ""
         aggregates = []
         for sums, clusters in zip(released.sums, released.members, strict=True):
             total = np.sum(sums, axis=0)
