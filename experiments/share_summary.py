@@ -15,12 +15,20 @@
   figure8`` (per run, 30 rounds) and ``share figure5`` (rule × β by m): the 30-round runs of
   ``docs/results/share/runs-30/`` (``experiments/share_mnist_figure{3a,3c,5,6,7,8}.toml``).
 
+- ``share protocol cell`` and ``share protocol stages``: Figure 9's trimmed-mean cell run in
+  the clear and through the protocol (``docs/results/share/protocol-cell/``, the runs of
+  ``experiments/share_mnist_protocol_cell.toml``): the two runs compared as
+  ``experiments/share_protocol_check.py`` compares them (the files committed: rounds and
+  summaries; the models were compared when the runs were made), and the protocol's stages
+  timed by ``experiments/share_protocol_stages.py`` (``stages.json``'s mean per round).
+
 ``python experiments/results_pages.py`` writes them into the page (``--check`` compares);
 this script prints it alone.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import statistics
 from collections import defaultdict
@@ -66,6 +74,9 @@ RUN_COLUMNS = (
 RULES = (("zeno", "Zeno++"), ("krum", "Krum"), ("trimmed_mean", "trimmed mean"))
 MEANS = (("no attack (mean)", "mean, no attack"), ("no defense (mean)", "mean, no defence"))
 SIZES = (1, 3, 5, 10)
+PROTOCOL_CELL = Path("docs/results/share/protocol-cell")
+CELL_CLIENTS = 60
+"""The clients of the protocol cell (Figure 9: 57 honest, 3 Byzantine), all in every round."""
 
 
 def _runs(folder: Path) -> dict[tuple[str, int], list[tuple[int, float]]]:
@@ -335,8 +346,92 @@ def figure5(root: Path) -> str:
     return "\n".join(lines)
 
 
+def _pct(x: float) -> str:
+    return f"{100 * x:.2f}"
+
+
+def protocol_cell(root: Path) -> str:
+    """The clear run against the run through the protocol, from their committed folders."""
+    check = _load_check()
+    runs = check.find_runs(root / PROTOCOL_CELL)
+    clear, secure = runs[False], runs[True]
+    summaries = {k: json.loads((f / "summary.json").read_text()) for k, f in runs.items()}
+    rows = {k: check.rows(f) for k, f in runs.items()}
+    same_rows = sum(
+        {k: v for k, v in a.items() if k != "seconds"}
+        == {k: v for k, v in b.items() if k != "seconds"}
+        for a, b in zip(rows[False], rows[True], strict=False)
+    )
+    verdict = "**identical**" if not check.compare_rows(rows[False], rows[True]) else "differ"
+    summary_verdict = (
+        "**identical** (but wall time and label)"
+        if not check.compare_summaries(clear, secure)
+        else "differ"
+    )
+    a, b = summaries[False], summaries[True]
+    return "\n".join(
+        [
+            "| | clear (`enabled = false`) | protocol (`enabled = true`) |",
+            "|---|---|---|",
+            f"| rounds.jsonl, {len(rows[False])} lines | accuracy and loss of every round | "
+            f"{verdict} ({same_rows} / {len(rows[True])} lines) |",
+            f"| summary.json | | {summary_verdict} |",
+            f"| final / best accuracy | {_pct(a['final_accuracy'])} / {_pct(a['best_accuracy'])} % "
+            f"| {_pct(b['final_accuracy'])} / {_pct(b['best_accuracy'])} % |",
+            f"| audit of the plans | {a['share']['audit']['verdict']} ({a['rounds']} rounds) "
+            f"| {b['share']['audit']['verdict']} ({b['rounds']} rounds) |",
+            f"| wall time (summary.json) | {a['wall_seconds']:.1f} s | {b['wall_seconds']:.1f} s |",
+        ]
+    )
+
+
+STAGES = (
+    ("clients: advertise (key pairs)", "clients advertise"),
+    ("clients: share (key agreement, Shamir shares, encryption)", "clients share"),
+    ("clients: mask (pairwise and self masks, d = 79,510)", "clients mask"),
+    ("clients: unmask (send shares)", "clients unmask"),
+)
+SERVER_STAGES = ("server advertise", "server share", "server mask")
+
+
+def protocol_stages(root: Path) -> str:
+    """``stages.json``'s mean per round: the clear sums, the protocol's call, each client
+    step (and per client) and server stage close, and the rest of the call."""
+    mean = json.loads((root / PROTOCOL_CELL / "stages.json").read_text())["mean"]
+    steps = [key for _, key in STAGES] + list(SERVER_STAGES) + ["server unmask"]
+    rest = mean["protocol"] - sum(mean[k] for k in steps)
+    lines = [
+        "| step | wall s per round | per client per round |",
+        "|---|---|---|",
+        f"| clear sums (encode, plan, add) | {mean['clear']:.2f} (CPU {mean['clear cpu']:.2f}) | |",
+        f"| protocol, whole call | {mean['protocol']:.2f} (CPU {mean['protocol cpu']:.2f}) | |",
+    ]
+    for text, key in STAGES:
+        lines.append(f"| {text} | {mean[key]:.2f} | {1000 * mean[key] / CELL_CLIENTS:.1f} ms |")
+    closes = " / ".join(f"{mean[k]:.3f}" for k in SERVER_STAGES)
+    lines.append(f"| server: close advertise / share / mask | {closes} | |")
+    lines.append(
+        "| server: close unmask (reconstruct seeds, remove masks) | "
+        f"{mean['server unmask']:.2f} | |"
+    )
+    lines.append(f"| rest of the call (encoding, plan, sessions) | {rest:.2f} | |")
+    return "\n".join(lines)
+
+
+def _load_check():
+    """``experiments/share_protocol_check.py`` (its comparisons), as a module."""
+    path = Path(__file__).with_name("share_protocol_check.py")
+    spec = importlib.util.spec_from_file_location("share_protocol_check", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def blocks(root: Path) -> dict[str, str]:
     return {
+        "share protocol cell": protocol_cell(root),
+        "share protocol stages": protocol_stages(root),
         "share figure2 200": figure2_200(root),
         "share figure3b 200": runs_table(root / FIGURE3B_200, ROWS_3B),
         "share figure9 200": runs_table(root / FIGURE9_200, ROWS_9),
