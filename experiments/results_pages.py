@@ -168,6 +168,12 @@ BLOCKS: tuple[Block, ...] = (
         "docs/results/fed-cdp/table10/",
         _fed_cdp("fed-cdp table10"),
     ),
+    Block(
+        "fed-cdp.md",
+        "fed-cdp table VIII (small)",
+        "docs/results/fed-cdp/table8-small/",
+        _fed_cdp("fed-cdp table VIII (small)"),
+    ),
 )
 
 HAND_WRITTEN: dict[str, tuple[int, str]] = {
