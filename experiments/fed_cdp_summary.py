@@ -18,6 +18,16 @@
   beside fixed flat clipping and Fed-CDP, in Table IV's setting, with the quantile bound C
   of the last round.
 
+- ``fed-cdp table VIII (small)``: ``docs/results/fed-cdp/table8-small/`` (``sharefl simulate
+  experiments/fed_cdp_table8_small.toml --out docs/results/fed-cdp/table8-small --match
+  LABEL``): Table VIII's decaying σ_t (linear, staircase, exponential, cyclic) and fixed σ in
+  Table IV's setting for 20 rounds: σ_t of the first and last round, test accuracy at every
+  evaluated round, final loss, ε, the paper's figure, wall time.
+- ``fed-cdp table VIII (100 rounds)``: ``docs/results/fed-cdp/table8-small-100/`` (the same
+  command with ``--rounds 100 --out docs/results/fed-cdp/table8-small-100``): the
+  exponential schedule at the authors' noise scale against fixed σ = 0.5 over Table VIII's
+  T = 100, accuracy at every tenth round.
+
 ``python experiments/results_pages.py`` writes them into the page (``--check`` compares).
 """
 
@@ -31,6 +41,8 @@ PROBE = Path("docs/results/fed-cdp/sigma-probe")
 LAYER_NOISE = Path("docs/results/fed-cdp/layer-noise")
 ARITHMETIC = Path("docs/results/fed-cdp/sigma-arithmetic.json")
 TABLE10 = Path("docs/results/fed-cdp/table10")
+TABLE8 = Path("docs/results/fed-cdp/table8-small")
+TABLE8_100 = Path("docs/results/fed-cdp/table8-small-100")
 
 
 def _loss(x: float | None) -> str:
@@ -173,6 +185,56 @@ def table10_table(root: Path) -> str:
     return "\n".join(lines)
 
 
+def _sigma_range(privacy: dict, rounds: int) -> str:
+    """σ_t of the first and the last round (0-based t = 0 and rounds − 1)."""
+    from sharefl.privacy.schedules import SCHEDULE_CLASSES
+
+    sigma = privacy["noise_multiplier"]
+    if privacy["schedule"] == "constant" and not privacy["schedule_options"]:
+        return f"{sigma:g}"
+    options = dict(privacy["schedule_options"])
+    options.setdefault("sigma" if privacy["schedule"] == "constant" else "sigma0", sigma)
+    schedule = SCHEDULE_CLASSES[privacy["schedule"]](**options)
+    return f"{schedule(0):.2f} → {schedule(rounds - 1):.2f}"
+
+
+def table8_table(root: Path, folder: Path = TABLE8, every: int = 1) -> str:
+    """One row per run of ``folder``; accuracy at every ``every``-th evaluated round."""
+    folder = root / folder
+    order = ("constant", "linear", "staircase", "exponential", "cyclic")
+    runs = []
+    for run in sorted(folder.iterdir()) if folder.is_dir() else []:
+        path = run / "summary.json"
+        if path.is_file():
+            s = json.loads(path.read_text())
+            p = s["config"]["privacy"]
+            key = (p["noise_multiplier"] < 2, order.index(p["schedule"]), s["label"], s["seed"])
+            records = [json.loads(x) for x in (run / "rounds.jsonl").read_text().splitlines() if x]
+            runs.append((key, s, records))
+    if not runs:
+        return "(not run)"
+    rounds = sorted({r["round"] for _, _, records in runs for r in records})[every - 1 :: every]
+    lines = [
+        "| run | seed | σ_t, first → last round | "
+        + " | ".join(f"round {t}" for t in rounds)
+        + " | final loss | ε (δ = 1e-5) | paper (ε = 0.823, T = 100) | wall (s) |",
+        "|---" * (len(rounds) + 7) + "|",
+    ]
+    for _, s, records in sorted(runs, key=lambda item: item[0]):
+        by_round = {r["round"]: r for r in records}
+        accs = " | ".join(
+            f"{100 * by_round[t]['accuracy']:.1f}" if t in by_round else "–" for t in rounds
+        )
+        eps = "—" if s["epsilon"] is None else f"{s['epsilon']:.3g}"
+        paper = "–" if s["paper"] is None else f"{100 * s['paper']:.1f}"
+        lines.append(
+            f"| {s['label']} | {s['seed']} | {_sigma_range(s['config']['privacy'], s['rounds'])} "
+            f"| {accs} | {_loss(records[-1]['loss'])} | {eps} | {paper} | "
+            f"{s['wall_seconds']:.0f} |"
+        )
+    return "\n".join(lines)
+
+
 def arithmetic_table(root: Path) -> str:
     path = root / ARITHMETIC
     if not path.is_file():
@@ -211,6 +273,8 @@ def blocks(root: Path) -> dict[str, str]:
         "fed-cdp sigma probe": probe_table(root),
         "fed-cdp layer noise": layer_noise_table(root),
         "fed-cdp table10": table10_table(root),
+        "fed-cdp table VIII (small)": table8_table(root),
+        "fed-cdp table VIII (100 rounds)": table8_table(root, TABLE8_100, every=5),
     }
 
 

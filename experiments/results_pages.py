@@ -177,6 +177,18 @@ BLOCKS: tuple[Block, ...] = (
         "docs/results/fed-cdp/table10/",
         _fed_cdp("fed-cdp table10"),
     ),
+    Block(
+        "fed-cdp.md",
+        "fed-cdp table VIII (small)",
+        "docs/results/fed-cdp/table8-small/",
+        _fed_cdp("fed-cdp table VIII (small)"),
+    ),
+    Block(
+        "fed-cdp.md",
+        "fed-cdp table VIII (100 rounds)",
+        "docs/results/fed-cdp/table8-small-100/",
+        _fed_cdp("fed-cdp table VIII (100 rounds)"),
+    ),
 )
 
 HAND_WRITTEN: dict[str, tuple[int, str]] = {
