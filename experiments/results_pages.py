@@ -69,23 +69,11 @@ def _decentralized_50k(root: Path) -> str:
     return out.getvalue().strip("\n")
 
 
-def _share(name: str) -> Callable[[Path], str]:
+def _block(script: str, name: str) -> Callable[[Path], str]:
+    """Block ``name`` of ``experiments/<script>.py``'s ``blocks(root)``."""
+
     def build(root: Path) -> str:
-        return str(_script("share_summary").blocks(root)[name])
-
-    return build
-
-
-def _fed_cdp(name: str) -> Callable[[Path], str]:
-    def build(root: Path) -> str:
-        return str(_script("fed_cdp_summary").blocks(root)[name])
-
-    return build
-
-
-def _distributed_dp(name: str) -> Callable[[Path], str]:
-    def build(root: Path) -> str:
-        return str(_script("distributed_dp_summary").blocks(root)[name])
+        return str(_script(script).blocks(root)[name])
 
     return build
 
@@ -109,7 +97,7 @@ BLOCKS: tuple[Block, ...] = (
             "share.md",
             f"share {fig} 200",
             f"docs/results/share/runs-200/{fig}/",
-            _share(f"share {fig} 200"),
+            _block("share_summary", f"share {fig} 200"),
         )
         for fig in ("figure2", "figure3b", "figure9")
     ),
@@ -118,7 +106,7 @@ BLOCKS: tuple[Block, ...] = (
             "share.md",
             f"share protocol {part}",
             "docs/results/share/protocol-cell/" + extra,
-            _share(f"share protocol {part}"),
+            _block("share_summary", f"share protocol {part}"),
         )
         for part, extra in (("cell", ""), ("stages", "stages.json"))
     ),
@@ -127,7 +115,7 @@ BLOCKS: tuple[Block, ...] = (
             "share.md",
             f"share {fig}",
             f"docs/results/share/runs-30/{folder}/",
-            _share(f"share {fig}"),
+            _block("share_summary", f"share {fig}"),
         )
         for fig, folder in (
             ("figure3a", "figures-3a-3c"),
@@ -143,7 +131,7 @@ BLOCKS: tuple[Block, ...] = (
             "distributed-dp.md",
             f"distributed-dp {part}",
             _DDP_RUNS + extra,
-            _distributed_dp(f"distributed-dp {part}"),
+            _block("distributed_dp_summary", f"distributed-dp {part}"),
         )
         for part, extra in (
             ("results", ""),
@@ -154,40 +142,46 @@ BLOCKS: tuple[Block, ...] = (
         )
     ),
     Block(
+        "dp-rsa.md",
+        "dp-rsa eps",
+        "docs/results/dp-rsa/runs-eps/",
+        _block("dp_rsa_summary", "dp-rsa eps"),
+    ),
+    Block(
         "fed-cdp.md",
         "fed-cdp sigma arithmetic",
         "docs/results/fed-cdp/sigma-arithmetic.json",
-        _fed_cdp("fed-cdp sigma arithmetic"),
+        _block("fed_cdp_summary", "fed-cdp sigma arithmetic"),
     ),
     Block(
         "fed-cdp.md",
         "fed-cdp sigma probe",
         "docs/results/fed-cdp/sigma-probe/",
-        _fed_cdp("fed-cdp sigma probe"),
+        _block("fed_cdp_summary", "fed-cdp sigma probe"),
     ),
     Block(
         "fed-cdp.md",
         "fed-cdp layer noise",
         "docs/results/fed-cdp/layer-noise/",
-        _fed_cdp("fed-cdp layer noise"),
+        _block("fed_cdp_summary", "fed-cdp layer noise"),
     ),
     Block(
         "fed-cdp.md",
         "fed-cdp table10",
         "docs/results/fed-cdp/table10/",
-        _fed_cdp("fed-cdp table10"),
+        _block("fed_cdp_summary", "fed-cdp table10"),
     ),
     Block(
         "fed-cdp.md",
         "fed-cdp table VIII (small)",
         "docs/results/fed-cdp/table8-small/",
-        _fed_cdp("fed-cdp table VIII (small)"),
+        _block("fed_cdp_summary", "fed-cdp table VIII (small)"),
     ),
     Block(
         "fed-cdp.md",
         "fed-cdp table VIII (100 rounds)",
         "docs/results/fed-cdp/table8-small-100/",
-        _fed_cdp("fed-cdp table VIII (100 rounds)"),
+        _block("fed_cdp_summary", "fed-cdp table VIII (100 rounds)"),
     ),
 )
 
@@ -206,7 +200,7 @@ HAND_WRITTEN: dict[str, tuple[int, str]] = {
         "the configuration index; Table 15 / Figure 1 / Table 3 (folders not committed); "
         "Tables 5 and 11 (folders committed, not yet generated)",
     ),
-    "dp-rsa.md": (9, "runs under /work/runs not committed, but for runs-eps (not yet generated)"),
+    "dp-rsa.md": (8, "runs under /work/runs not committed (runs-eps is generated)"),
     "fed-cdp.md": (
         5,
         "the configuration index; our choices against the authors' code (a comparison, "

@@ -103,6 +103,10 @@ def test_command_line_names_the_program_as_a_reader_would_type_it() -> None:
         "python experiments/x_summary.py --page"
     )
     assert command_line(["/v/lib/pytest/__main__.py", "-q"]) == "python -m pytest -q"
+    # `python -m sharefl.cli`: argv[0] is the module's file, which no reader would type
+    assert command_line(["/w/tree/sharefl/cli.py", "simulate", "f.toml"], "sharefl.cli") == (
+        "python -m sharefl.cli simulate f.toml"
+    )
     assert command_line([]) == ""
 
 

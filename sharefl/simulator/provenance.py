@@ -92,22 +92,38 @@ def git_state(root: Path | None = None) -> tuple[str | None, list[str] | None]:
     return commit, paths
 
 
-def command_line(argv: Sequence[str] | None = None) -> str:
+def command_line(argv: Sequence[str] | None = None, main_module: str | None = None) -> str:
     """The process's command line, shell-quoted: ``sharefl simulate ...`` (an installed
     program by its base name), ``python experiments/x.py ...`` (a script as it was given),
-    ``python -m pytest ...`` (a package's ``__main__``)."""
+    ``python -m sharefl.cli ...`` / ``python -m pytest ...`` (a module run with ``-m``:
+    ``main_module``, by default the name the running ``__main__`` was imported under, when
+    ``argv`` is the process's own; its ``argv[0]`` is then the module's file path)."""
+    if argv is None and main_module is None:
+        main_module = _main_module()
     args = list(sys.argv if argv is None else argv)
     if not args:
         return ""
     first, rest = args[0], [shlex.quote(a) for a in args[1:]]
     name = os.path.basename(first)
-    if name == "__main__.py":
+    if main_module:
+        head = f"python -m {main_module}"
+    elif name == "__main__.py":
         head = f"python -m {Path(first).parent.name}"
     elif name.endswith(".py") or name in ("", "-c"):
         head = f"python {shlex.quote(first)}"
     else:
         head = shlex.quote(name)
     return " ".join([head, *rest])
+
+
+def _main_module() -> str | None:
+    """The module ``python -m`` ran (``sharefl.cli``; ``pytest`` for ``pytest.__main__``),
+    or ``None`` for a script or an installed program."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    name = getattr(spec, "name", None)
+    if not name:
+        return None
+    return name.removesuffix(".__main__")
 
 
 def torch_build(config: str) -> dict[str, str | None]:

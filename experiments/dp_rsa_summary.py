@@ -1,0 +1,88 @@
+"""Tables of docs/results/dp-rsa.md, from the committed run folders.
+
+- ``dp-rsa eps``: Figures 3-4 under Sign-Flipping (i.i.d., ``experiments/dp_rsa_mnist_iid.toml``)
+  and Sample-Duplicating (non-i.i.d., ``experiments/dp_rsa_mnist_noniid.toml``), every
+  method and ε at 5,000 iterations (``docs/results/dp-rsa/runs-eps/``): per cell the final
+  test accuracy (%), mean ± sample std over the seeds with each seed's value, and the mean at
+  mid-run (iteration 2,500) in brackets; a cell with fewer than three seeds names them. A
+  final mean below 20 % (a model that predicts one class) is set in bold.
+
+``python experiments/results_pages.py`` writes it into the page (``--check`` compares); this
+script prints it alone.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+RUNS_EPS = Path("docs/results/dp-rsa/runs-eps")
+PANELS = (
+    ("dp_rsa_mnist_iid", "sign_flipping", "Sign-Flipping, i.i.d."),
+    ("dp_rsa_mnist_noniid", "sample_duplicating", "Sample-Duplicating, non-i.i.d."),
+)
+METHODS = (
+    ("rsa", "RSA"),
+    *(
+        (f"dp_rsa_{m} ε={e}", f"DP-RSA({m.upper()}) ε = {e}")
+        for m in "fg"
+        for e in ("0.2", "0.4", "1.38")
+    ),
+)
+MID_RUN = 2500
+COLLAPSED = 0.20
+
+
+def _runs(folder: Path) -> dict[tuple[str, str], dict[int, tuple[float, float | None]]]:
+    """(experiment name, label) → seed → (final accuracy, accuracy at :data:`MID_RUN`)."""
+    found: dict[tuple[str, str], dict[int, tuple[float, float | None]]] = defaultdict(dict)
+    for path in sorted(folder.glob("*/summary.json")):
+        summary = json.loads(path.read_text())
+        rows = [json.loads(x) for x in (path.parent / "rounds.jsonl").read_text().splitlines()]
+        mid = next((r["accuracy"] for r in rows if r["round"] == MID_RUN), None)
+        key = (summary["name"], summary["label"])
+        found[key][summary["seed"]] = (summary["final_accuracy"], mid)
+    return found
+
+
+def _cell(seeds: dict[int, tuple[float, float | None]]) -> str:
+    if not seeds:
+        return "not run"
+    order = sorted(seeds)
+    finals = [100 * seeds[s][0] for s in order]
+    mids = [100 * m for s in order if (m := seeds[s][1]) is not None]
+    mean = statistics.mean(finals)
+    text = f"{mean:.2f}"
+    if len(finals) > 1:
+        text += f" ± {statistics.stdev(finals):.2f}"
+    if mean < 100 * COLLAPSED:
+        text = f"**{text}**"
+    text += f" ({' / '.join(f'{x:.2f}' for x in finals)})"
+    if order != [1, 2, 3]:
+        text += f" (seeds {', '.join(map(str, order))})"
+    if mids:
+        text += f" [{statistics.mean(mids):.2f}]"
+    return text
+
+
+def eps_table(root: Path) -> str:
+    runs = _runs(root / RUNS_EPS)
+    lines = [
+        "| run | " + " | ".join(title for _, _, title in PANELS) + " |",
+        "|---|" + "---|" * len(PANELS),
+    ]
+    for method, name in METHODS:
+        cells = [_cell(runs.get((exp, f"{attack}: {method}"), {})) for exp, attack, _ in PANELS]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def blocks(root: Path) -> dict[str, str]:
+    return {"dp-rsa eps": eps_table(root)}
+
+
+if __name__ == "__main__":
+    for name, text in blocks(Path(".")).items():
+        print(f"## {name}\n\n{text}\n")
