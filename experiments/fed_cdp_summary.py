@@ -53,17 +53,21 @@ def _loss(x: float | None) -> str:
     return f"{x:.3g}"
 
 
-def probe_table(root: Path) -> str:
-    folder = root / PROBE
+def _finished_runs(folder: Path) -> list[tuple[dict, list[dict]]]:
+    """``(summary.json, rounds.jsonl's records)`` of every run folder under ``folder`` that
+    has a summary, in folder-name order; ``[]`` when ``folder`` is missing."""
     runs = []
     for run in sorted(folder.iterdir()) if folder.is_dir() else []:
         path = run / "summary.json"
-        if not path.is_file():
-            continue
-        s = json.loads(path.read_text())
-        records = [
-            json.loads(line) for line in (run / "rounds.jsonl").read_text().splitlines() if line
-        ]
+        if path.is_file():
+            lines = (run / "rounds.jsonl").read_text().splitlines()
+            runs.append((json.loads(path.read_text()), [json.loads(x) for x in lines if x]))
+    return runs
+
+
+def probe_table(root: Path) -> str:
+    runs = []
+    for s, records in _finished_runs(root / PROBE):
         c = s["config"]
         private = c["privacy"]["enabled"]
         p, t = c["privacy"], c["training"]
@@ -88,22 +92,14 @@ def probe_table(root: Path) -> str:
 
 
 def layer_noise_table(root: Path) -> str:
-    folder = root / LAYER_NOISE
+    runs = _finished_runs(root / LAYER_NOISE)
     lines = [
         "| run | noise per coordinate on the sum | round 20 | round 40 | round 60 | round 80 | "
         "round 100 | paper | ε (δ = 1e-5) | wall (s) |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    found = False
-    for run in sorted(folder.iterdir()) if folder.is_dir() else []:
-        path = run / "summary.json"
-        if not path.is_file():
-            continue
-        found = True
-        s = json.loads(path.read_text())
-        records = {
-            r["round"]: r for r in map(json.loads, (run / "rounds.jsonl").read_text().splitlines())
-        }
+    for s, rows in runs:
+        records = {r["round"]: r for r in rows}
         c = s["config"]["privacy"]
         noise = c["noise_multiplier"] * math.sqrt(3) * c["clip"]  # 3 layers clipped to C
         accs = " | ".join(
@@ -115,7 +111,7 @@ def layer_noise_table(root: Path) -> str:
             f"| {s['label']} | {noise:.2f} | {accs} | {paper} | {s['epsilon']:.3g} | "
             f"{s['wall_seconds']:.0f} |"
         )
-    return "\n".join(lines) if found else "(not run)"
+    return "\n".join(lines) if runs else "(not run)"
 
 
 def _update_noise(privacy: dict) -> str:
@@ -131,7 +127,6 @@ def _update_noise(privacy: dict) -> str:
 
 
 def table10_table(root: Path) -> str:
-    folder = root / TABLE10
     rounds = (10, 20, 30, 40, 50)
     lines = [
         "| run | seed | clipping | accounted σ | noise on the sum (× its bound) | "
@@ -142,17 +137,12 @@ def table10_table(root: Path) -> str:
     last: dict[str, list[float]] = {}  # label -> accuracy at the last round, per seed
     order = ("per_layer", "flat", "quantile", "adaclip")
     summaries = []
-    for run in sorted(folder.iterdir()) if folder.is_dir() else []:
-        path = run / "summary.json"
-        if path.is_file():
-            s = json.loads(path.read_text())
-            p = s["config"]["privacy"]
-            key = (p["noise_multiplier"] > 1, order.index(p["clipping"]), s["label"], s["seed"])
-            summaries.append((key, run, s))
-    for _, run, s in sorted(summaries, key=lambda item: item[0]):
-        records = {
-            r["round"]: r for r in map(json.loads, (run / "rounds.jsonl").read_text().splitlines())
-        }
+    for s, rows in _finished_runs(root / TABLE10):
+        p = s["config"]["privacy"]
+        key = (p["noise_multiplier"] > 1, order.index(p["clipping"]), s["label"], s["seed"])
+        summaries.append((key, s, rows))
+    for _, s, rows in sorted(summaries, key=lambda item: item[0]):
+        records = {r["round"]: r for r in rows}
         p = s["config"]["privacy"]
         accs = " | ".join(
             f"{100 * records[t]['accuracy']:.1f}"
@@ -200,17 +190,12 @@ def _sigma_range(privacy: dict, rounds: int) -> str:
 
 def table8_table(root: Path, folder: Path = TABLE8, every: int = 1) -> str:
     """One row per run of ``folder``; accuracy at every ``every``-th evaluated round."""
-    folder = root / folder
     order = ("constant", "linear", "staircase", "exponential", "cyclic")
     runs = []
-    for run in sorted(folder.iterdir()) if folder.is_dir() else []:
-        path = run / "summary.json"
-        if path.is_file():
-            s = json.loads(path.read_text())
-            p = s["config"]["privacy"]
-            key = (p["noise_multiplier"] < 2, order.index(p["schedule"]), s["label"], s["seed"])
-            records = [json.loads(x) for x in (run / "rounds.jsonl").read_text().splitlines() if x]
-            runs.append((key, s, records))
+    for s, records in _finished_runs(root / folder):
+        p = s["config"]["privacy"]
+        key = (p["noise_multiplier"] < 2, order.index(p["schedule"]), s["label"], s["seed"])
+        runs.append((key, s, records))
     if not runs:
         return "(not run)"
     rounds = sorted({r["round"] for _, _, records in runs for r in records})[every - 1 :: every]
