@@ -177,14 +177,12 @@ def table10_table(root: Path) -> str:
 
 def _sigma_range(privacy: dict, rounds: int) -> str:
     """σ_t of the first and the last round (0-based t = 0 and rounds − 1)."""
-    from sharefl.privacy.schedules import SCHEDULE_CLASSES
+    from sharefl.privacy.schedules import SCHEDULE_CLASSES, schedule_options
 
-    sigma = privacy["noise_multiplier"]
-    if privacy["schedule"] == "constant" and not privacy["schedule_options"]:
+    sigma, name = privacy["noise_multiplier"], privacy["schedule"]
+    if name == "constant" and not privacy["schedule_options"]:
         return f"{sigma:g}"
-    options = dict(privacy["schedule_options"])
-    options.setdefault("sigma" if privacy["schedule"] == "constant" else "sigma0", sigma)
-    schedule = SCHEDULE_CLASSES[privacy["schedule"]](**options)
+    schedule = SCHEDULE_CLASSES[name](**schedule_options(name, privacy["schedule_options"], sigma))
     return f"{schedule(0):.2f} → {schedule(rounds - 1):.2f}"
 
 

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from .errors import ScheduleError
 
@@ -165,3 +167,12 @@ SCHEDULE_CLASSES: dict[str, type[NoiseSchedule]] = {
 """``privacy.schedule`` → its class, for every name of
 :data:`~sharefl.privacy.vocabulary.SCHEDULES` (tests/test_privacy_vocabulary.py holds them
 equal)."""
+
+
+def schedule_options(name: str, options: Mapping[str, Any], sigma: float) -> dict[str, Any]:
+    """The keyword arguments of ``SCHEDULE_CLASSES[name]`` for a run whose configured σ is
+    ``sigma``: ``options`` with the starting σ defaulting to it (``sigma`` for the constant
+    schedule, ``sigma0`` for the decaying ones)."""
+    out = dict(options)
+    out.setdefault("sigma" if name == "constant" else "sigma0", sigma)
+    return out

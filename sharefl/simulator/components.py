@@ -19,7 +19,7 @@ from sharefl.privacy.clipping import (
     Normalization,
     PerLayerClipping,
 )
-from sharefl.privacy.schedules import SCHEDULE_CLASSES, NoiseSchedule
+from sharefl.privacy.schedules import SCHEDULE_CLASSES, NoiseSchedule, schedule_options
 from sharefl.robust import registry
 from sharefl.robust.registry import RULES
 from sharefl.simulator.config import PrivacyConfig, SimulationConfigError
@@ -87,11 +87,7 @@ def build_schedule(privacy: PrivacyConfig, sigma: float) -> float | NoiseSchedul
     options are those of :mod:`sharefl.privacy.schedules` (``sigma0`` defaults to σ)."""
     if privacy.schedule == "constant" and not privacy.schedule_options:
         return sigma
-    options = dict(privacy.schedule_options)
-    if privacy.schedule == "constant":
-        options.setdefault("sigma", sigma)
-    else:
-        options.setdefault("sigma0", sigma)
+    options = schedule_options(privacy.schedule, privacy.schedule_options, sigma)
     kind = SCHEDULE_CLASSES[privacy.schedule]  # a name the configuration checked
     return construct("privacy.schedule", privacy.schedule, kind, options)
 
