@@ -13,10 +13,11 @@ script prints it alone.
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections import defaultdict
 from pathlib import Path
+
+from sharefl.simulator.results import load_runs
 
 RUNS_EPS = Path("docs/results/dp-rsa/runs-eps")
 PANELS = (
@@ -36,14 +37,14 @@ COLLAPSED = 0.20
 
 
 def _runs(folder: Path) -> dict[tuple[str, str], dict[int, tuple[float, float | None]]]:
-    """(experiment name, label) → seed → (final accuracy, accuracy at :data:`MID_RUN`)."""
+    """(experiment name, label) → seed → (final accuracy, accuracy at :data:`MID_RUN`), from
+    the finished runs under ``folder`` (read and checked by :func:`load_runs`)."""
     found: dict[tuple[str, str], dict[int, tuple[float, float | None]]] = defaultdict(dict)
-    for path in sorted(folder.glob("*/summary.json")):
-        summary = json.loads(path.read_text())
-        rows = [json.loads(x) for x in (path.parent / "rounds.jsonl").read_text().splitlines()]
-        mid = next((r["accuracy"] for r in rows if r["round"] == MID_RUN), None)
-        key = (summary["name"], summary["label"])
-        found[key][summary["seed"]] = (summary["final_accuracy"], mid)
+    for run in load_runs(folder):
+        if not run.finished or run.seed is None or run.final_accuracy is None:
+            continue
+        mid = next((r.accuracy for r in run.rounds if r.round == MID_RUN), None)
+        found[(run.name, run.label)][run.seed] = (run.final_accuracy, mid)
     return found
 
 
