@@ -147,6 +147,15 @@ BLOCKS: tuple[Block, ...] = (
         "docs/results/dp-rsa/runs-eps/",
         _block("dp_rsa_summary", "dp-rsa eps"),
     ),
+    *(
+        Block(
+            "dp-filter.md",
+            f"dp-filter {part}",
+            "docs/results/dp-filter/, experiments/dp_filter_mnist_*.toml",
+            _block("dp_filter_summary", f"dp-filter {part}"),
+        )
+        for part in ("table5", "belief", "table2 attacks")
+    ),
     Block(
         "fed-cdp.md",
         "fed-cdp sigma arithmetic",
@@ -196,9 +205,8 @@ HAND_WRITTEN: dict[str, tuple[int, str]] = {
     ),
     "distributed-dp.md": (1, "the earlier page's conclusions beside the re-run's (judgement)"),
     "dp-filter.md": (
-        4,
-        "the configuration index; Table 15 / Figure 1 / Table 3 (folders not committed); "
-        "Tables 5 and 11 (folders committed, not yet generated)",
+        2,
+        "the configuration index; Table 15 / Figure 1 / Table 3 (folders not committed)",
     ),
     "dp-rsa.md": (8, "runs under /work/runs not committed (runs-eps is generated)"),
     "fed-cdp.md": (

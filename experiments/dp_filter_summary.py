@@ -1,0 +1,238 @@
+"""Tables of docs/results/dp-filter.md, from the committed run folders.
+
+Every run folder under ``docs/results/dp-filter/`` (``sharefl simulate experiments/<file>
+--seeds S --match LABEL --out runs/dp_filter``, then the folder copied there); a cell is
+the final test accuracy (%) after the file's 1,500 steps, mean ± sample std over the seeds
+that were run with each seed's value after it, the seeds named when they are not 1–3, in
+bold when the mean is below 20 % (a model that predicts one class). The paper's figures are
+read from the experiment files' ``[paper]`` tables (so a corrected figure needs no re-run).
+
+- ``dp-filter table5``: Table 5, adaptive label flipping (``dp_filter_mnist_table5.toml``):
+  per TTBB and ε, ours, the accuracy at the switch step (the last evaluation of the copy
+  phase, mean over the seeds), the paper's figure and the mean of the authors' logged seeds.
+- ``dp-filter belief``: Tables 10–14, the server's belief γ against a true honest fraction
+  of 50 % (``dp_filter_mnist_table11.toml`` for Table 11, ``dp_filter_mnist_tables10_14.toml``
+  for the others): every cell run, then per table the cells not run.
+- ``dp-filter table2 attacks``: Table 2's ALIE and IPM on MNIST
+  (``dp_filter_mnist_table2_mnist.toml``), beside the paper's Fashion-MNIST figures.
+
+``python experiments/results_pages.py`` writes them into the page (``--check`` compares);
+this script prints them alone.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+from sharefl.simulator.config import load_runs as load_configs
+from sharefl.simulator.results import RunRecord, load_runs
+
+RUNS = Path("docs/results/dp-filter")
+FILES = (
+    "experiments/dp_filter_mnist_table5.toml",
+    "experiments/dp_filter_mnist_table11.toml",
+    "experiments/dp_filter_mnist_tables10_14.toml",
+    "experiments/dp_filter_mnist_table2_mnist.toml",
+)
+COLLAPSED = 20.0
+# the authors' logs (logs_records/smart_attacker/iid.csv), mean final accuracy of seeds 1-3,
+# TTBB 0, .2, .4, .6, .8 (their TTBB = 0 is Figure 1's 60% cell)
+AUTHORS_TABLE5 = {
+    2.0: (96.1, 95.8, 95.9, 95.8, 95.9),
+    0.125: (83.0, 82.0, 81.3, 80.7, 81.6),
+}
+TTBB = (0.0, 0.2, 0.4, 0.6, 0.8)
+GAMMAS = (0.2, 0.35, 0.5, 0.65, 0.8)
+EPSILONS = (0.125, 2.0)
+BELIEF_TABLES = {  # (attack, i.i.d.) -> the paper's table
+    ("gaussian", True): 10,
+    ("olmp", True): 11,
+    ("label_flipping", False): 12,
+    ("gaussian", False): 13,
+    ("olmp", False): 14,
+}
+ATTACK_NAMES = {"gaussian": "Gaussian", "olmp": "OLMP", "label_flipping": "label flipping"}
+# the paper's Table 2 (Fashion-MNIST, ε = 2): ALIE ("A little") and IPM ("Inner")
+FASHION_TABLE2 = {("alie", 30): 79, ("alie", 13): 80, ("ipm", 30): 80, ("ipm", 13): 80}
+
+
+def _papers(root: Path) -> dict[tuple[str, str], float]:
+    """(experiment file's stem, label) → the paper's accuracy (%), from the files."""
+    return {
+        (Path(file).stem, run.label): 100 * run.paper
+        for file in FILES
+        for run in load_configs(root / file)
+        if run.paper is not None
+    }
+
+
+def _paper(papers: dict[tuple[str, str], float], file: str, label: str) -> str:
+    value = papers.get((file, label))
+    return "—" if value is None else f"{value:.0f}"
+
+
+def _finished(root: Path) -> dict[tuple, list[RunRecord]]:
+    """The finished runs, grouped by what makes a cell (experiment name and label)."""
+    cells: dict[tuple, list[RunRecord]] = defaultdict(list)
+    for run in load_runs(root / RUNS):
+        if run.finished and run.final_accuracy is not None and run.seed is not None:
+            cells[(run.name, run.label)].append(run)
+    for runs in cells.values():
+        runs.sort(key=lambda r: r.seed or 0)
+    return cells
+
+
+def _accuracy(runs: list[RunRecord]) -> str:
+    finals = [100 * (r.final_accuracy or 0.0) for r in runs]
+    mean = statistics.mean(finals)
+    text = f"{mean:.1f}"
+    if len(finals) > 1:
+        text += f" ± {statistics.stdev(finals):.1f}"
+    if mean < COLLAPSED:
+        text = f"**{text}**"
+    seeds = [r.seed for r in runs]
+    if len(finals) > 1:
+        text += f" ({', '.join(f'{x:.1f}' for x in finals)})"
+    if seeds != [1, 2, 3]:
+        text += f" (seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))})"
+    return text
+
+
+def _wall(runs: list[RunRecord]) -> str:
+    minutes = sorted(r.wall_seconds / 60 for r in runs if r.wall_seconds is not None)
+    if not minutes:
+        return "—"
+    if len(minutes) == 1 or minutes[-1] - minutes[0] < 0.05:
+        return f"{minutes[0]:.1f}"
+    return f"{minutes[0]:.1f}–{minutes[-1]:.1f}"
+
+
+def _runs_where(
+    cells: dict[tuple, list[RunRecord]], experiment: str, **where: object
+) -> list[RunRecord]:
+    """The finished runs of the experiment whose name contains ``experiment`` and whose
+    configuration has the values ``where`` (``section__key=value``), in seed order."""
+    runs = [
+        r
+        for (name, _), group in cells.items()
+        if experiment in name
+        for r in group
+        if all(r.config[k.split("__")[0]][k.split("__")[1]] == v for k, v in where.items())
+    ]
+    return sorted(runs, key=lambda r: r.seed or 0)
+
+
+def table5(root: Path) -> str:
+    papers, cells = _papers(root), _finished(root)
+    lines = [
+        "| TTBB | ε | ours, 1,500 steps | at the switch step (mean) | paper (Table 5) "
+        "| authors' logs (mean) | wall time (min) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for eps in EPSILONS:
+        for i, ttbb in enumerate(TTBB):
+            runs = _runs_where(cells, "Table 5", attack__start_fraction=ttbb, privacy__epsilon=eps)
+            paper = _paper(papers, "dp_filter_mnist_table5", f"TTBB={ttbb:g}, ε={eps:g}")
+            authors = f"{AUTHORS_TABLE5[eps][i]:.1f}"
+            if not runs:
+                lines.append(f"| {ttbb:g} | {eps:g} | not run | | {paper} | {authors} | |")
+                continue
+            switch = round(ttbb * (runs[0].total_rounds or 0))
+            at_switch = [
+                100 * rec.accuracy for r in runs for rec in r.rounds if rec.round == switch
+            ]
+            switch_text = f"{statistics.mean(at_switch):.1f} (step {switch})" if at_switch else "—"
+            lines.append(
+                f"| {ttbb:g} | {eps:g} | {_accuracy(runs)} | {switch_text} | {paper} "
+                f"| {authors} | {_wall(runs)} |"
+            )
+    return "\n".join(lines)
+
+
+def _belief_key(run: RunRecord) -> tuple[int, float, float, bool] | None:
+    """(paper's table, ε, γ, first stage) of a Tables 10-14 run, None for other runs."""
+    c = run.config
+    table = BELIEF_TABLES.get((c["attack"]["name"], bool(c["data"]["partition_options"]["iid"])))
+    options = c["aggregator"]["options"]
+    if table is None or "honest_fraction" not in options or c["clients"]["byzantine"] != 20:
+        return None
+    return table, c["privacy"]["epsilon"], options["honest_fraction"], options["first_stage"]
+
+
+def _not_run(table: int, done: set[tuple[int, float, float, bool]]) -> str:
+    parts = []
+    for eps in EPSILONS:
+        absent = [g for g in GAMMAS if (table, eps, g, False) not in done]
+        if len(absent) == len(GAMMAS):
+            parts.append(f"every γ at ε = {eps:g}")
+        elif absent:
+            parts.append(f"γ = {', '.join(f'{g:g}' for g in absent)} at ε = {eps:g}")
+    return f"Table {table}: {'; '.join(parts)}" if parts else ""
+
+
+def belief(root: Path) -> str:
+    papers, cells = _papers(root), _finished(root)
+    rows: dict[tuple[int, float, float, bool], list[RunRecord]] = {}
+    for group in cells.values():
+        key = _belief_key(group[0])
+        if key is not None:
+            rows[key] = group
+    lines = [
+        "| table | attack, split | γ (true 0.5) | ε | ours, 1,500 steps | best evaluation "
+        "| paper | wall time (min) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    names = {t: (a, iid) for (a, iid), t in BELIEF_TABLES.items()}
+    for key in sorted(rows):
+        table, eps, gamma, first_stage = key
+        runs = rows[key]
+        attack, iid = names[table]
+        split = "i.i.d." if iid else "non-i.i.d."
+        stage = ", **with** first stage" if first_stage else ""
+        best = max(100 * (r.best_accuracy or 0.0) for r in runs)
+        file = "dp_filter_mnist_table11" if table == 11 else "dp_filter_mnist_tables10_14"
+        paper = _paper(papers, file, runs[0].label)
+        lines.append(
+            f"| {table} | {ATTACK_NAMES[attack]}, {split}{stage} | {gamma:g} | {eps:g} "
+            f"| {_accuracy(runs)} | {best:.1f} | {paper} | {_wall(runs)} |"
+        )
+    missing = [m for table in sorted(names) if (m := _not_run(table, set(rows)))]
+    text = "\n".join(lines)
+    if missing:
+        text += "\n\nNot run (without the first stage): " + ". ".join(missing) + "."
+    return text
+
+
+def table2_attacks(root: Path) -> str:
+    cells = _finished(root)
+    lines = [
+        "| attack | Byzantine, next to 20 honest | ε | ours on MNIST, 1,500 steps "
+        "| best evaluation | paper (Fashion-MNIST, Table 2) | wall time (min) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for attack, label in (("alie", "ALIE (z = 1)"), ("ipm", "IPM (ε = 0.1)")):
+        for byzantine, share in ((30, 60), (13, 40)):
+            runs = _runs_where(cells, "Table 2", attack__name=attack, clients__byzantine=byzantine)
+            paper = FASHION_TABLE2[(attack, byzantine)]
+            head = f"| {label} | {byzantine} ({share}%) | 2"
+            if not runs:
+                lines.append(f"{head} | not run | | {paper} | |")
+                continue
+            best = max(100 * (r.best_accuracy or 0.0) for r in runs)
+            lines.append(f"{head} | {_accuracy(runs)} | {best:.1f} | {paper} | {_wall(runs)} |")
+    return "\n".join(lines)
+
+
+def blocks(root: Path) -> dict[str, str]:
+    return {
+        "dp-filter table5": table5(root),
+        "dp-filter belief": belief(root),
+        "dp-filter table2 attacks": table2_attacks(root),
+    }
+
+
+if __name__ == "__main__":
+    for name, text in blocks(Path(".")).items():
+        print(f"## {name}\n\n{text}\n")
