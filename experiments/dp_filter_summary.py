@@ -110,16 +110,17 @@ def _wall(runs: list[RunRecord]) -> str:
 
 
 def _runs_where(
-    cells: dict[tuple, list[RunRecord]], experiment: str, **where: object
+    cells: dict[tuple, list[RunRecord]], experiment: str, **where: tuple[str, object]
 ) -> list[RunRecord]:
     """The finished runs of the experiment whose name contains ``experiment`` and whose
-    configuration has the values ``where`` (``section__key=value``), in seed order."""
+    configuration has, for each ``where`` value ``(section, value)``, that value under the
+    argument's name in that section; in seed order."""
     runs = [
         r
         for (name, _), group in cells.items()
         if experiment in name
         for r in group
-        if all(r.config[k.split("__")[0]][k.split("__")[1]] == v for k, v in where.items())
+        if all(r.config[section][key] == value for key, (section, value) in where.items())
     ]
     return sorted(runs, key=lambda r: r.seed or 0)
 
@@ -133,7 +134,9 @@ def table5(root: Path) -> str:
     ]
     for eps in EPSILONS:
         for i, ttbb in enumerate(TTBB):
-            runs = _runs_where(cells, "Table 5", attack__start_fraction=ttbb, privacy__epsilon=eps)
+            runs = _runs_where(
+                cells, "Table 5", start_fraction=("attack", ttbb), epsilon=("privacy", eps)
+            )
             paper = _paper(papers, "dp_filter_mnist_table5", f"TTBB={ttbb:g}, ε={eps:g}")
             authors = f"{AUTHORS_TABLE5[eps][i]:.1f}"
             if not runs:
@@ -214,7 +217,9 @@ def table2_attacks(root: Path) -> str:
     ]
     for attack, label in (("alie", "ALIE (z = 1)"), ("ipm", "IPM (ε = 0.1)")):
         for byzantine, share in ((30, 60), (13, 40)):
-            runs = _runs_where(cells, "Table 2", attack__name=attack, clients__byzantine=byzantine)
+            runs = _runs_where(
+                cells, "Table 2", name=("attack", attack), byzantine=("clients", byzantine)
+            )
             paper = FASHION_TABLE2[(attack, byzantine)]
             head = f"| {label} | {byzantine} ({share}%) | 2"
             if not runs:

@@ -419,7 +419,8 @@ class ShareflWorkflow:
                 self._ledger = ReleaseLedger(built, self.privacy.colluders)
             encoder = self._ledger.encoder  # built once: its tables serve every round
         digest = arrays_digest(global_arrays)
-        known = self._plans.reusable(digest.hex(), atoms=self.atom_size is not None)
+        model_id = digest.hex()  # the plan book's key for this model
+        known = self._plans.reusable(model_id, atoms=self.atom_size is not None)
         participants = known.participants if known is not None else sorted(fitins)
         partition = None
         if self.atom_size is not None:
@@ -446,7 +447,7 @@ class ShareflWorkflow:
         try:
             rc = self._plans.coordinator(
                 self._round_settings,
-                model=digest.hex(),
+                model=model_id,
                 reuse=known,
                 round=current_round,
                 participants=participants,
