@@ -18,6 +18,13 @@
   beside fixed flat clipping and Fed-CDP, in Table IV's setting, with the quantile bound C
   of the last round.
 
+- ``fed-cdp table IV (small)``: ``docs/results/fed-cdp/table4-small/`` (``sharefl simulate
+  experiments/fed_cdp_mnist_table4_small.toml --out docs/results/fed-cdp/table4-small --match
+  LABEL``): Table IV in its CPU-sized setting, one row per method, at the paper's σ = 6,
+  the authors' code's σ = 0.5 and any other σ run (our Fed-SDP probe): the accuracy of the
+  last round (or the round from which the loss is NaN), the best evaluated accuracy, ε, the
+  paper's figure and the wall time.
+
 - ``fed-cdp table VIII (small)``: ``docs/results/fed-cdp/table8-small/`` (``sharefl simulate
   experiments/fed_cdp_table8_small.toml --out docs/results/fed-cdp/table8-small --match
   LABEL``): Table VIII's decaying σ_t (linear, staircase, exponential, cyclic) and fixed σ in
@@ -43,6 +50,7 @@ ARITHMETIC = Path("docs/results/fed-cdp/sigma-arithmetic.json")
 TABLE10 = Path("docs/results/fed-cdp/table10")
 TABLE8 = Path("docs/results/fed-cdp/table8-small")
 TABLE8_100 = Path("docs/results/fed-cdp/table8-small-100")
+TABLE4 = Path("docs/results/fed-cdp/table4-small")
 
 
 def _loss(x: float | None) -> str:
@@ -186,6 +194,46 @@ def _sigma_range(privacy: dict, rounds: int) -> str:
     return f"{schedule(0):.2f} → {schedule(rounds - 1):.2f}"
 
 
+def _outcome(records: list[dict]) -> str:
+    """The last round's accuracy (%), or where the loss first became NaN."""
+    nan = next((r["round"] for r in records if math.isnan(r["loss"])), None)
+    if nan is not None:
+        return f"diverges (NaN loss from round {nan})"
+    return f"{100 * records[-1]['accuracy']:.1f}"
+
+
+def table4_table(root: Path) -> str:
+    """Table IV (small): a row per method and σ (6, the paper's; 0.5, the authors' code's;
+    any other σ run, such as the Fed-SDP probe)."""
+    methods = ("non-private", "Fed-SDP", "Fed-CDP", "Fed-αCDP")
+    cells: dict[tuple[str, float | None], tuple[dict, list[dict]]] = {}
+    for s, records in _finished_runs(root / TABLE4):
+        p = s["config"]["privacy"]
+        sigma = p["noise_multiplier"] if p["enabled"] else None
+        cells[(s["label"].split(",")[0], sigma)] = (s, records)
+    lines = [
+        "| method | σ | last round (100) | best evaluation | ε (δ = 1e-5) | paper "
+        "| wall time (min) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for method in methods:
+        run_sigmas = {sigma for m, sigma in cells if m == method and sigma is not None}
+        sigmas = sorted({6.0, 0.5} | run_sigmas, reverse=True)
+        for sigma in (None,) if method == "non-private" else sigmas:
+            name = "—" if sigma is None else f"{sigma:g}"
+            if (method, sigma) not in cells:
+                lines.append(f"| {method} | {name} | not run | | | | |")
+                continue
+            s, records = cells[(method, sigma)]
+            eps = "—" if s["epsilon"] is None else f"{s['epsilon']:.3g}"
+            paper = "—" if s["paper"] is None else f"{100 * s['paper']:.1f}"
+            lines.append(
+                f"| {method} | {name} | {_outcome(records)} | {100 * s['best_accuracy']:.1f} "
+                f"| {eps} | {paper} | {s['wall_seconds'] / 60:.1f} |"
+            )
+    return "\n".join(lines)
+
+
 def table8_table(root: Path, folder: Path = TABLE8, every: int = 1) -> str:
     """One row per run of ``folder``; accuracy at every ``every``-th evaluated round."""
     order = ("constant", "linear", "staircase", "exponential", "cyclic")
@@ -256,6 +304,7 @@ def blocks(root: Path) -> dict[str, str]:
         "fed-cdp sigma probe": probe_table(root),
         "fed-cdp layer noise": layer_noise_table(root),
         "fed-cdp table10": table10_table(root),
+        "fed-cdp table IV (small)": table4_table(root),
         "fed-cdp table VIII (small)": table8_table(root),
         "fed-cdp table VIII (100 rounds)": table8_table(root, TABLE8_100, every=5),
     }
