@@ -34,7 +34,13 @@ def main(argv: list[str] | None = None) -> None:
     from sharefl.cli import main as cli
     from sharefl.simulator.config import load_runs
 
-    (run,) = [r for r in load_runs(args.config) if args.match in r.label and r.seed == args.seed]
+    runs = [r for r in load_runs(args.config) if args.match in r.label and r.seed == args.seed]
+    if len(runs) != 1:
+        labels = sorted({r.label for r in load_runs(args.config)})
+        parser.error(
+            f"--match must pick one run of seed {args.seed}, got {len(runs)}; labels: {labels}"
+        )
+    (run,) = runs
     honest = run.clients.honest
     out = tempfile.mkdtemp(prefix="dp_filter_selected-")
     counts: list[int] = []
