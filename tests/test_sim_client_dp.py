@@ -215,7 +215,10 @@ def test_seed003_experiment_files_parse_with_paper_values():
         "Fed-αCDP, σ=0.5 (authors' code)": 0.892,
         "Fed-CDP, σ=0.5 (authors' code)": 0.858,
         "Fed-SDP, σ=0.5 (authors' code)": 0.834,
+        "Fed-SDP, σ=0.05 (our probe)": None,  # not a paper cell
     }
+    assert small["Fed-SDP, σ=0.05 (our probe)"].privacy.noise_multiplier == 0.05
+    del small["Fed-SDP, σ=0.05 (our probe)"]
     for runs in (table6, small):
         for label, run in runs.items():
             assert run.privacy.noise_multiplier == (0.5 if "σ=0.5" in label else 6.0)
