@@ -69,11 +69,18 @@ def _decentralized_50k(root: Path) -> str:
     return out.getvalue().strip("\n")
 
 
+@cache
+def _blocks(script: str, root: Path) -> dict[str, str]:
+    """``experiments/<script>.py``'s ``blocks(root)``, built once per process: a script builds
+    all of its page's tables together, and its folders do not change while this runs."""
+    return dict(_script(script).blocks(root))
+
+
 def _block(script: str, name: str) -> Callable[[Path], str]:
     """Block ``name`` of ``experiments/<script>.py``'s ``blocks(root)``."""
 
     def build(root: Path) -> str:
-        return str(_script(script).blocks(root)[name])
+        return str(_blocks(script, root)[name])
 
     return build
 
