@@ -125,8 +125,7 @@ def _runs_where(
     return sorted(runs, key=lambda r: r.seed or 0)
 
 
-def table5(root: Path) -> str:
-    papers, cells = _papers(root), _finished(root)
+def table5(papers: dict[tuple[str, str], float], cells: dict[tuple, list[RunRecord]]) -> str:
     lines = [
         "| TTBB | ε | ours, 1,500 steps | at the switch step (mean) | paper (Table 5) "
         "| authors' logs (mean) | wall time (min) |",
@@ -175,8 +174,7 @@ def _not_run(table: int, done: set[tuple[int, float, float, bool]]) -> str:
     return f"Table {table}: {'; '.join(parts)}" if parts else ""
 
 
-def belief(root: Path) -> str:
-    papers, cells = _papers(root), _finished(root)
+def belief(papers: dict[tuple[str, str], float], cells: dict[tuple, list[RunRecord]]) -> str:
     rows: dict[tuple[int, float, float, bool], list[RunRecord]] = {}
     for group in cells.values():
         key = _belief_key(group[0])
@@ -208,8 +206,7 @@ def belief(root: Path) -> str:
     return text
 
 
-def table2_attacks(root: Path) -> str:
-    cells = _finished(root)
+def table2_attacks(cells: dict[tuple, list[RunRecord]]) -> str:
     lines = [
         "| attack | Byzantine, next to 20 honest | ε | ours on MNIST, 1,500 steps "
         "| best evaluation | paper (Fashion-MNIST, Table 2) | wall time (min) |",
@@ -231,10 +228,11 @@ def table2_attacks(root: Path) -> str:
 
 
 def blocks(root: Path) -> dict[str, str]:
+    papers, cells = _papers(root), _finished(root)  # read once for the three tables
     return {
-        "dp-filter table5": table5(root),
-        "dp-filter belief": belief(root),
-        "dp-filter table2 attacks": table2_attacks(root),
+        "dp-filter table5": table5(papers, cells),
+        "dp-filter belief": belief(papers, cells),
+        "dp-filter table2 attacks": table2_attacks(cells),
     }
 
 
