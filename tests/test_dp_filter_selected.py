@@ -63,17 +63,22 @@ aggregator = { options = { honest_fraction = 1.0 } }
 """
 
 
-def _count(tmp_path: Path, match: str, steps: int) -> dict:
+def _script(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The script run on :data:`CONFIG` in ``tmp_path`` with ``args``."""
     config = tmp_path / "selected.toml"
     config.write_text(CONFIG)
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), str(config), "--match", match, "--steps", str(steps)],
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), str(config), *args],
         capture_output=True,
         text=True,
         cwd=tmp_path,
         env={"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"},
         check=False,
     )
+
+
+def _count(tmp_path: Path, match: str, steps: int) -> dict:
+    done = _script(tmp_path, "--match", match, "--steps", str(steps))
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["steps"] == steps
@@ -96,3 +101,10 @@ def test_it_counts_the_byzantine_rows_among_the_selected(tmp_path, match, expect
     assert report["byzantine_selected_first_20_steps"] == expected
     assert report["steps_with_byzantine_selected"] == sum(1 for c in expected if c)
     assert report["last_step_with_byzantine_selected"] == (5 if any(expected) else 0)
+
+
+def test_a_match_that_picks_no_run_is_refused_naming_the_labels(tmp_path):
+    done = _script(tmp_path, "--match", "no such label")
+    assert done.returncode == 2  # argparse's usage error
+    assert "--match must pick one run of seed 1, got 0" in done.stderr
+    assert "ipm, γ=0.4" in done.stderr and "ipm, γ=1" in done.stderr
