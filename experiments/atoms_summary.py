@@ -23,7 +23,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
+
+from sharefl.simulator.results import RunRecord, load_runs
 
 FIG2_CELLS = [
     ("figure2", "trimmed_mean", "m=3"),
@@ -38,21 +42,18 @@ FIG9_CELLS = [
 RULE = {"trimmed_mean": "trimmed mean", "zeno": "Zeno++"}
 
 
-def read_runs(folder: Path) -> list[dict]:
-    runs = []
-    if not folder.is_dir():
-        return runs
-    for d in sorted(folder.iterdir()):
-        summary = d / "summary.json"
-        if not summary.is_file():
-            continue
-        s = json.loads(summary.read_text())
-        c = json.loads((d / "config.json").read_text())
-        runs.append({"id": d.name, "path": d, "summary": s, "config": c})
-    return runs
+def read_runs(folder: Path) -> list[RunRecord]:
+    """The finished runs under ``folder`` (the checked reader), ``[]`` when it is missing."""
+    return [r for r in load_runs(folder) if r.finished] if folder.is_dir() else []
 
 
-def comparable(config: dict) -> str:
+def _final(run: RunRecord) -> float:
+    """The final accuracy of a run :func:`read_runs` returned (finished, so never None)."""
+    assert run.final_accuracy is not None
+    return run.final_accuracy
+
+
+def comparable(config: Mapping[str, Any]) -> str:
     """A run's settings without its name and label, the keys added since the committed
     runs (at their defaults) and the former privacy.colluders default."""
     c = json.loads(json.dumps(config))
@@ -86,35 +87,30 @@ def stats(values: list[float]) -> str:
     return f"{statistics.fmean(pct):.1f} ± {statistics.stdev(pct):.1f}"
 
 
-def per_seed(runs: list[dict]) -> str:
-    return " / ".join(f"{100 * r['summary']['final_accuracy']:.1f}" for r in runs) or "–"
+def per_seed(runs: list[RunRecord]) -> str:
+    return " / ".join(f"{100 * _final(r):.1f}" for r in runs) or "–"
 
 
-def nullity(runs: list[dict]) -> str:
-    values = {
-        ((r["summary"].get("share") or {}).get("audit") or {}).get("min_nullity") for r in runs
-    }
+def nullity(runs: list[RunRecord]) -> str:
+    values = {((r.extra.get("share") or {}).get("audit") or {}).get("min_nullity") for r in runs}
     values.discard(None)
     return "/".join(str(v) for v in sorted(values)) or "–"
 
 
-def walls(runs: list[dict]) -> str:
-    return " / ".join(f"{r['summary']['wall_seconds']:.0f}" for r in runs) or "–"
+def walls(runs: list[RunRecord]) -> str:
+    return " / ".join(f"{r.wall_seconds:.0f}" for r in runs) or "–"
 
 
-def curve(run: dict) -> dict[int, float]:
-    lines = (run["path"] / "rounds.jsonl").read_text().splitlines()
-    return {
-        r["round"]: r["accuracy"] for r in map(json.loads, lines) if r.get("accuracy") is not None
-    }
+def curve(run: RunRecord) -> dict[int, float]:
+    return {r.round: r.accuracy for r in run.rounds if r.accuracy is not None}
 
 
-def largest_gap(runs: list[dict], others: list[dict]) -> float | None:
+def largest_gap(runs: list[RunRecord], others: list[RunRecord]) -> float | None:
     """The largest |accuracy difference| at any evaluation between runs of the same seed."""
     gaps = []
     for run in runs:
         for other in others:
-            if other["summary"]["seed"] == run["summary"]["seed"]:
+            if other.seed == run.seed:
                 a, b = curve(run), curve(other)
                 gaps += [abs(a[k] - b[k]) for k in a.keys() & b.keys()]
     return max(gaps) if gaps else None
@@ -136,21 +132,17 @@ def simulator_table(root: Path, out: dict) -> list[str]:
     for figure, rule, cell in FIG2_CELLS + FIG9_CELLS:
         base_label = f"{rule} {cell}"
 
-        def pick(kind: str, fig=figure, base=base_label) -> list[dict]:
+        def pick(kind: str, fig=figure, base=base_label) -> list[RunRecord]:
             label = f"{fig} {base} {kind}"
             return sorted(
-                (r for r in mine if r["summary"]["label"] == label),
-                key=lambda r: r["summary"]["seed"],
+                (r for r in mine if r.label == label),
+                key=lambda r: r.seed or 0,
             )
 
         atoms, twins = pick("atoms"), pick("per-client")
         old = sorted(
-            (
-                r
-                for r in committed[figure]
-                if r["summary"]["label"] == base_label and r["summary"]["rounds"] == 200
-            ),
-            key=lambda r: r["summary"]["seed"],
+            (r for r in committed[figure] if r.label == base_label and r.total_rounds == 200),
+            key=lambda r: r.seed or 0,
         )
         gap = largest_gap(twins, old)
         if gap is not None:
@@ -159,45 +151,41 @@ def simulator_table(root: Path, out: dict) -> list[str]:
                 f"largest accuracy difference at any evaluation of any seed: {100 * gap:.2f} points"
             )
         for twin in twins:  # the committed run of the same seed has the same settings
-            match = [o for o in old if o["summary"]["seed"] == twin["summary"]["seed"]]
-            if match and comparable(match[0]["config"]) != comparable(twin["config"]):
-                raise SystemExit(f"{twin['id']}: settings differ from {match[0]['id']}")
+            match = [o for o in old if o.seed == twin.seed]
+            if match and comparable(match[0].config) != comparable(twin.config):
+                raise SystemExit(f"{twin.path.name}: settings differ from {match[0].path.name}")
         reference = twins if len(twins) >= len(atoms) and twins else old
-        ref_seeds = {r["summary"]["seed"] for r in reference}
-        paired = [r for r in atoms if r["summary"]["seed"] in ref_seeds]
+        ref_seeds = {r.seed for r in reference}
+        paired = [r for r in atoms if r.seed in ref_seeds]
         delta = "–"
         if paired and reference:
-            a = statistics.fmean(r["summary"]["final_accuracy"] for r in paired)
-            b = statistics.fmean(
-                r["summary"]["final_accuracy"]
-                for r in reference
-                if r["summary"]["seed"] in {p["summary"]["seed"] for p in paired}
-            )
+            a = statistics.fmean(_final(r) for r in paired)
+            b = statistics.fmean(_final(r) for r in reference if r.seed in {p.seed for p in paired})
             delta = f"{100 * (a - b):+.1f}".replace("-0.0", "+0.0")
         name = f"Figure {figure[-1]}, {RULE[rule]}, {cell}"
-        acc = [r["summary"]["final_accuracy"] for r in atoms]
+        acc = [_final(r) for r in atoms]
         lines.append(
             f"| {name} | {per_seed(atoms)} | {stats(acc)}"
-            f" | {stats([r['summary']['final_accuracy'] for r in twins])} ({per_seed(twins)})"
-            f" | {stats([r['summary']['final_accuracy'] for r in old])} ({per_seed(old)})"
+            f" | {stats([_final(r) for r in twins])} ({per_seed(twins)})"
+            f" | {stats([_final(r) for r in old])} ({per_seed(old)})"
             f" | {delta} | {nullity(atoms)} / {nullity(twins or old)} | {walls(atoms)} |"
         )
         out.setdefault("simulator", []).append(
             {
                 "cell": name,
-                "atoms": {r["id"]: r["summary"]["final_accuracy"] for r in atoms},
-                "per_client_session": {r["id"]: r["summary"]["final_accuracy"] for r in twins},
-                "per_client_committed": {r["id"]: r["summary"]["final_accuracy"] for r in old},
+                "atoms": {r.path.name: _final(r) for r in atoms},
+                "per_client_session": {r.path.name: _final(r) for r in twins},
+                "per_client_committed": {r.path.name: _final(r) for r in old},
             }
         )
         if figure == "figure9":
             fixed = sorted(
-                (r for r in committed[figure] if r["summary"]["label"] == f"{rule} fixed clusters"),
-                key=lambda r: r["summary"]["seed"],
+                (r for r in committed[figure] if r.label == f"{rule} fixed clusters"),
+                key=lambda r: r.seed or 0,
             )
             lines.append(
                 f"| Figure 9, {RULE[rule]}, fixed clusters (committed, for reference) | – | – "
-                f"| – | {stats([r['summary']['final_accuracy'] for r in fixed])} "
+                f"| – | {stats([_final(r) for r in fixed])} "
                 f"({per_seed(fixed)}) | – | – / {nullity(fixed)} | – |"
             )
             gap = largest_gap(atoms, fixed)
@@ -216,17 +204,17 @@ def quickstart_table(root: Path, out: dict) -> list[str]:
         "|---|---|---|---|---|---|",
         "| README (`experiments/quickstart.toml`, 2026-11-28) | 1 | 95.3 | 2.00 | – | 128 |",
     ]
-    for r in sorted(runs, key=lambda r: (r["summary"]["label"], r["summary"]["seed"])):
-        s = r["summary"]
-        kind = "atoms" if s["label"].endswith("atoms") else "per-client"
-        eps = f"{s['epsilon']:.2f}" if s.get("epsilon") is not None else "–"
+    for r in sorted(runs, key=lambda r: (r.label, r.seed or 0)):
+        kind = "atoms" if r.label.endswith("atoms") else "per-client"
+        eps = f"{r.epsilon:.2f}" if r.epsilon is not None else "–"
         lines.append(
-            f"| {kind} (`experiments/quickstart_atoms.toml`) | {s['seed']} | "
-            f"{100 * s['final_accuracy']:.1f} | {eps} | {nullity([r])} | {s['wall_seconds']:.0f} |"
+            f"| {kind} (`experiments/quickstart_atoms.toml`) | {r.seed} | "
+            f"{100 * _final(r):.1f} | {eps} | {nullity([r])} | "
+            f"{r.wall_seconds:.0f} |"
         )
-        out.setdefault("quickstart", {})[r["id"]] = s["final_accuracy"]
+        out.setdefault("quickstart", {})[r.path.name] = _final(r)
     for kind in ("per-client", "atoms"):
-        acc = [r["summary"]["final_accuracy"] for r in runs if r["summary"]["label"].endswith(kind)]
+        acc = [_final(r) for r in runs if r.label.endswith(kind)]
         if len(acc) > 1:
             lines.append(
                 f"| {kind}, mean ± std over {len(acc)} seeds | – | {stats(acc)} | – | – | – |"

@@ -39,8 +39,7 @@ def rows_of(directory: Path, at: int, last_n: int = 0) -> list[dict]:
         point = next((r for r in run.rounds if r.round == at), None)
         last = run.rounds[-1]
         tail = [r.accuracy for r in run.rounds[-last_n:]] if last_n else []
-        summary = json.loads((run.path / "summary.json").read_text())
-        agents = (summary.get("privacy") or {}).get("agents") or {}
+        agents = (run.extra.get("privacy") or {}).get("agents") or {}
         rows.append(
             {
                 "split": "iid" if dec["split"] == "iid" else "non-iid",

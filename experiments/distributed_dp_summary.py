@@ -26,6 +26,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from sharefl.simulator.results import load_runs
+
 RUNS = Path("docs/results/distributed-dp/runs-20")
 EARLIER = Path("docs/results/distributed-dp/runs.json")
 MECHANISMS = ("gaussian", "discrete_gaussian", "skellam")
@@ -41,27 +43,25 @@ def load(root: Path) -> list[dict[str, Any]]:
     """One row per finished run under ``root / RUNS``."""
     rows = []
     folder = root / RUNS
-    for run in sorted(folder.iterdir()) if folder.is_dir() else []:
-        path = run / "summary.json"
-        if not path.is_file():
+    for run in load_runs(folder) if folder.is_dir() else []:
+        if not run.finished:
             continue
-        s = json.loads(path.read_text())
-        privacy = s["config"]["privacy"]
+        privacy = run.config["privacy"]
         mechanism = privacy["distributed"]
         rows.append(
             {
-                "run_id": s["run_id"],
-                "label": s["label"],
+                "run_id": run.run_id,
+                "label": run.label,
                 "mechanism": mechanism,
                 "bits": None if mechanism == "gaussian" else int(privacy["bits"]),
                 "target": float(privacy["epsilon"]),
-                "seed": int(s["seed"]),
-                "accuracy": 100 * float(s["final_accuracy"]),
-                "epsilon": float(s["epsilon"]),
-                "sigma": float(s["privacy"]["noise_multiplier"]),
-                "wall": float(s["wall_seconds"]),
-                "device": s["device"],
-                "environment": s.get("environment") or {},
+                "seed": run.seed,
+                "accuracy": 100 * (run.final_accuracy or 0.0),
+                "epsilon": run.epsilon,
+                "sigma": float(run.extra["privacy"]["noise_multiplier"]),
+                "wall": run.wall_seconds,
+                "device": run.device,
+                "environment": run.extra.get("environment") or {},
             }
         )
     return rows

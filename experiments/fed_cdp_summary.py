@@ -44,6 +44,8 @@ import json
 import math
 from pathlib import Path
 
+from sharefl.simulator.results import RoundRecord, RunRecord, load_runs
+
 PROBE = Path("docs/results/fed-cdp/sigma-probe")
 LAYER_NOISE = Path("docs/results/fed-cdp/layer-noise")
 ARITHMETIC = Path("docs/results/fed-cdp/sigma-arithmetic.json")
@@ -61,42 +63,47 @@ def _loss(x: float | None) -> str:
     return f"{x:.3g}"
 
 
-def _finished_runs(folder: Path) -> list[tuple[dict, list[dict]]]:
-    """``(summary.json, rounds.jsonl's records)`` of every run folder under ``folder`` that
-    has a summary, in folder-name order; ``[]`` when ``folder`` is missing."""
-    runs = []
-    for run in sorted(folder.iterdir()) if folder.is_dir() else []:
-        path = run / "summary.json"
-        if path.is_file():
-            lines = (run / "rounds.jsonl").read_text().splitlines()
-            runs.append((json.loads(path.read_text()), [json.loads(x) for x in lines if x]))
-    return runs
+def _finished_runs(folder: Path) -> list[RunRecord]:
+    """The finished runs under ``folder`` (:func:`~sharefl.simulator.results.load_runs`, the
+    checked reader), in the natural order of their folders; ``[]`` when it is missing."""
+    return [r for r in load_runs(folder) if r.finished] if folder.is_dir() else []
+
+
+def _percent(x: float | None) -> str:
+    return "–" if x is None else f"{100 * x:.1f}"
+
+
+def _eps(run: RunRecord) -> str:
+    return "—" if run.epsilon is None else f"{run.epsilon:.3g}"
 
 
 def probe_table(root: Path) -> str:
     runs = []
-    for s, records in _finished_runs(root / PROBE):
-        c = s["config"]
-        private = c["privacy"]["enabled"]
-        p, t = c["privacy"], c["training"]
-        key = (1, p["noise_multiplier"], -t["learning_rate"], -p["clip"]) if private else (0,)
-        runs.append((key, s, records))
+    for run in _finished_runs(root / PROBE):
+        p, t = run.config["privacy"], run.config["training"]
+        key = (1, p["noise_multiplier"], -t["learning_rate"], -p["clip"]) if p["enabled"] else (0,)
+        runs.append((key, run))
     if not runs:
         return "(not run)"
-    rounds = [r["round"] for r in runs[0][2]]
+    rounds = [r.round for r in runs[0][1].rounds]
     head = " | ".join(f"round {r}" for r in rounds)
     lines = [
         f"| run | {head} | final loss | ε (δ = 1e-5) | wall (s) |",
         "|---" * (len(rounds) + 4) + "|",
     ]
-    for _, s, records in sorted(runs, key=lambda r: r[0]):
-        accs = " | ".join(f"{100 * r['accuracy']:.1f}" for r in records)
-        eps = "—" if s["epsilon"] is None else f"{s['epsilon']:.3g}"
+    for _, run in sorted(runs, key=lambda r: r[0]):
+        accs = " | ".join(_percent(r.accuracy) for r in run.rounds)
         lines.append(
-            f"| {s['label']} | {accs} | {_loss(records[-1]['loss'])} | {eps} | "
-            f"{s['wall_seconds']:.0f} |"
+            f"| {run.label} | {accs} | {_loss(run.rounds[-1].loss)} | {_eps(run)} | "
+            f"{run.wall_seconds:.0f} |"
         )
     return "\n".join(lines)
+
+
+def _at(run: RunRecord, rounds: tuple[int, ...] | list[int]) -> str:
+    """The run's accuracy (%) at each of ``rounds``, "–" where it was not evaluated."""
+    by_round: dict[int, RoundRecord] = {r.round: r for r in run.rounds}
+    return " | ".join(_percent(by_round[t].accuracy) if t in by_round else "–" for t in rounds)
 
 
 def layer_noise_table(root: Path) -> str:
@@ -106,18 +113,12 @@ def layer_noise_table(root: Path) -> str:
         "round 100 | paper | ε (δ = 1e-5) | wall (s) |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for s, rows in runs:
-        records = {r["round"]: r for r in rows}
-        c = s["config"]["privacy"]
+    for run in runs:
+        c = run.config["privacy"]
         noise = c["noise_multiplier"] * math.sqrt(3) * c["clip"]  # 3 layers clipped to C
-        accs = " | ".join(
-            f"{100 * records[t]['accuracy']:.1f}" if t in records else "–"
-            for t in (20, 40, 60, 80, 100)
-        )
-        paper = "–" if s["paper"] is None else f"{100 * s['paper']:.1f}"
         lines.append(
-            f"| {s['label']} | {noise:.2f} | {accs} | {paper} | {s['epsilon']:.3g} | "
-            f"{s['wall_seconds']:.0f} |"
+            f"| {run.label} | {noise:.2f} | {_at(run, (20, 40, 60, 80, 100))} | "
+            f"{_percent(run.paper)} | {_eps(run)} | {run.wall_seconds:.0f} |"
         )
     return "\n".join(lines) if runs else "(not run)"
 
@@ -144,34 +145,27 @@ def table10_table(root: Path) -> str:
     ]
     last: dict[str, list[float]] = {}  # label -> accuracy at the last round, per seed
     order = ("per_layer", "flat", "quantile", "adaclip")
-    summaries = []
-    for s, rows in _finished_runs(root / TABLE10):
-        p = s["config"]["privacy"]
-        key = (p["noise_multiplier"] > 1, order.index(p["clipping"]), s["label"], s["seed"])
-        summaries.append((key, s, rows))
-    for _, s, rows in sorted(summaries, key=lambda item: item[0]):
-        records = {r["round"]: r for r in rows}
-        p = s["config"]["privacy"]
-        accs = " | ".join(
-            f"{100 * records[t]['accuracy']:.1f}"
-            if t in records and records[t]["accuracy"] is not None
-            else "–"
-            for t in rounds
-        )
-        adaptive = s.get("adaptive_clipping", {})
+    runs = []
+    for run in _finished_runs(root / TABLE10):
+        p = run.config["privacy"]
+        key = (p["noise_multiplier"] > 1, order.index(p["clipping"]), run.label, run.seed)
+        runs.append((key, run))
+    for _, run in sorted(runs, key=lambda item: item[0]):
+        p = run.config["privacy"]
         if p["clipping"] == "quantile":
-            bound = f"C = {adaptive['clip_norm'][-1]:.3g} (C₀ = {p['clip']:g})"
+            clip_norm = run.extra["adaptive_clipping"]["clip_norm"][-1]
+            bound = f"C = {clip_norm:.3g} (C₀ = {p['clip']:g})"
         elif p["clipping"] == "adaclip":
             bound = f"‖w‖ ≤ {p['clipping_options'].get('max_norm', 1.0):g} (transformed)"
         else:
             bound = f"C = {p['clip']:g} (fixed)"
         lines.append(
-            f"| {s['label']} | {s['seed']} | {p['clipping']} | {p['noise_multiplier']:g} | "
-            f"{_update_noise(p)} | {accs} | {bound} | {s['epsilon']:.3g} | "
-            f"{s['wall_seconds']:.0f} |"
+            f"| {run.label} | {run.seed} | {p['clipping']} | {p['noise_multiplier']:g} | "
+            f"{_update_noise(p)} | {_at(run, rounds)} | {bound} | {_eps(run)} | "
+            f"{run.wall_seconds:.0f} |"
         )
-        last.setdefault(s["label"], []).append(100 * s["final_accuracy"])
-    if not summaries:
+        last.setdefault(run.label, []).append(100 * (run.final_accuracy or 0.0))
+    if not runs:
         return "(not run)"
     spread = [
         f"{label}: {sum(v) / len(v):.1f} (seeds {', '.join(f'{x:.1f}' for x in v)})"
@@ -194,23 +188,23 @@ def _sigma_range(privacy: dict, rounds: int) -> str:
     return f"{schedule(0):.2f} → {schedule(rounds - 1):.2f}"
 
 
-def _outcome(records: list[dict]) -> str:
+def _outcome(run: RunRecord) -> str:
     """The last round's accuracy (%), or where the loss first became NaN."""
-    nan = next((r["round"] for r in records if math.isnan(r["loss"])), None)
+    nan = next((r.round for r in run.rounds if r.loss is not None and math.isnan(r.loss)), None)
     if nan is not None:
         return f"diverges (NaN loss from round {nan})"
-    return f"{100 * records[-1]['accuracy']:.1f}"
+    return _percent(run.rounds[-1].accuracy)
 
 
 def table4_table(root: Path) -> str:
     """Table IV (small): a row per method and σ (6, the paper's; 0.5, the authors' code's;
     any other σ run, such as the Fed-SDP probe)."""
     methods = ("non-private", "Fed-SDP", "Fed-CDP", "Fed-αCDP")
-    cells: dict[tuple[str, float | None], tuple[dict, list[dict]]] = {}
-    for s, records in _finished_runs(root / TABLE4):
-        p = s["config"]["privacy"]
+    cells: dict[tuple[str, float | None], RunRecord] = {}
+    for run in _finished_runs(root / TABLE4):
+        p = run.config["privacy"]
         sigma = p["noise_multiplier"] if p["enabled"] else None
-        cells[(s["label"].split(",")[0], sigma)] = (s, records)
+        cells[(run.label.split(",")[0], sigma)] = run
     lines = [
         "| method | σ | last round (100) | best evaluation | ε (δ = 1e-5) | paper "
         "| wall time (min) |",
@@ -224,12 +218,11 @@ def table4_table(root: Path) -> str:
             if (method, sigma) not in cells:
                 lines.append(f"| {method} | {name} | not run | | | | |")
                 continue
-            s, records = cells[(method, sigma)]
-            eps = "—" if s["epsilon"] is None else f"{s['epsilon']:.3g}"
-            paper = "—" if s["paper"] is None else f"{100 * s['paper']:.1f}"
+            run = cells[(method, sigma)]
+            paper = "—" if run.paper is None else _percent(run.paper)
             lines.append(
-                f"| {method} | {name} | {_outcome(records)} | {100 * s['best_accuracy']:.1f} "
-                f"| {eps} | {paper} | {s['wall_seconds'] / 60:.1f} |"
+                f"| {method} | {name} | {_outcome(run)} | {_percent(run.best_accuracy)} "
+                f"| {_eps(run)} | {paper} | {(run.wall_seconds or 0.0) / 60:.1f} |"
             )
     return "\n".join(lines)
 
@@ -238,30 +231,26 @@ def table8_table(root: Path, folder: Path = TABLE8, every: int = 1) -> str:
     """One row per run of ``folder``; accuracy at every ``every``-th evaluated round."""
     order = ("constant", "linear", "staircase", "exponential", "cyclic")
     runs = []
-    for s, records in _finished_runs(root / folder):
-        p = s["config"]["privacy"]
-        key = (p["noise_multiplier"] < 2, order.index(p["schedule"]), s["label"], s["seed"])
-        runs.append((key, s, records))
+    for run in _finished_runs(root / folder):
+        p = run.config["privacy"]
+        key = (p["noise_multiplier"] < 2, order.index(p["schedule"]), run.label, run.seed)
+        runs.append((key, run))
     if not runs:
         return "(not run)"
-    rounds = sorted({r["round"] for _, _, records in runs for r in records})[every - 1 :: every]
+    evaluated = sorted({r.round for _, run in runs for r in run.rounds})
+    rounds = evaluated[every - 1 :: every]
     lines = [
         "| run | seed | σ_t, first → last round | "
         + " | ".join(f"round {t}" for t in rounds)
         + " | final loss | ε (δ = 1e-5) | paper (ε = 0.823, T = 100) | wall (s) |",
         "|---" * (len(rounds) + 7) + "|",
     ]
-    for _, s, records in sorted(runs, key=lambda item: item[0]):
-        by_round = {r["round"]: r for r in records}
-        accs = " | ".join(
-            f"{100 * by_round[t]['accuracy']:.1f}" if t in by_round else "–" for t in rounds
-        )
-        eps = "—" if s["epsilon"] is None else f"{s['epsilon']:.3g}"
-        paper = "–" if s["paper"] is None else f"{100 * s['paper']:.1f}"
+    for _, run in sorted(runs, key=lambda item: item[0]):
+        sigmas = _sigma_range(run.config["privacy"], run.total_rounds or 0)
         lines.append(
-            f"| {s['label']} | {s['seed']} | {_sigma_range(s['config']['privacy'], s['rounds'])} "
-            f"| {accs} | {_loss(records[-1]['loss'])} | {eps} | {paper} | "
-            f"{s['wall_seconds']:.0f} |"
+            f"| {run.label} | {run.seed} | {sigmas} | {_at(run, rounds)} | "
+            f"{_loss(run.rounds[-1].loss)} | {_eps(run)} | {_percent(run.paper)} | "
+            f"{run.wall_seconds:.0f} |"
         )
     return "\n".join(lines)
 

@@ -35,6 +35,8 @@ from collections import defaultdict
 from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
+from sharefl.simulator.results import load_runs
+
 FIGURE2_200 = Path("docs/results/share/runs-200/figure2")
 FIGURE3B_200 = Path("docs/results/share/runs-200/figure3b")
 FIGURE9_200 = Path("docs/results/share/runs-200/figure9")
@@ -82,14 +84,12 @@ CELL_CLIENTS = 60
 def _runs(folder: Path) -> dict[tuple[str, int], list[tuple[int, float]]]:
     """(label prefix, m) -> [(seed, final accuracy %)], from every finished run."""
     cells: dict[tuple[str, int], list[tuple[int, float]]] = defaultdict(list)
-    for run in sorted(folder.iterdir()):
-        path = run / "summary.json"
-        if not path.is_file():
+    for run in load_runs(folder):
+        if not run.finished or run.seed is None:
             continue
-        s = json.loads(path.read_text())
-        m = int(s["config"]["secure_aggregation"]["cluster_size"])
-        prefix = s["label"].rsplit(" m=", 1)[0]
-        cells[(prefix, m)].append((int(s["seed"]), 100 * float(s["final_accuracy"])))
+        m = int(run.config["secure_aggregation"]["cluster_size"])
+        prefix = run.label.rsplit(" m=", 1)[0]
+        cells[(prefix, m)].append((run.seed, 100 * (run.final_accuracy or 0.0)))
     for values in cells.values():
         values.sort()
     return cells

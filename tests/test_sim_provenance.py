@@ -18,7 +18,7 @@ import torch
 
 from sharefl.simulator.config import expand
 from sharefl.simulator.provenance import command_line, git_state, run_environment, torch_build
-from sharefl.simulator.results import SUMMARY_FILE
+from sharefl.simulator.results import SUMMARY_FILE, SUMMARY_KEYS
 from sharefl.simulator.runner import run_one
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,6 +78,9 @@ def test_a_finished_run_records_its_environment(tmp_path: Path) -> None:
 
     (record,) = load_runs(tmp_path)
     assert record.final_accuracy == summary["final_accuracy"]
+    # the keys RunRecord does not type come back as read, the environment among them
+    assert record.extra["environment"] == env
+    assert set(record.extra) == set(summary) - set(SUMMARY_KEYS)
 
 
 @pytest.mark.skipif(not _in_git_checkout(), reason="not a git checkout")

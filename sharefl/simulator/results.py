@@ -67,6 +67,11 @@ no ``summary.json`` is not a run. ``sharefl launch --out DIR`` writes that log i
 and the run's folder in ``DIR/<run_id>``, so ``sharefl report DIR`` reads the run only."""
 ROUND_KEYS = ("round", "accuracy", "loss", "epsilon", "seconds")
 """The fixed keys of a ``rounds.jsonl`` line; any other key is a loop's ``extra`` value."""
+SUMMARY_KEYS = (
+    *("run_id", "name", "label", "seed", "final_accuracy", "best_accuracy", "epsilon"),
+    *("delta", "rounds", "wall_seconds", "device", "paper", "config", "plot_metrics"),
+)
+"""The keys of ``summary.json`` that :class:`RunRecord` types; the others go to its ``extra``."""
 
 
 class ResultsError(SimulatorError, ValueError):
@@ -368,6 +373,7 @@ class RunRecord:
     rounds: tuple[RoundRecord, ...] = ()
     config: Mapping[str, Any] = field(default_factory=dict, hash=False, repr=False)
     plot_metrics: tuple[str, ...] = ()  # keys of ``extra`` the run's loop asks to plot
+    extra: Mapping[str, Any] = field(default_factory=dict, hash=False, repr=False)
 
 
 def _natural_key(path: Path) -> tuple[Any, ...]:
@@ -568,6 +574,7 @@ def _load_run(folder: Path, root: Path) -> RunRecord:
         rounds=rounds,
         config=config,
         plot_metrics=_metric_names(summary, where),
+        extra={k: v for k, v in summary.items() if k not in SUMMARY_KEYS},
     )
 
 
