@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from sharefl.simulator.leakage import LeakageSummary, run_leakage_trials
+from sharefl.simulator.provenance import run_environment
 
 #: The paper's Table III, MNIST: (resilient, ReconDist, τ) per (row, attack type).
 PAPER = {
@@ -140,7 +141,8 @@ def _run_chunk(cell: Cell, first: int, count: int, args: dict) -> LeakageSummary
     )
 
 
-def run(args: argparse.Namespace) -> list[dict]:
+def run(args: argparse.Namespace) -> tuple[list[dict], float]:
+    """The cells' summaries (with every trial) and the wall time in seconds."""
     todo = cells(args)
     options = {
         "sigma": args.sigma,
@@ -178,7 +180,7 @@ def run(args: argparse.Namespace) -> list[dict]:
         )
         rows.append(summary)
     print(f"# {len(jobs)} chunks, {elapsed:.0f} s wall on {args.workers} workers", file=sys.stderr)
-    return rows
+    return rows, elapsed
 
 
 def markdown(rows: list[dict]) -> str:
@@ -225,11 +227,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.trials < 1 or args.workers < 1:
         parser.error("--trials and --workers must be ≥ 1")
     args.patience = args.patience or None
-    rows = run(args)
+    rows, elapsed = run(args)
     document = {
         "experiment": "Fed-αCDP (Wei et al.) Table III (MNIST, CPL attack)",
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "cells": rows,
+        "wall_seconds": round(elapsed, 1),
+        # commit, command, CPU kernels, BLAS (the workers run one torch thread each)
+        "environment": run_environment(),
     }
     if args.json is not None:  # with every trial
         args.json.write_text(
