@@ -212,9 +212,9 @@ HAND_WRITTEN: dict[str, tuple[int, str]] = {
     "README.md": (2, "the index of pages; the main job's two runs (folders not committed)"),
     "atoms.md": (1, "the verdicts (judgement over the generated tables)"),
     "decentralized.md": (
-        13,
+        11,
         "design and timing tables; Table I (experiments/decentralized_table1.py's printout); the "
-        "1,000-iteration runs (folders not committed); the claims (judgement); DLG leakage",
+        "1,000-iteration curves (images); the claims (judgement); DLG leakage",
     ),
     "distributed-dp.md": (1, "the earlier page's conclusions beside the re-run's (judgement)"),
     "dp-filter.md": (
