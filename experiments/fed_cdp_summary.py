@@ -1,5 +1,9 @@
 """Tables of docs/results/fed-cdp.md, from the committed run folders.
 
+- ``fed-cdp table III``: ``docs/results/fed-cdp/table3-leakage.json`` (``python
+  experiments/fed_cdp_leakage.py --trials 20 --workers 1 --json ...``): per leaked gradient
+  and defence, whether CPL failed on every trial, the mean reconstruction MSE, τ, SSIM and
+  the attack success rate, beside the paper's figures; then the budget and the commit.
 - ``fed-cdp sigma probe``: ``docs/results/fed-cdp/sigma-probe/`` (``sharefl simulate
   experiments/fed_cdp_sigma_probe.toml --out docs/results/fed-cdp/sigma-probe``): Fed-αCDP in
   Table IV's setting for 10 rounds, one row per (σ, learning rate, C): test accuracy and loss
@@ -49,6 +53,8 @@ from sharefl.simulator.results import RoundRecord, RunRecord, load_runs
 PROBE = Path("docs/results/fed-cdp/sigma-probe")
 LAYER_NOISE = Path("docs/results/fed-cdp/layer-noise")
 ARITHMETIC = Path("docs/results/fed-cdp/sigma-arithmetic.json")
+LEAKAGE = Path("docs/results/fed-cdp/table3-leakage.json")
+LEAKED = {0: "type 0, client update", 1: "type 1, client update", 2: "type 2, per example"}
 TABLE10 = Path("docs/results/fed-cdp/table10")
 TABLE8 = Path("docs/results/fed-cdp/table8-small")
 TABLE8_100 = Path("docs/results/fed-cdp/table8-small-100")
@@ -255,6 +261,44 @@ def table8_table(root: Path, folder: Path = TABLE8, every: int = 1) -> str:
     return "\n".join(lines)
 
 
+def _yn(flag: bool) -> str:
+    return "Y" if flag else "N"
+
+
+def table3_table(root: Path) -> str:
+    path = root / LEAKAGE
+    if not path.is_file():
+        return "(not run)"
+    document = json.loads(path.read_text())
+    lines = [
+        '| leaked gradient | defence | resilient (paper) | MSE (paper\'s "RMSE") | τ (paper) '
+        "| SSIM | ASR |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for cell in document["cells"]:
+        paper = cell["paper"] or {}
+        batch = f" (B = {cell['batch_size']})" if cell["batch_size"] > 1 else ""
+        defence = "none" if cell["defence"] == "none" else cell["row"]
+        lines.append(
+            f"| {LEAKED[cell['attack_type']]}{batch} | {defence} "
+            f"| {_yn(cell['resilient'])} ({_yn(paper['resilient']) if paper else '—'}) "
+            f"| {cell['mean_mse']:.3g} ({paper.get('recon_dist', '—')}) "
+            f"| {cell['mean_tau']:.3g} ({paper.get('tau', '—')}) "
+            f"| {cell['mean_ssim']:.3f} | {cell['asr']:.2f} |"
+        )
+    settings, env = document["settings"], document["environment"]
+    workers = f"{settings['workers']} worker{'s' if settings['workers'] > 1 else ''}"
+    lines += [
+        "",
+        f"{settings['trials']} trials per cell (seed {settings['seed']}, MNIST {settings['split']} "
+        f"images, σ = {settings['sigma']:g}, C = {settings['clip']:g}, τ ≤ "
+        f"{settings['max_iterations']}), {document['wall_seconds'] / 60:.1f} min on "
+        f"{workers} of one thread, commit {(env['commit'] or '?')[:7]}, "
+        f"CPU kernels {env['cpu_capability']}.",
+    ]
+    return "\n".join(lines)
+
+
 def arithmetic_table(root: Path) -> str:
     path = root / ARITHMETIC
     if not path.is_file():
@@ -289,6 +333,7 @@ def arithmetic_table(root: Path) -> str:
 
 def blocks(root: Path) -> dict[str, str]:
     return {
+        "fed-cdp table III": table3_table(root),
         "fed-cdp sigma arithmetic": arithmetic_table(root),
         "fed-cdp sigma probe": probe_table(root),
         "fed-cdp layer noise": layer_noise_table(root),
