@@ -35,7 +35,7 @@ from collections import defaultdict
 from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
-from sharefl.simulator.results import load_runs
+from sharefl.simulator.results import RunRecord, load_runs
 
 FIGURE2_200 = Path("docs/results/share/runs-200/figure2")
 FIGURE3B_200 = Path("docs/results/share/runs-200/figure3b")
@@ -136,20 +136,25 @@ def figure2_200(root: Path) -> str:
     return "\n".join(lines)
 
 
-def _summaries(folder: Path) -> dict[str, list[tuple[dict, list[float]]]]:
-    """label -> [(summary, accuracies of the evaluated rounds)] in seed order."""
-    found: dict[str, list[tuple[dict, list[float]]]] = defaultdict(list)
-    for run in sorted(folder.iterdir()):
-        path = run / "summary.json"
-        if not path.is_file():
-            continue
-        s = json.loads(path.read_text())
-        lines = (run / "rounds.jsonl").read_text().splitlines()
-        accs = [float(json.loads(line)["accuracy"]) for line in lines if line.strip()]
-        found[s["label"]].append((s, accs))
+def _by_label(folder: Path, prefix: str = "") -> dict[str, list[RunRecord]]:
+    """label -> the finished runs under ``folder`` whose experiment name starts with
+    ``prefix``, in seed order."""
+    found: dict[str, list[RunRecord]] = defaultdict(list)
+    for run in load_runs(folder):
+        if run.finished and run.name.startswith(prefix):
+            found[run.label].append(run)
     for runs in found.values():
-        runs.sort(key=lambda r: int(r[0]["seed"]))
+        runs.sort(key=lambda r: r.seed or 0)
     return found
+
+
+def _final(run: RunRecord) -> float:
+    """A finished run's final accuracy in %."""
+    return 100 * (run.final_accuracy or 0.0)
+
+
+def _walls(runs: list[RunRecord]) -> str:
+    return " / ".join(str(round(r.wall_seconds or 0.0)) for r in runs)
 
 
 def _range(values: list[float], digits: int) -> str:
@@ -160,31 +165,31 @@ def _range(values: list[float], digits: int) -> str:
     return lo if lo == hi else f"{lo}–{hi}"
 
 
-def _audit(runs: list[tuple[dict, list[float]]]) -> str:
-    audits = [s["share"]["audit"] for s, _ in runs]
+def _audit(runs: list[RunRecord]) -> str:
+    audits = [r.extra["share"]["audit"] for r in runs]
     if all(a["verdict"] == "no leak found" for a in audits):
         return "no leak found"
     texts = {
         f"{a['leaking_rounds']}/{a['rounds']} rounds, "
         + (
             f"all {a['max_recoverable_clients']} updates solvable"
-            if a["max_recoverable_clients"] == _clients(s)
+            if a["max_recoverable_clients"] == _clients(r)
             else f"up to {a['max_recoverable_clients']} updates solvable"
         )
-        for a, (s, _) in zip(audits, runs, strict=True)
+        for a, r in zip(audits, runs, strict=True)
     }
     if len(texts) == 1:
         return f"**leaks** in {texts.pop()} (every seed)"
     return "**leaks**: " + "; ".join(sorted(texts))
 
 
-def _clients(summary: dict) -> int:
-    clients = summary["config"]["clients"]
+def _clients(run: RunRecord) -> int:
+    clients = run.config["clients"]
     return int(clients["honest"]) + int(clients.get("byzantine", 0))
 
 
-def _zeno(runs: list[tuple[dict, list[float]]]) -> str:
-    share = [s["share"] for s, _ in runs]
+def _zeno(runs: list[RunRecord]) -> str:
+    share = [r.extra["share"] for r in runs]
     if any(x.get("zeno_candidates") is None for x in share):
         return "–"
     honest = [100 * x["zeno_honest_acceptance"] for x in share]
@@ -194,27 +199,26 @@ def _zeno(runs: list[tuple[dict, list[float]]]) -> str:
 
 
 def runs_table(folder: Path, rows: tuple[tuple[str, str], ...]) -> str:
-    found = _summaries(folder)
+    found = _by_label(folder)
     lines = [RUN_COLUMNS]
     for label, text in rows:
         runs = found.get(label, [])
         if not runs:
             lines.append(f"| {text} | – | not run | | | | | |")
             continue
-        finals = [100 * float(s["final_accuracy"]) for s, _ in runs]
-        last5 = [100 * statistics.mean(accs[-5:]) for _, accs in runs]
-        seeds = ",".join(str(s["seed"]) for s, _ in runs)
+        finals = [_final(r) for r in runs]
+        last5 = [100 * statistics.mean(x.accuracy or 0.0 for x in r.rounds[-5:]) for r in runs]
+        seeds = ",".join(str(r.seed) for r in runs)
 
         def mean_std(values: list[float]) -> str:
             if len(values) == 1:
                 return _f1(values[0])
             return f"{_f1(statistics.mean(values))} ± {_f1(statistics.stdev(values))}"
 
-        walls = " / ".join(str(round(float(s["wall_seconds"]))) for s, _ in runs)
         lines.append(
             f"| {text} | {seeds} | {' / '.join(_f1(a) for a in finals)} | "
             f"{mean_std(finals)} | {mean_std(last5)} | {_audit(runs)} | {_zeno(runs)} | "
-            f"{walls} |"
+            f"{_walls(runs)} |"
         )
     return "\n".join(lines)
 
@@ -247,35 +251,21 @@ TABLES_30 = {
 }
 
 
-def _runs_of(folder: Path, prefix: str) -> dict[str, list[dict]]:
-    """label -> summaries (seed order) of the runs whose experiment name starts with prefix."""
-    found: dict[str, list[dict]] = defaultdict(list)
-    for run in sorted(folder.iterdir()):
-        path = run / "summary.json"
-        if path.is_file():
-            s = json.loads(path.read_text())
-            if s["name"].startswith(prefix):
-                found[s["label"]].append(s)
-    for runs in found.values():
-        runs.sort(key=lambda s: int(s["seed"]))
-    return found
-
-
-def _audit_30(runs: list[dict]) -> str:
+def _audit_30(runs: list[RunRecord]) -> str:
     def one(a: dict) -> str:
         if a["verdict"] != "leaks":
             return str(a["verdict"])
         n = a["max_recoverable_clients"]
         return f"leaks in {a['leaking_rounds']}/{a['rounds']} rounds, up to {n} updates"
 
-    texts = [one(s["share"]["audit"]) for s in runs]
+    texts = [one(r.extra["share"]["audit"]) for r in runs]
     if len(set(texts)) == 1:
         return texts[0]
-    return "; ".join(f"s{s['seed']}: {t}" for s, t in zip(runs, texts, strict=True))
+    return "; ".join(f"s{r.seed}: {t}" for r, t in zip(runs, texts, strict=True))
 
 
-def _zeno_30(runs: list[dict], kind: str) -> str:
-    share = [s["share"] for s in runs]
+def _zeno_30(runs: list[RunRecord], kind: str) -> str:
+    share = [r.extra["share"] for r in runs]
     if share[0].get("zeno_candidates") is None:
         return "–"
     honest = [100 * x["zeno_honest_acceptance"] for x in share]
@@ -288,7 +278,7 @@ def _zeno_30(runs: list[dict], kind: str) -> str:
 
 def table_30(root: Path, block: str) -> str:
     folder, prefix, labels, zeno = TABLES_30[block]
-    found = _runs_of(root / RUNS_30 / folder, prefix)
+    found = _by_label(root / RUNS_30 / folder, prefix)
     zeno_head = {
         "all": " Zeno++ accepts: clean / Byzantine-holding clusters (accepted of all) |",
         "short": " Zeno++ accepts: clean / Byzantine-holding clusters |",
@@ -305,20 +295,20 @@ def table_30(root: Path, block: str) -> str:
         if not runs:
             lines.append(f"| {label} | – | not run |" + " |" * (columns - 3))
             continue
-        accs = [100 * float(s["final_accuracy"]) for s in runs]
+        accs = [_final(r) for r in runs]
         spread = f" ± {_f1(statistics.stdev(accs))}" if len(accs) > 1 else ""
         zeno_cell = f" {_zeno_30(runs, zeno)} |" if zeno else ""
         lines.append(
-            f"| {label} | {','.join(str(s['seed']) for s in runs)} | "
+            f"| {label} | {','.join(str(r.seed) for r in runs)} | "
             f"{' / '.join(_f1(a) for a in accs)} | {_f1(statistics.mean(accs))}{spread} | "
             f"{_audit_30(runs)} |{zeno_cell} "
-            f"{' / '.join(str(round(float(s['wall_seconds']))) for s in runs)} |"
+            f"{_walls(runs)} |"
         )
     return "\n".join(lines)
 
 
 def figure5(root: Path) -> str:
-    found = _runs_of(root / RUNS_30 / "figures-5-8", "SHARE Figure 5")
+    found = _by_label(root / RUNS_30 / "figures-5-8", "SHARE Figure 5")
     rules = (
         ("zeno", "Zeno++ (q = 6)"),
         ("krum", "Krum (q = 3)"),
@@ -333,10 +323,10 @@ def figure5(root: Path) -> str:
                 if not runs:
                     cells.append("not run")
                     continue
-                accs = [100 * float(s["final_accuracy"]) for s in runs]
+                accs = [_final(r) for r in runs]
                 spread = f" ± {_f1(statistics.stdev(accs))}" if len(accs) > 1 else ""
                 cell = f"{_f1(statistics.mean(accs))}{spread} ({' / '.join(_f1(a) for a in accs)})"
-                share = [s["share"] for s in runs]
+                share = [r.extra["share"] for r in runs]
                 if share[0].get("zeno_candidates") is not None:
                     honest = [100 * x["zeno_honest_acceptance"] for x in share]
                     byz = [100 * x["zeno_byzantine_acceptance"] for x in share]
