@@ -353,7 +353,11 @@ class RunRecord:
     ``device``, ``paper``) are then ``None``, and ``epsilon`` is that of its last round.
     ``total_rounds`` is the summary's ``"rounds"`` count; ``rounds`` the per-round records in
     increasing round order. ``config`` is the summary's ``"config"``, else ``config.json``,
-    else ``{}`` (excluded from hashing).
+    else ``{}`` (excluded from hashing). ``extra`` holds the summary's other keys as read
+    (:data:`SUMMARY_KEYS` are the typed ones): ``privacy``, ``environment`` and a loop's own
+    results such as ``adaptive_clipping`` or ``share``; ``{}`` for an unfinished run;
+    excluded from hashing and comparison (two records of the same results are equal whatever
+    machine produced them).
     """
 
     path: Path
@@ -372,8 +376,8 @@ class RunRecord:
     paper: float | None
     rounds: tuple[RoundRecord, ...] = ()
     config: Mapping[str, Any] = field(default_factory=dict, hash=False, repr=False)
-    plot_metrics: tuple[str, ...] = ()  # keys of ``extra`` the run's loop asks to plot
-    extra: Mapping[str, Any] = field(default_factory=dict, hash=False, repr=False)
+    plot_metrics: tuple[str, ...] = ()  # keys of the rounds' ``extra`` the loop asks to plot
+    extra: Mapping[str, Any] = field(default_factory=dict, hash=False, compare=False, repr=False)
 
 
 def _natural_key(path: Path) -> tuple[Any, ...]:
