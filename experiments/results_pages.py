@@ -125,6 +125,7 @@ BLOCKS: tuple[Block, ...] = (
             _block("share_summary", f"share {fig}"),
         )
         for fig, folder in (
+            ("figure2", "figure2"),
             ("figure3a", "figures-3a-3c"),
             ("figure3c", "figures-3a-3c"),
             ("figure5", "figures-5-8"),
@@ -234,9 +235,9 @@ HAND_WRITTEN: dict[str, tuple[int, str]] = {
         "not results); Table VI (no run folders committed)",
     ),
     "share.md": (
-        6,
+        5,
         "the settings, claims and leak-audit tables (the audit's draws: a script's printout); "
-        "the 30-round Figure 2 and the DP-client runs (folders not committed)",
+        "the DP-client runs (folders not committed)",
     ),
 }
 

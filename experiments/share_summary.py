@@ -4,6 +4,9 @@
   figure2/``, the runs of ``sharefl simulate experiments/share_mnist_figure2.toml --rounds
   200``): final accuracy (%) per rule and cluster size m, mean ± sample std over the seeds;
   the two mean rows (no attack, no defence) with each seed's value.
+- ``share figure2``: the same grid at the file's 30 rounds (``docs/results/share/runs-30/
+  figure2/``), Zeno++'s acceptance of clean / Byzantine-holding clusters beside its cells,
+  and the audit's verdicts over the runs.
 
 - ``share figure3b 200`` and ``share figure9 200``: Figures 3b and 9 at 200 rounds
   (``docs/results/share/runs-200/figure3b/``, ``.../figure9/``): per run, its seeds, the
@@ -31,7 +34,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
@@ -81,17 +84,16 @@ CELL_CLIENTS = 60
 """The clients of the protocol cell (Figure 9: 57 honest, 3 Byzantine), all in every round."""
 
 
-def _runs(folder: Path) -> dict[tuple[str, int], list[tuple[int, float]]]:
-    """(label prefix, m) -> [(seed, final accuracy %)], from every finished run."""
-    cells: dict[tuple[str, int], list[tuple[int, float]]] = defaultdict(list)
-    for run in load_runs(folder):
+def _by_cluster_size(folder: Path) -> dict[tuple[str, int], list[RunRecord]]:
+    """(label prefix, m) -> the finished runs, in seed order."""
+    cells: dict[tuple[str, int], list[RunRecord]] = defaultdict(list)
+    for run in load_runs(folder) if folder.is_dir() else []:
         if not run.finished or run.seed is None:
             continue
         m = int(run.config["secure_aggregation"]["cluster_size"])
-        prefix = run.label.rsplit(" m=", 1)[0]
-        cells[(prefix, m)].append((run.seed, 100 * (run.final_accuracy or 0.0)))
-    for values in cells.values():
-        values.sort()
+        cells[(run.label.rsplit(" m=", 1)[0], m)].append(run)
+    for runs in cells.values():
+        runs.sort(key=lambda r: r.seed or 0)
     return cells
 
 
@@ -107,32 +109,49 @@ def _f1(x: float) -> str:
     return f"{x:.1f}"
 
 
-def _cell(values: list[tuple[int, float]], first: bool) -> str:
-    accs = [a for _, a in values]
+def _cell(runs: list[RunRecord], first: bool) -> str:
+    accs = [_final(r) for r in runs]
     spread = f" ± {_one(statistics.stdev(accs))}" if len(accs) > 1 else ""
     n = len(accs)
     seeds = f"{n} seed{'s' if n > 1 else ''}" if first else str(n)
     return f"{_one(statistics.fmean(accs))}{spread} ({seeds})"
 
 
-def figure2_200(root: Path) -> str:
-    cells = _runs(root / FIGURE2_200)
+def figure2(folder: Path, acceptance: bool = False) -> str:
+    """Figure 2's grid from the runs under ``folder``; with ``acceptance``, Zeno++'s cells
+    also give its acceptance of clean / Byzantine-holding clusters (ranges over the seeds)."""
+    cells = _by_cluster_size(folder)
     lines = ["| rule | m = 1 | m = 3 | m = 5 | m = 10 |", "|---|---|---|---|---|"]
     for key, name in RULES:
-        row = [
-            _cell(cells[(key, m)], first=i == 0) if cells.get((key, m)) else ""
-            for i, m in enumerate(SIZES)
-        ]
+        row = []
+        for i, m in enumerate(SIZES):
+            runs = cells.get((key, m), [])
+            text = _cell(runs, first=i == 0) if runs else ""
+            if runs and acceptance and key == "zeno":
+                text += f" [{_zeno_30(runs, 'short')}]"
+            row.append(text)
         lines.append(f"| {name} | {' | '.join(row)} |")
     for key, name in MEANS:
-        values = cells.get((key, 3), [])
-        accs = [a for _, a in values]
+        accs = [_final(r) for r in cells.get((key, 3), [])]
         text = ""
-        if values:
+        if accs:
             spread = f" ± {_one(statistics.stdev(accs))}" if len(accs) > 1 else ""
             per_seed = ", ".join(f"{a:.2f}" for a in accs)
             text = f"{_one(statistics.fmean(accs))}{spread} ({len(accs)} seeds: {per_seed})"
         lines.append(f"| {name} | | {text} | | |")
+    if acceptance:
+        verdicts = Counter(
+            r.extra["share"]["audit"]["verdict"] for runs in cells.values() for r in runs
+        )
+        lines += [
+            "",
+            "Audit of the plans: "
+            + "; ".join(
+                f"{verdict} in {n} run{'s' if n > 1 else ''}"
+                for verdict, n in sorted(verdicts.items())
+            )
+            + ".",
+        ]
     return "\n".join(lines)
 
 
@@ -422,7 +441,8 @@ def blocks(root: Path) -> dict[str, str]:
     return {
         "share protocol cell": protocol_cell(root),
         "share protocol stages": protocol_stages(root),
-        "share figure2 200": figure2_200(root),
+        "share figure2": figure2(root / RUNS_30 / "figure2", acceptance=True),
+        "share figure2 200": figure2(root / FIGURE2_200),
         "share figure3b 200": runs_table(root / FIGURE3B_200, ROWS_3B),
         "share figure9 200": runs_table(root / FIGURE9_200, ROWS_9),
         "share figure5": figure5(root),
