@@ -108,6 +108,12 @@ BLOCKS: tuple[Block, ...] = (
         )
         for fig in ("figure2", "figure3b", "figure9")
     ),
+    Block(
+        "share.md",
+        "share dp clients",
+        "docs/results/share/dp-clients/",
+        _block("share_summary", "share dp clients"),
+    ),
     *(
         Block(
             "share.md",
@@ -235,9 +241,8 @@ HAND_WRITTEN: dict[str, tuple[int, str]] = {
         "not results); Table VI (no run folders committed)",
     ),
     "share.md": (
-        5,
-        "the settings, claims and leak-audit tables (the audit's draws: a script's printout); "
-        "the DP-client runs (folders not committed)",
+        4,
+        "the settings, claims and leak-audit tables (the audit's draws: a script's printout)",
     ),
 }
 

@@ -18,6 +18,11 @@
   figure8`` (per run, 30 rounds) and ``share figure5`` (rule × β by m): the 30-round runs of
   ``docs/results/share/runs-30/`` (``experiments/share_mnist_figure{3a,3c,5,6,7,8}.toml``).
 
+- ``share dp clients``: SHARE with DP-SGD clients against the DP noise filter
+  (``docs/results/share/dp-clients/``, the runs of ``experiments/share_mnist_dp_clients.toml``,
+  100 rounds): per server, its seeds, final and best accuracy (mean ± std), ε per client,
+  the audit of the plans, Zeno++'s acceptance, wall time per seed.
+
 - ``share protocol cell`` and ``share protocol stages``: Figure 9's trimmed-mean cell run in
   the clear and through the protocol (``docs/results/share/protocol-cell/``, the runs of
   ``experiments/share_mnist_protocol_cell.toml``): the two runs compared as
@@ -80,6 +85,14 @@ RULES = (("zeno", "Zeno++"), ("krum", "Krum"), ("trimmed_mean", "trimmed mean"))
 MEANS = (("no attack (mean)", "mean, no attack"), ("no defense (mean)", "mean, no defence"))
 SIZES = (1, 3, 5, 10)
 PROTOCOL_CELL = Path("docs/results/share/protocol-cell")
+DP_CLIENTS = Path("docs/results/share/dp-clients")
+DP_CLIENT_ROWS = (
+    "no attack (mean) m=3",
+    "no defense (mean) m=3",
+    "noise_filter m=1",
+    "trimmed_mean m=3",
+    "zeno m=3",
+)
 CELL_CLIENTS = 60
 """The clients of the protocol cell (Figure 9: 57 honest, 3 Byzantine), all in every round."""
 
@@ -355,6 +368,37 @@ def figure5(root: Path) -> str:
     return "\n".join(lines)
 
 
+def dp_clients(root: Path) -> str:
+    folder = root / DP_CLIENTS
+    found = _by_label(folder) if folder.is_dir() else {}
+    lines = [
+        "| run | seeds | final acc. (%) | best (%) | ε per client | audit of the plans "
+        "| Zeno++ accepts: honest / Byzantine-holding clusters | wall s per run |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for label in DP_CLIENT_ROWS:
+        runs = found.get(label, [])
+        if not runs:
+            lines.append(f"| {label} | – | not run | | | | | |")
+            continue
+        finals = [_final(r) for r in runs]
+        best = statistics.mean(100 * (r.best_accuracy or 0.0) for r in runs)
+        spread = f" ± {_f1(statistics.stdev(finals))}" if len(finals) > 1 else ""
+        eps = max((r.epsilon for r in runs if r.epsilon is not None), default=None)
+        audit = zeno = "–"  # a run without SHARE (the filter's, m = 1) has neither
+        if all("share" in r.extra for r in runs):
+            audit, zeno = _audit_30(runs), _zeno_30(runs, "short")
+            if audit == "no leak found":
+                audit += f" ({runs[0].total_rounds} rounds)"
+        lines.append(
+            f"| {label} | {','.join(str(r.seed) for r in runs)} "
+            f"| {_f1(statistics.mean(finals))}{spread} | {_f1(best)} "
+            f"| {'–' if eps is None else f'{eps:.2f}'} | {audit} | {zeno} "
+            f"| {_walls(runs)} |"
+        )
+    return "\n".join(lines)
+
+
 def _pct(x: float) -> str:
     return f"{100 * x:.2f}"
 
@@ -446,6 +490,7 @@ def blocks(root: Path) -> dict[str, str]:
         "share figure3b 200": runs_table(root / FIGURE3B_200, ROWS_3B),
         "share figure9 200": runs_table(root / FIGURE9_200, ROWS_9),
         "share figure5": figure5(root),
+        "share dp clients": dp_clients(root),
         **{name: table_30(root, name) for name in TABLES_30},
     }
 
