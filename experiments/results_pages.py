@@ -241,8 +241,9 @@ HAND_WRITTEN: dict[str, tuple[int, str]] = {
         "not results); Table VI (no run folders committed)",
     ),
     "share.md": (
-        4,
-        "the settings, claims and leak-audit tables (the audit's draws: a script's printout)",
+        5,
+        "the settings, claims and leak-audit tables (the audit's draws: a script's printout; "
+        "the accuracy beside the verdicts: folders not committed)",
     ),
 }
 
