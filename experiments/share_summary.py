@@ -23,6 +23,11 @@
   100 rounds): per server, its seeds, final and best accuracy (mean ± std), ε per client,
   the audit of the plans, Zeno++'s acceptance, wall time per seed.
 
+- ``share audit draws``: the leak audit alone on random and safe plans
+  (``docs/results/share/audit-draws.json``, ``python experiments/share_audit_draws.py
+  --draws 20 --json ...``): per (m, R, planner), the draws that leak, the median rank and
+  the median number of solvable updates.
+
 - ``share protocol cell`` and ``share protocol stages``: Figure 9's trimmed-mean cell run in
   the clear and through the protocol (``docs/results/share/protocol-cell/``, the runs of
   ``experiments/share_mnist_protocol_cell.toml``): the two runs compared as
@@ -86,6 +91,7 @@ MEANS = (("no attack (mean)", "mean, no attack"), ("no defense (mean)", "mean, n
 SIZES = (1, 3, 5, 10)
 PROTOCOL_CELL = Path("docs/results/share/protocol-cell")
 DP_CLIENTS = Path("docs/results/share/dp-clients")
+AUDIT_DRAWS = Path("docs/results/share/audit-draws.json")
 DP_CLIENT_ROWS = (
     "no attack (mean) m=3",
     "no defense (mean) m=3",
@@ -399,13 +405,27 @@ def dp_clients(root: Path) -> str:
     return "\n".join(lines)
 
 
+def audit_draws(root: Path) -> str:
+    path = root / AUDIT_DRAWS
+    if not path.is_file():
+        return "(not run)"
+    document = json.loads(path.read_text())
+    settings, env = document["settings"], document["environment"]
+    return (
+        _sibling("share_audit_draws").markdown(document["cells"])
+        + f"\n\nn = {settings['clients']}, sums of fewer than {settings['min_sum_size']} "
+        f"clients count as leaks, seed {settings['seed']}; {document['wall_seconds']:.0f} s, "
+        f"commit {(env['commit'] or '?')[:7]}."
+    )
+
+
 def _pct(x: float) -> str:
     return f"{100 * x:.2f}"
 
 
 def protocol_cell(root: Path) -> str:
     """The clear run against the run through the protocol, from their committed folders."""
-    check = _load_check()
+    check = _sibling("share_protocol_check")
     runs = check.find_runs(root / PROTOCOL_CELL)
     clear, secure = runs[False], runs[True]
     summaries = {k: json.loads((f / "summary.json").read_text()) for k, f in runs.items()}
@@ -471,10 +491,11 @@ def protocol_stages(root: Path) -> str:
     return "\n".join(lines)
 
 
-def _load_check():
-    """``experiments/share_protocol_check.py`` (its comparisons), as a module."""
-    path = Path(__file__).with_name("share_protocol_check.py")
-    spec = importlib.util.spec_from_file_location("share_protocol_check", path)
+def _sibling(name: str):
+    """``experiments/<name>.py`` (``share_protocol_check``'s comparisons,
+    ``share_audit_draws``' table), as a module."""
+    path = Path(__file__).with_name(f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -491,6 +512,7 @@ def blocks(root: Path) -> dict[str, str]:
         "share figure9 200": runs_table(root / FIGURE9_200, ROWS_9),
         "share figure5": figure5(root),
         "share dp clients": dp_clients(root),
+        "share audit draws": audit_draws(root),
         **{name: table_30(root, name) for name in TABLES_30},
     }
 
