@@ -110,6 +110,12 @@ BLOCKS: tuple[Block, ...] = (
     ),
     Block(
         "share.md",
+        "share audit draws",
+        "docs/results/share/audit-draws.json",
+        _block("share_summary", "share audit draws"),
+    ),
+    Block(
+        "share.md",
         "share dp clients",
         "docs/results/share/dp-clients/",
         _block("share_summary", "share dp clients"),
@@ -241,9 +247,9 @@ HAND_WRITTEN: dict[str, tuple[int, str]] = {
         "not results); Table VI (no run folders committed)",
     ),
     "share.md": (
-        5,
-        "the settings, claims and leak-audit tables (the audit's draws: a script's printout; "
-        "the accuracy beside the verdicts: folders not committed)",
+        4,
+        "the settings and claims tables; the leak audit's accuracy beside the verdicts "
+        "(folders not committed)",
     ),
 }
 
