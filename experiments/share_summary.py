@@ -15,8 +15,10 @@
   clusters, and accepted of all; ranges over the seeds), wall time per seed.
 
 - ``share figure3a``, ``share figure3c``, ``share figure6``, ``share figure7``, ``share
-  figure8`` (per run, 30 rounds) and ``share figure5`` (rule × β by m): the 30-round runs of
-  ``docs/results/share/runs-30/`` (``experiments/share_mnist_figure{3a,3c,5,6,7,8}.toml``).
+  figure8``, ``share leak audit`` (per run, 30 rounds) and ``share figure5`` (rule × β by
+  m): the 30-round runs of ``docs/results/share/runs-30/``
+  (``experiments/share_mnist_figure{3a,3c,5,6,7,8}.toml``,
+  ``experiments/share_mnist_leak_audit.toml``).
 
 - ``share dp clients``: SHARE with DP-SGD clients against the DP noise filter
   (``docs/results/share/dp-clients/``, the runs of ``experiments/share_mnist_dp_clients.toml``,
@@ -278,6 +280,12 @@ TABLES_30 = {
         "figures-6-7",
         "SHARE Figure 7",
         [f"{rule} {r}" for rule in ("krum", "median") for r in _NONIID],
+        None,
+    ),
+    "share leak audit": (
+        "leak-audit",
+        "SHARE leak audit",
+        [f"trimmed_mean R={r} random" for r in (2, 3, 4, 10)] + ["trimmed_mean R=10 safe"],
         None,
     ),
     "share figure8": (
