@@ -20,6 +20,10 @@ C ∈ {0, 0.01, 0.1, 2} (2 is the rule comparison's), at most 300 L-BFGS steps, 
 Usage::
 
     python experiments/decentralized_dlg.py [--json out.json]
+
+With ``--json`` the file holds every trial, the wall time and the run's environment;
+``docs/results/decentralized/dlg.json`` is the committed one, from which ``python
+experiments/results_pages.py`` writes the page's table (:func:`blocks`).
 """
 
 from __future__ import annotations
@@ -35,11 +39,14 @@ from torch import nn
 from sharefl.simulator.datasets import load_dataset
 from sharefl.simulator.leakage import attack_succeeded, reconstruct, reconstruction_mse
 from sharefl.simulator.models import build_model
+from sharefl.simulator.provenance import run_environment
 
 NOISES = (0.0, 0.01, 0.1, 2.0)
 METHODS = ("dlg", "cpl")
 SEEDS = (0, 1, 2)
 ALPHA, CLIP = 0.9, 10.0
+NAMES = {"dlg": "DLG (random dummy, soft label)", "cpl": "CPL (patterned dummy, inferred label)"}
+COMMITTED = Path("docs/results/decentralized/dlg.json")
 
 
 def leaked_gradient(
@@ -60,6 +67,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="also write the results to this file")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    started = time.perf_counter()
     train = load_dataset("mnist", "train")
     index = int(torch.nonzero(train.targets == 0)[0])
     image, label = train.inputs[index].to(torch.float64), train.targets[index]
@@ -94,17 +102,44 @@ def main() -> None:
             }
         )
         print(json.dumps(rows[-1]), flush=True)
-    print("\n| attack | C | trials | succeeded | MSE (median) | label recovered |")
-    print("|---|---|---|---|---|---|")
-    for method, noise in ((m, c) for m in METHODS for c in NOISES):
-        sel = [r for r in rows if r["C"] == noise and r["method"] == method]
-        mses = sorted(r["mse"] for r in sel)
-        print(
-            f"| {method} | {noise} | {len(sel)} | {sum(r['succeeded'] for r in sel)} | "
-            f"{mses[len(mses) // 2]:.4g} | {sum(r['label_recovered'] for r in sel)} |"
-        )
+    print()
+    print(markdown(rows))
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=2) + "\n")
+        document = {
+            "trials": rows,
+            "wall_seconds": round(time.perf_counter() - started, 1),
+            "environment": run_environment(),
+        }
+        args.json.write_text(json.dumps(document, indent=2) + "\n")
+
+
+def markdown(rows: list[dict]) -> str:
+    """Per attack and C: the trials that succeeded and the median reconstruction MSE."""
+    lines = ["| attack | C | succeeded | median MSE |", "|---|---|---|---|"]
+    for method in METHODS:
+        for i, noise in enumerate(NOISES):
+            trials = [r for r in rows if r["C"] == noise and r["method"] == method]
+            mses = sorted(r["mse"] for r in trials)
+            name = NAMES[method] if i == 0 else method.upper()
+            lines.append(
+                f"| {name} | {noise:g} | {sum(r['succeeded'] for r in trials)}/{len(trials)} "
+                f"| {mses[len(mses) // 2]:.2g} |"
+            )
+    return "\n".join(lines)
+
+
+def blocks(root: Path) -> dict[str, str]:
+    """The page's table, from the committed JSON."""
+    path = root / COMMITTED
+    if not path.is_file():
+        return {"decentralized dlg": "(not run)"}
+    document = json.loads(path.read_text())
+    env = document["environment"]
+    text = markdown(document["trials"]) + (
+        f"\n\n{len(document['trials'])} trials, {document['wall_seconds']:.0f} s, one thread, "
+        f"commit {(env['commit'] or '?')[:7]}, CPU kernels {env['cpu_capability']}."
+    )
+    return {"decentralized dlg": text}
 
 
 if __name__ == "__main__":
