@@ -7,7 +7,14 @@
   mid-run (iteration 2,500) in brackets; a cell with fewer than three seeds names them. A
   final mean below 20 % (a model that predicts one class) is set in bold.
 
-``python experiments/results_pages.py`` writes it into the page (``--check`` compares); this
+- ``dp-rsa figure6``, ``dp-rsa figure7``, ``dp-rsa secure``: one row per run label of
+  ``docs/results/dp-rsa/figure6/`` (``experiments/dp_rsa_mnist_byzantine_sweep.toml``, b),
+  ``.../figure7/`` (``dp_rsa_mnist_penalty_sweep.toml``, λ) and ``.../secure/``
+  (``dp_rsa_mnist_secure.toml --rounds 100``, the sign sums through the protocol and in the
+  clear): the seeds, the final accuracy (mean, min–max over the seeds), the mean accuracy at
+  mid-run (half the iterations), the composed ε, each run's wall time and the device.
+
+``python experiments/results_pages.py`` writes them into the page (``--check`` compares); this
 script prints it alone.
 """
 
@@ -20,6 +27,17 @@ from pathlib import Path
 from sharefl.simulator.results import load_runs
 
 RUNS_EPS = Path("docs/results/dp-rsa/runs-eps")
+RUN_TABLES = {  # block -> (folder, labels in order)
+    "dp-rsa figure6": ("docs/results/dp-rsa/figure6", ("b=3", "b=6", "b=9")),
+    "dp-rsa figure7": (
+        "docs/results/dp-rsa/figure7",
+        tuple(f"λ={x}" for x in ("0.001", "0.005", "0.01", "0.02", "0.05")),
+    ),
+    "dp-rsa secure": (
+        "docs/results/dp-rsa/secure",
+        ("secure_sum protocol=True", "secure_sum protocol=False"),
+    ),
+}
 PANELS = (
     ("dp_rsa_mnist_iid", "sign_flipping", "Sign-Flipping, i.i.d."),
     ("dp_rsa_mnist_noniid", "sample_duplicating", "Sample-Duplicating, non-i.i.d."),
@@ -80,8 +98,43 @@ def eps_table(root: Path) -> str:
     return "\n".join(lines)
 
 
+def run_table(root: Path, block: str) -> str:
+    folder, labels = RUN_TABLES[block]
+    found: dict[str, list] = defaultdict(list)
+    for run in load_runs(root / folder) if (root / folder).is_dir() else []:
+        if run.finished and run.final_accuracy is not None:
+            found[run.label].append(run)
+    lines = [
+        "| run | seeds | final accuracy (%) | at mid-run (%) | composed ε "
+        "| wall time per run (s) | device |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for label in labels:
+        runs = sorted(found.get(label, []), key=lambda r: r.seed or 0)
+        if not runs:
+            lines.append(f"| {label} | – | not run | | | | |")
+            continue
+        finals = [100 * (r.final_accuracy or 0.0) for r in runs]
+        final = f"{statistics.mean(finals):.2f}"
+        if len(finals) > 1:
+            final += f" ({min(finals):.2f}–{max(finals):.2f})"
+        mids = [
+            100 * rec.accuracy
+            for r in runs
+            for rec in r.rounds
+            if rec.round == (r.total_rounds or 0) // 2 and rec.accuracy is not None
+        ]
+        mid = f"{statistics.mean(mids):.2f}" if mids else "–"
+        eps = "–" if runs[0].epsilon is None else f"{runs[0].epsilon:.1f}"
+        walls = ", ".join(f"{r.wall_seconds:.0f}" for r in runs)
+        devices = ", ".join(sorted({r.device or "?" for r in runs}))
+        seeds = ", ".join(str(r.seed) for r in runs)
+        lines.append(f"| {label} | {seeds} | {final} | {mid} | {eps} | {walls} | {devices} |")
+    return "\n".join(lines)
+
+
 def blocks(root: Path) -> dict[str, str]:
-    return {"dp-rsa eps": eps_table(root)}
+    return {"dp-rsa eps": eps_table(root), **{b: run_table(root, b) for b in RUN_TABLES}}
 
 
 if __name__ == "__main__":

@@ -188,6 +188,15 @@ BLOCKS: tuple[Block, ...] = (
     ),
     *(
         Block(
+            "dp-rsa.md",
+            f"dp-rsa {part}",
+            f"docs/results/dp-rsa/{part}/",
+            _block("dp_rsa_summary", f"dp-rsa {part}"),
+        )
+        for part in ("secure",)
+    ),
+    *(
+        Block(
             "dp-filter.md",
             f"dp-filter {part}",
             "docs/results/dp-filter/, experiments/dp_filter_mnist_*.toml",
@@ -259,7 +268,11 @@ HAND_WRITTEN: dict[str, tuple[int, str]] = {
         2,
         "the configuration index; Table 15 / Figure 1 / Table 3 (folders not committed)",
     ),
-    "dp-rsa.md": (8, "runs under /work/runs not committed (runs-eps is generated)"),
+    "dp-rsa.md": (
+        7,
+        "Figure 1's panels, Figures 3-4 under the Gaussian attack, Figures 6-7 (run folders "
+        "not committed)",
+    ),
     "fed-cdp.md": (
         3,
         "the configuration index; our choices against the authors' code (a comparison, "
