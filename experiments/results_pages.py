@@ -193,7 +193,7 @@ BLOCKS: tuple[Block, ...] = (
             f"docs/results/dp-rsa/{part}/",
             _block("dp_rsa_summary", f"dp-rsa {part}"),
         )
-        for part in ("secure",)
+        for part in ("figure6", "secure")
     ),
     *(
         Block(
@@ -269,8 +269,8 @@ HAND_WRITTEN: dict[str, tuple[int, str]] = {
         "the configuration index; Table 15 / Figure 1 / Table 3 (folders not committed)",
     ),
     "dp-rsa.md": (
-        7,
-        "Figure 1's panels, Figures 3-4 under the Gaussian attack, Figures 6-7 (run folders "
+        6,
+        "Figure 1's panels, Figures 3-4 under the Gaussian attack, Figure 7 (run folders "
         "not committed)",
     ),
     "fed-cdp.md": (
