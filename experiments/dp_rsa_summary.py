@@ -7,7 +7,10 @@
   mid-run (iteration 2,500) in brackets; a cell with fewer than three seeds names them. A
   final mean below 20 % (a model that predicts one class) is set in bold.
 
-- ``dp-rsa figure6``, ``dp-rsa figure7``, ``dp-rsa secure``: one row per run label of
+- ``dp-rsa figure1 sign-flipping``, ``dp-rsa figure1 sample-duplicating``: Figure 1's
+  panels, RSA and DP-RSA at ε = 0.4 from ``runs-eps/`` and the baselines (SGD, SignSGD,
+  geometric median) from ``docs/results/dp-rsa/baselines/`` (the same two files);
+  ``dp-rsa figure6``, ``dp-rsa figure7``, ``dp-rsa secure``: one row per run label of
   ``docs/results/dp-rsa/figure6/`` (``experiments/dp_rsa_mnist_byzantine_sweep.toml``, b),
   ``.../figure7/`` (``dp_rsa_mnist_penalty_sweep.toml``, λ) and ``.../secure/``
   (``dp_rsa_mnist_secure.toml --rounds 100``, the sign sums through the protocol and in the
@@ -27,14 +30,24 @@ from pathlib import Path
 from sharefl.simulator.results import load_runs
 
 RUNS_EPS = Path("docs/results/dp-rsa/runs-eps")
-RUN_TABLES = {  # block -> (folder, labels in order)
-    "dp-rsa figure6": ("docs/results/dp-rsa/figure6", ("b=3", "b=6", "b=9")),
+_BASELINES = ("sgd", "signsgd", "sgd_gm")
+_FIGURE1_METHODS = ("rsa", "dp_rsa_f ε=0.4", "dp_rsa_g ε=0.4", *_BASELINES)
+RUN_TABLES = {  # block -> (folders, labels in order)
+    "dp-rsa figure1 sign-flipping": (
+        ("docs/results/dp-rsa/runs-eps", "docs/results/dp-rsa/baselines"),
+        tuple(f"sign_flipping: {m}" for m in _FIGURE1_METHODS),
+    ),
+    "dp-rsa figure1 sample-duplicating": (
+        ("docs/results/dp-rsa/runs-eps", "docs/results/dp-rsa/baselines"),
+        tuple(f"sample_duplicating: {m}" for m in _FIGURE1_METHODS),
+    ),
+    "dp-rsa figure6": (("docs/results/dp-rsa/figure6",), ("b=3", "b=6", "b=9")),
     "dp-rsa figure7": (
-        "docs/results/dp-rsa/figure7",
+        ("docs/results/dp-rsa/figure7",),
         tuple(f"λ={x}" for x in ("0.001", "0.005", "0.01", "0.02", "0.05")),
     ),
     "dp-rsa secure": (
-        "docs/results/dp-rsa/secure",
+        ("docs/results/dp-rsa/secure",),
         ("secure_sum protocol=True", "secure_sum protocol=False"),
     ),
 }
@@ -99,11 +112,12 @@ def eps_table(root: Path) -> str:
 
 
 def run_table(root: Path, block: str) -> str:
-    folder, labels = RUN_TABLES[block]
+    folders, labels = RUN_TABLES[block]
     found: dict[str, list] = defaultdict(list)
-    for run in load_runs(root / folder) if (root / folder).is_dir() else []:
-        if run.finished and run.final_accuracy is not None:
-            found[run.label].append(run)
+    for folder in (root / f for f in folders if (root / f).is_dir()):
+        for run in load_runs(folder):
+            if run.finished and run.final_accuracy is not None:
+                found[run.label].append(run)
     lines = [
         "| run | seeds | final accuracy (%) | at mid-run (%) | composed ε "
         "| wall time per run (s) | device |",

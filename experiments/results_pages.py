@@ -193,7 +193,7 @@ BLOCKS: tuple[Block, ...] = (
             f"docs/results/dp-rsa/{part}/",
             _block("dp_rsa_summary", f"dp-rsa {part}"),
         )
-        for part in ("figure6", "secure")
+        for part in ("figure6", "figure7", "secure")
     ),
     *(
         Block(
@@ -202,7 +202,7 @@ BLOCKS: tuple[Block, ...] = (
             "docs/results/dp-filter/, experiments/dp_filter_mnist_*.toml",
             _block("dp_filter_summary", f"dp-filter {part}"),
         )
-        for part in ("table5", "belief", "table2 attacks")
+        for part in ("main", "table5", "belief", "table2 attacks")
     ),
     Block(
         "fed-cdp.md",
@@ -264,14 +264,10 @@ HAND_WRITTEN: dict[str, tuple[int, str]] = {
         "(judgement)",
     ),
     "distributed-dp.md": (1, "the earlier page's conclusions beside the re-run's (judgement)"),
-    "dp-filter.md": (
-        2,
-        "the configuration index; Table 15 / Figure 1 / Table 3 (folders not committed)",
-    ),
+    "dp-filter.md": (1, "the configuration index"),
     "dp-rsa.md": (
-        6,
-        "Figure 1's panels, Figures 3-4 under the Gaussian attack, Figure 7 (run folders "
-        "not committed)",
+        5,
+        "Figure 1's panels, Figures 3-4 under the Gaussian attack (run folders not committed)",
     ),
     "fed-cdp.md": (
         3,
