@@ -7,6 +7,11 @@ that were run with each seed's value after it, the seeds named when they are not
 bold when the mean is below 20 % (a model that predicts one class). The paper's figures are
 read from the experiment files' ``[paper]`` tables (so a corrected figure needs no re-run).
 
+- ``dp-filter main``: Table 15 (no attack), Figure 1 (label flipping at 60 % and 90 %) and
+  Table 3 (the Gaussian attack), the filter with and without its first stage
+  (``dp_filter_mnist_table15.toml``, ``dp_filter_mnist_figure1.toml``,
+  ``dp_filter_mnist_table3.toml``): ours, the paper's figure with the authors' logged seeds
+  where the page compares with them, the difference in points (bold beyond 1.5), wall time.
 - ``dp-filter table5``: Table 5, adaptive label flipping (``dp_filter_mnist_table5.toml``):
   per TTBB and ε, ours, the accuracy at the switch step (the last evaluation of the copy
   phase, mean over the seeds), the paper's figure and the mean of the authors' logged seeds.
@@ -31,12 +36,70 @@ from sharefl.simulator.results import RunRecord, load_runs
 
 RUNS = Path("docs/results/dp-filter")
 FILES = (
+    "experiments/dp_filter_mnist_table15.toml",
+    "experiments/dp_filter_mnist_figure1.toml",
+    "experiments/dp_filter_mnist_table3.toml",
     "experiments/dp_filter_mnist_table5.toml",
     "experiments/dp_filter_mnist_table11.toml",
     "experiments/dp_filter_mnist_tables10_14.toml",
     "experiments/dp_filter_mnist_table2_mnist.toml",
 )
 COLLAPSED = 20.0
+FAR = 1.5  # points from the paper beyond which the main table's difference is in bold
+_FIG1 = "dp_filter_mnist_figure1"
+_WITHOUT, _WITH = "filter without first stage", "filter **with** its first stage (KS + norm tests)"
+# the main table's rows: (experiment file's stem, label, the paper's cell, the authors' logs:
+# their per-seed final test accuracies, where the paper's figure is their mean)
+MAIN_ROWS = (
+    ("dp_filter_mnist_table15", "non-DP", "Table 15, no attack, plain mean (RA), non-DP", ""),
+    ("dp_filter_mnist_table15", "ε=2", "Table 15, RA, ε = 2", ""),
+    ("dp_filter_mnist_table15", "ε=1", "Table 15, RA, ε = 1", ""),
+    ("dp_filter_mnist_table15", "ε=0.5", "Table 15, RA, ε = ½", ""),
+    ("dp_filter_mnist_table15", "ε=0.25", "Table 15, RA, ε = ¼", ""),
+    ("dp_filter_mnist_table15", "ε=0.125", "Table 15, RA, ε = ⅛", ""),
+    (
+        _FIG1,
+        "30 Byzantine, ε=2, noise_filter first_stage=False",
+        f"Figure 1, 60% label flipping (30 Byzantine), ε = 2, {_WITHOUT}",
+        "authors' logs 96.3, 96.0, 95.9",
+    ),
+    (
+        _FIG1,
+        "30 Byzantine, ε=0.125, noise_filter first_stage=False",
+        f"Figure 1, 60% label flipping, ε = ⅛, {_WITHOUT}",
+        "81.5, 83.9, 83.5",
+    ),
+    (
+        _FIG1,
+        "180 Byzantine, ε=2, noise_filter first_stage=False",
+        f"Figure 1, 90% label flipping (180 Byzantine), ε = 2, {_WITHOUT}",
+        "5 seeds, 95.8–96.1",
+    ),
+    (
+        _FIG1,
+        "180 Byzantine, ε=0.125, noise_filter first_stage=False",
+        f"Figure 1, 90% label flipping, ε = ⅛, {_WITHOUT}",
+        "73.7, 76.1, 74.2, 75.6, 82.9",
+    ),
+    (
+        "dp_filter_mnist_table3",
+        "60% Gaussian, ε=0.125, first_stage=False",
+        f"Table 3, 60% Gaussian attack, ε = ⅛, {_WITHOUT}",
+        "87.1, 85.3, 84.8",
+    ),
+    (
+        _FIG1,
+        "30 Byzantine, ε=2, noise_filter first_stage=True",
+        f"Figure 1, 60% label flipping, ε = 2, {_WITH}",
+        "",
+    ),
+    (
+        "dp_filter_mnist_table3",
+        "60% Gaussian, ε=0.125, first_stage=True",
+        f"Table 3, 60% Gaussian attack, ε = ⅛, {_WITH}",
+        "",
+    ),
+)
 # the authors' logs (logs_records/smart_attacker/iid.csv), mean final accuracy of seeds 1-3,
 # TTBB 0, .2, .4, .6, .8 (their TTBB = 0 is Figure 1's 60% cell)
 AUTHORS_TABLE5 = {
@@ -58,14 +121,16 @@ ATTACK_NAMES = {"gaussian": "Gaussian", "olmp": "OLMP", "label_flipping": "label
 FASHION_TABLE2 = {("alie", 30): 79, ("alie", 13): 80, ("ipm", 30): 80, ("ipm", 13): 80}
 
 
-def _papers(root: Path) -> dict[tuple[str, str], float]:
-    """(experiment file's stem, label) → the paper's accuracy (%), from the files."""
-    return {
-        (Path(file).stem, run.label): 100 * run.paper
-        for file in FILES
-        for run in load_configs(root / file)
-        if run.paper is not None
-    }
+def _papers(root: Path) -> tuple[dict[tuple[str, str], float], dict[str, str]]:
+    """(experiment file's stem, label) → the paper's accuracy (%), and the file's stem →
+    its experiment name, from the files."""
+    papers, names = {}, {}
+    for file in FILES:
+        for run in load_configs(root / file):
+            names[Path(file).stem] = run.name
+            if run.paper is not None:
+                papers[(Path(file).stem, run.label)] = 100 * run.paper
+    return papers, names
 
 
 def _paper(papers: dict[tuple[str, str], float], file: str, label: str) -> str:
@@ -123,6 +188,33 @@ def _runs_where(
         if all(r.config[section][key] == value for key, (section, value) in where.items())
     ]
     return sorted(runs, key=lambda r: r.seed or 0)
+
+
+def main_table(
+    papers: dict[tuple[str, str], float],
+    names: dict[str, str],
+    cells: dict[tuple, list[RunRecord]],
+) -> str:
+    lines = [
+        "| paper cell (20 honest workers, b_c = 16, β = 0.1, 1500 steps) | ours, 1,500 steps "
+        "| paper | Δ (points) | wall time (min) |",
+        "|---|---|---|---|---|",
+    ]
+    for stem, label, cell, authors in MAIN_ROWS:
+        value = papers[(stem, label)]
+        paper = f"{value:.0f}" if value == round(value) else f"{value:.1f}"
+        if authors:
+            paper += f" ({authors})"
+        runs = cells.get((names[stem], label), [])
+        if not runs:
+            lines.append(f"| {cell} | not run | {paper} | | |")
+            continue
+        delta = statistics.mean(100 * (r.final_accuracy or 0.0) for r in runs) - value
+        delta_text = f"{delta:+.1f}".replace("-", "−")
+        if abs(delta) > FAR:
+            delta_text = f"**{delta_text}**"
+        lines.append(f"| {cell} | {_accuracy(runs)} | {paper} | {delta_text} | {_wall(runs)} |")
+    return "\n".join(lines)
 
 
 def table5(papers: dict[tuple[str, str], float], cells: dict[tuple, list[RunRecord]]) -> str:
@@ -228,8 +320,9 @@ def table2_attacks(cells: dict[tuple, list[RunRecord]]) -> str:
 
 
 def blocks(root: Path) -> dict[str, str]:
-    papers, cells = _papers(root), _finished(root)  # read once for the three tables
+    (papers, names), cells = _papers(root), _finished(root)  # read once for the four tables
     return {
+        "dp-filter main": main_table(papers, names, cells),
         "dp-filter table5": table5(papers, cells),
         "dp-filter belief": belief(papers, cells),
         "dp-filter table2 attacks": table2_attacks(cells),
