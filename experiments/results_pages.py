@@ -197,6 +197,15 @@ BLOCKS: tuple[Block, ...] = (
     ),
     *(
         Block(
+            "dp-rsa.md",
+            f"dp-rsa figure1 {panel}",
+            "docs/results/dp-rsa/runs-eps/, docs/results/dp-rsa/baselines/",
+            _block("dp_rsa_summary", f"dp-rsa figure1 {panel}"),
+        )
+        for panel in ("sign-flipping", "sample-duplicating")
+    ),
+    *(
+        Block(
             "dp-filter.md",
             f"dp-filter {part}",
             "docs/results/dp-filter/, experiments/dp_filter_mnist_*.toml",
@@ -266,8 +275,9 @@ HAND_WRITTEN: dict[str, tuple[int, str]] = {
     "distributed-dp.md": (1, "the earlier page's conclusions beside the re-run's (judgement)"),
     "dp-filter.md": (1, "the configuration index"),
     "dp-rsa.md": (
-        5,
-        "Figure 1's panels, Figures 3-4 under the Gaussian attack (run folders not committed)",
+        3,
+        "Figure 1's Gaussian panel, Figures 3-4 under the Gaussian attack (run folders not "
+        "committed)",
     ),
     "fed-cdp.md": (
         3,
