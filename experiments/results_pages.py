@@ -269,8 +269,7 @@ HAND_WRITTEN: dict[str, tuple[int, str]] = {
     "atoms.md": (1, "the verdicts (judgement over the generated tables)"),
     "decentralized.md": (
         8,
-        "design and timing tables; the 1,000-iteration curves (images); the claims "
-        "(judgement)",
+        "design and timing tables; the 1,000-iteration curves (images); the claims (judgement)",
     ),
     "distributed-dp.md": (1, "the earlier page's conclusions beside the re-run's (judgement)"),
     "dp-filter.md": (1, "the configuration index"),
