@@ -275,8 +275,8 @@ HAND_WRITTEN: dict[str, tuple[int, str]] = {
     "dp-filter.md": (1, "the configuration index"),
     "dp-rsa.md": (
         3,
-        "Figure 1's Gaussian panel, Figures 3-4 under the Gaussian attack (run folders not "
-        "committed)",
+        "the setting; Figure 1's Gaussian panel and Figures 3-4 under the Gaussian attack (run "
+        "folders not committed)",
     ),
     "fed-cdp.md": (
         3,
