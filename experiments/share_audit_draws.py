@@ -101,13 +101,13 @@ def main(argv: list[str] | None = None) -> int:
     rows = cells(args)
     document = {
         "experiment": "SHARE leak audit: random and safe reclusterings",
-        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "settings": vars(args),
         "cells": rows,
         "wall_seconds": round(time.perf_counter() - started, 1),
         "environment": run_environment(),
     }
     if args.json is not None:
-        args.json.write_text(json.dumps(document, indent=1) + "\n")
+        args.json.write_text(json.dumps(document, indent=1, default=str) + "\n")  # Path: str
     print(markdown(rows))
     return 0
 

@@ -106,16 +106,12 @@ CELL_CLIENTS = 60
 
 
 def _by_cluster_size(folder: Path) -> dict[tuple[str, int], list[RunRecord]]:
-    """(label prefix, m) -> the finished runs, in seed order."""
-    cells: dict[tuple[str, int], list[RunRecord]] = defaultdict(list)
-    for run in load_runs(folder) if folder.is_dir() else []:
-        if not run.finished or run.seed is None:
-            continue
-        m = int(run.config["secure_aggregation"]["cluster_size"])
-        cells[(run.label.rsplit(" m=", 1)[0], m)].append(run)
-    for runs in cells.values():
-        runs.sort(key=lambda r: r.seed or 0)
-    return cells
+    """(label prefix, m) -> the finished runs, in seed order (:func:`_by_label`, keyed by
+    the label before " m=" and the cluster size of the runs' configuration)."""
+    return {
+        (label.rsplit(" m=", 1)[0], int(runs[0].config["secure_aggregation"]["cluster_size"])): runs
+        for label, runs in _by_label(folder).items()
+    }
 
 
 def _one(x: float) -> str:
@@ -178,9 +174,9 @@ def figure2(folder: Path, acceptance: bool = False) -> str:
 
 def _by_label(folder: Path, prefix: str = "") -> dict[str, list[RunRecord]]:
     """label -> the finished runs under ``folder`` whose experiment name starts with
-    ``prefix``, in seed order."""
+    ``prefix``, in seed order; ``{}`` when ``folder`` is missing."""
     found: dict[str, list[RunRecord]] = defaultdict(list)
-    for run in load_runs(folder):
+    for run in load_runs(folder) if folder.is_dir() else []:
         if run.finished and run.name.startswith(prefix):
             found[run.label].append(run)
     for runs in found.values():
@@ -191,6 +187,12 @@ def _by_label(folder: Path, prefix: str = "") -> dict[str, list[RunRecord]]:
 def _final(run: RunRecord) -> float:
     """A finished run's final accuracy in %."""
     return 100 * (run.final_accuracy or 0.0)
+
+
+def _mean_std(values: list[float]) -> str:
+    """Mean ± sample std, one decimal as :func:`_f1` prints it (the mean alone for one value)."""
+    spread = f" ± {_f1(statistics.stdev(values))}" if len(values) > 1 else ""
+    return f"{_f1(statistics.mean(values))}{spread}"
 
 
 def _walls(runs: list[RunRecord]) -> str:
@@ -250,14 +252,9 @@ def runs_table(folder: Path, rows: tuple[tuple[str, str], ...]) -> str:
         last5 = [100 * statistics.mean(x.accuracy or 0.0 for x in r.rounds[-5:]) for r in runs]
         seeds = ",".join(str(r.seed) for r in runs)
 
-        def mean_std(values: list[float]) -> str:
-            if len(values) == 1:
-                return _f1(values[0])
-            return f"{_f1(statistics.mean(values))} ± {_f1(statistics.stdev(values))}"
-
         lines.append(
             f"| {text} | {seeds} | {' / '.join(_f1(a) for a in finals)} | "
-            f"{mean_std(finals)} | {mean_std(last5)} | {_audit(runs)} | {_zeno(runs)} | "
+            f"{_mean_std(finals)} | {_mean_std(last5)} | {_audit(runs)} | {_zeno(runs)} | "
             f"{_walls(runs)} |"
         )
     return "\n".join(lines)
@@ -342,11 +339,10 @@ def table_30(root: Path, block: str) -> str:
             lines.append(f"| {label} | – | not run |" + " |" * (columns - 3))
             continue
         accs = [_final(r) for r in runs]
-        spread = f" ± {_f1(statistics.stdev(accs))}" if len(accs) > 1 else ""
         zeno_cell = f" {_zeno_30(runs, zeno)} |" if zeno else ""
         lines.append(
             f"| {label} | {','.join(str(r.seed) for r in runs)} | "
-            f"{' / '.join(_f1(a) for a in accs)} | {_f1(statistics.mean(accs))}{spread} | "
+            f"{' / '.join(_f1(a) for a in accs)} | {_mean_std(accs)} | "
             f"{_audit_30(runs)} |{zeno_cell} "
             f"{_walls(runs)} |"
         )
@@ -370,8 +366,7 @@ def figure5(root: Path) -> str:
                     cells.append("not run")
                     continue
                 accs = [_final(r) for r in runs]
-                spread = f" ± {_f1(statistics.stdev(accs))}" if len(accs) > 1 else ""
-                cell = f"{_f1(statistics.mean(accs))}{spread} ({' / '.join(_f1(a) for a in accs)})"
+                cell = f"{_mean_std(accs)} ({' / '.join(_f1(a) for a in accs)})"
                 share = [r.extra["share"] for r in runs]
                 if share[0].get("zeno_candidates") is not None:
                     honest = [100 * x["zeno_honest_acceptance"] for x in share]
@@ -384,7 +379,7 @@ def figure5(root: Path) -> str:
 
 def dp_clients(root: Path) -> str:
     folder = root / DP_CLIENTS
-    found = _by_label(folder) if folder.is_dir() else {}
+    found = _by_label(folder)
     lines = [
         "| run | seeds | final acc. (%) | best (%) | ε per client | audit of the plans "
         "| Zeno++ accepts: honest / Byzantine-holding clusters | wall s per run |",
@@ -397,7 +392,6 @@ def dp_clients(root: Path) -> str:
             continue
         finals = [_final(r) for r in runs]
         best = statistics.mean(100 * (r.best_accuracy or 0.0) for r in runs)
-        spread = f" ± {_f1(statistics.stdev(finals))}" if len(finals) > 1 else ""
         eps = max((r.epsilon for r in runs if r.epsilon is not None), default=None)
         audit = zeno = "–"  # a run without SHARE (the filter's, m = 1) has neither
         if all("share" in r.extra for r in runs):
@@ -406,7 +400,7 @@ def dp_clients(root: Path) -> str:
                 audit += f" ({runs[0].total_rounds} rounds)"
         lines.append(
             f"| {label} | {','.join(str(r.seed) for r in runs)} "
-            f"| {_f1(statistics.mean(finals))}{spread} | {_f1(best)} "
+            f"| {_mean_std(finals)} | {_f1(best)} "
             f"| {'–' if eps is None else f'{eps:.2f}'} | {audit} | {zeno} "
             f"| {_walls(runs)} |"
         )
