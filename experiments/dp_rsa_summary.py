@@ -7,9 +7,11 @@
   mid-run (iteration 2,500) in brackets; a cell with fewer than three seeds names them. A
   final mean below 20 % (a model that predicts one class) is set in bold.
 
-- ``dp-rsa figure1 sign-flipping``, ``dp-rsa figure1 sample-duplicating``: Figure 1's
-  panels, RSA and DP-RSA at ε = 0.4 from ``runs-eps/`` and the baselines (SGD, SignSGD,
-  geometric median) from ``docs/results/dp-rsa/baselines/`` (the same two files);
+- ``dp-rsa figure1 gaussian``, ``dp-rsa figure1 sign-flipping``, ``dp-rsa figure1
+  sample-duplicating``: Figure 1's panels, RSA and DP-RSA at ε = 0.4 from ``runs-eps/`` and
+  the baselines (SGD, SignSGD, geometric median) from ``docs/results/dp-rsa/baselines/``
+  (the same two files); ``dp-rsa figure3-4 gaussian``: every ε of DP-RSA(F)/(G) under the
+  Gaussian attack beside RSA, from ``runs-eps/``;
   ``dp-rsa figure6``, ``dp-rsa figure7``, ``dp-rsa secure``: one row per run label of
   ``docs/results/dp-rsa/figure6/`` (``experiments/dp_rsa_mnist_byzantine_sweep.toml``, b),
   ``.../figure7/`` (``dp_rsa_mnist_penalty_sweep.toml``, λ) and ``.../secure/``
@@ -31,15 +33,24 @@ from sharefl.simulator.results import load_runs
 
 RUNS_EPS = Path("docs/results/dp-rsa/runs-eps")
 _BASELINES = ("sgd", "signsgd", "sgd_gm")
-_FIGURE1_METHODS = ("rsa", "dp_rsa_f ε=0.4", "dp_rsa_g ε=0.4", *_BASELINES)
+FIGURE1_METHODS = ("rsa", "dp_rsa_f ε=0.4", "dp_rsa_g ε=0.4", *_BASELINES)
+EPSILON_METHODS = ("rsa", *(f"dp_rsa_{m} ε={e}" for m in "fg" for e in ("0.2", "0.4", "1.38")))
 RUN_TABLES = {  # block -> (folders, labels in order)
+    "dp-rsa figure1 gaussian": (
+        ("docs/results/dp-rsa/runs-eps", "docs/results/dp-rsa/baselines"),
+        tuple(f"gaussian: {m}" for m in FIGURE1_METHODS),
+    ),
+    "dp-rsa figure3-4 gaussian": (
+        ("docs/results/dp-rsa/runs-eps",),
+        tuple(f"gaussian: {m}" for m in EPSILON_METHODS),
+    ),
     "dp-rsa figure1 sign-flipping": (
         ("docs/results/dp-rsa/runs-eps", "docs/results/dp-rsa/baselines"),
-        tuple(f"sign_flipping: {m}" for m in _FIGURE1_METHODS),
+        tuple(f"sign_flipping: {m}" for m in FIGURE1_METHODS),
     ),
     "dp-rsa figure1 sample-duplicating": (
         ("docs/results/dp-rsa/runs-eps", "docs/results/dp-rsa/baselines"),
-        tuple(f"sample_duplicating: {m}" for m in _FIGURE1_METHODS),
+        tuple(f"sample_duplicating: {m}" for m in FIGURE1_METHODS),
     ),
     "dp-rsa figure6": (("docs/results/dp-rsa/figure6",), ("b=3", "b=6", "b=9")),
     "dp-rsa figure7": (
@@ -55,13 +66,9 @@ PANELS = (
     ("dp_rsa_mnist_iid", "sign_flipping", "Sign-Flipping, i.i.d."),
     ("dp_rsa_mnist_noniid", "sample_duplicating", "Sample-Duplicating, non-i.i.d."),
 )
-METHODS = (
-    ("rsa", "RSA"),
-    *(
-        (f"dp_rsa_{m} ε={e}", f"DP-RSA({m.upper()}) ε = {e}")
-        for m in "fg"
-        for e in ("0.2", "0.4", "1.38")
-    ),
+METHODS = tuple(
+    (m, "RSA" if m == "rsa" else f"DP-RSA({m[7].upper()}) ε = {m.split('=')[1]}")
+    for m in EPSILON_METHODS
 )
 MID_RUN = 2500
 COLLAPSED = 0.20
