@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
+from functools import cache
 from pathlib import Path
 
-from sharefl.simulator.results import load_runs
+from sharefl.simulator.results import RunRecord, load_runs
 
 RUNS_EPS = Path("docs/results/dp-rsa/runs-eps")
 _BASELINES = ("sgd", "signsgd", "sgd_gm")
@@ -74,12 +75,21 @@ MID_RUN = 2500
 COLLAPSED = 0.20
 
 
+@cache
+def _finished(folder: Path) -> tuple[RunRecord, ...]:
+    """The finished runs under ``folder`` (read and checked by :func:`load_runs`; empty when
+    it is missing), read once per process: several tables use the same folder."""
+    if not folder.is_dir():
+        return ()
+    return tuple(r for r in load_runs(folder) if r.finished and r.final_accuracy is not None)
+
+
 def _runs(folder: Path) -> dict[tuple[str, str], dict[int, tuple[float, float | None]]]:
     """(experiment name, label) → seed → (final accuracy, accuracy at :data:`MID_RUN`), from
-    the finished runs under ``folder`` (read and checked by :func:`load_runs`)."""
+    the finished runs under ``folder``."""
     found: dict[tuple[str, str], dict[int, tuple[float, float | None]]] = defaultdict(dict)
-    for run in load_runs(folder):
-        if not run.finished or run.seed is None or run.final_accuracy is None:
+    for run in _finished(folder):
+        if run.seed is None or run.final_accuracy is None:
             continue
         mid = next((r.accuracy for r in run.rounds if r.round == MID_RUN), None)
         found[(run.name, run.label)][run.seed] = (run.final_accuracy, mid)
@@ -121,10 +131,9 @@ def eps_table(root: Path) -> str:
 def run_table(root: Path, block: str) -> str:
     folders, labels = RUN_TABLES[block]
     found: dict[str, list] = defaultdict(list)
-    for folder in (root / f for f in folders if (root / f).is_dir()):
-        for run in load_runs(folder):
-            if run.finished and run.final_accuracy is not None:
-                found[run.label].append(run)
+    for folder in folders:
+        for run in _finished(root / folder):
+            found[run.label].append(run)
     lines = [
         "| run | seeds | final accuracy (%) | at mid-run (%) | composed ε "
         "| wall time per run (s) | device |",
