@@ -169,9 +169,8 @@ def _wall(runs: list[RunRecord]) -> str:
     minutes = sorted(r.wall_seconds / 60 for r in runs if r.wall_seconds is not None)
     if not minutes:
         return "—"
-    if len(minutes) == 1 or minutes[-1] - minutes[0] < 0.05:
-        return f"{minutes[0]:.1f}"
-    return f"{minutes[0]:.1f}–{minutes[-1]:.1f}"
+    low, high = f"{minutes[0]:.1f}", f"{minutes[-1]:.1f}"
+    return low if low == high else f"{low}–{high}"
 
 
 def _runs_where(
