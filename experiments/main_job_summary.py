@@ -44,7 +44,7 @@ def _row(way: str, runs: list[RunRecord]) -> str:
     run = finished[-1]
     env = run.extra.get("environment", {})
     accuracy = f"**{100 * (run.final_accuracy or 0.0):.2f}%**"
-    eps = "–" if run.epsilon is None else f"{run.epsilon:.2f} (δ = {run.delta:g})"
+    eps = "–" if run.epsilon is None else f"{run.epsilon:.2f} (δ = {run.delta:.2g})"
     wall = "–" if run.wall_seconds is None else _minutes(run.wall_seconds)
     kernels = env.get("cpu_capability", "?")
     made = f"{str(env.get('commit', '?'))[:7]}, {str(env.get('finished', '?'))[:10]}"
