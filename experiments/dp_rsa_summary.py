@@ -35,7 +35,15 @@ from sharefl.simulator.results import RunRecord, load_runs
 RUNS_EPS = Path("docs/results/dp-rsa/runs-eps")
 _BASELINES = ("sgd", "signsgd", "sgd_gm")
 FIGURE1_METHODS = ("rsa", "dp_rsa_f ε=0.4", "dp_rsa_g ε=0.4", *_BASELINES)
-EPSILON_METHODS = ("rsa", *(f"dp_rsa_{m} ε={e}" for m in "fg" for e in ("0.2", "0.4", "1.38")))
+METHODS = (  # the ε panels' rows: label after the attack's prefix -> row name
+    ("rsa", "RSA"),
+    *(
+        (f"dp_rsa_{m} ε={e}", f"DP-RSA({m.upper()}) ε = {e}")
+        for m in "fg"
+        for e in ("0.2", "0.4", "1.38")
+    ),
+)
+EPSILON_METHODS = tuple(label for label, _ in METHODS)
 RUN_TABLES = {  # block -> (folders, labels in order)
     "dp-rsa figure1 gaussian": (
         ("docs/results/dp-rsa/runs-eps", "docs/results/dp-rsa/baselines"),
@@ -66,10 +74,6 @@ RUN_TABLES = {  # block -> (folders, labels in order)
 PANELS = (
     ("dp_rsa_mnist_iid", "sign_flipping", "Sign-Flipping, i.i.d."),
     ("dp_rsa_mnist_noniid", "sample_duplicating", "Sample-Duplicating, non-i.i.d."),
-)
-METHODS = tuple(
-    (m, "RSA" if m == "rsa" else f"DP-RSA({m[7].upper()}) ε = {m.split('=')[1]}")
-    for m in EPSILON_METHODS
 )
 MID_RUN = 2500
 COLLAPSED = 0.20
