@@ -28,6 +28,9 @@
   the authors' code's σ = 0.5 and any other σ run (our Fed-SDP probe): the accuracy of the
   last round (or the round from which the loss is NaN), the best evaluated accuracy, ε, the
   paper's figure and the wall time.
+- ``fed-cdp table VI``: ``docs/results/fed-cdp/table6/`` (``sharefl simulate
+  experiments/fed_cdp_mnist_table6.toml --out docs/results/fed-cdp/table6 --match LABEL``):
+  Table VI at full scale (N = 1000, K_t = 100), the same rows.
 
 - ``fed-cdp table VIII (small)``: ``docs/results/fed-cdp/table8-small/`` (``sharefl simulate
   experiments/fed_cdp_table8_small.toml --out docs/results/fed-cdp/table8-small --match
@@ -59,6 +62,7 @@ TABLE10 = Path("docs/results/fed-cdp/table10")
 TABLE8 = Path("docs/results/fed-cdp/table8-small")
 TABLE8_100 = Path("docs/results/fed-cdp/table8-small-100")
 TABLE4 = Path("docs/results/fed-cdp/table4-small")
+TABLE6 = Path("docs/results/fed-cdp/table6")
 
 
 def _loss(x: float | None) -> str:
@@ -202,15 +206,18 @@ def _outcome(run: RunRecord) -> str:
     return _percent(run.rounds[-1].accuracy)
 
 
-def table4_table(root: Path) -> str:
-    """Table IV (small): a row per method and σ (6, the paper's; 0.5, the authors' code's;
-    any other σ run, such as the Fed-SDP probe)."""
-    methods = ("non-private", "Fed-SDP", "Fed-CDP", "Fed-αCDP")
+def methods_table(root: Path, folder: Path = TABLE4) -> str:
+    """Table IV (small) or Table VI: a row per method and σ (6, the paper's; 0.5, the
+    authors' code's; any other σ run, such as the Fed-SDP probe), "not run" where no folder
+    of ``folder`` holds the cell; a method outside the paper's four (a σ schedule) follows
+    them when it was run."""
     cells: dict[tuple[str, float | None], RunRecord] = {}
-    for run in _finished_runs(root / TABLE4):
+    for run in _finished_runs(root / folder):
         p = run.config["privacy"]
         sigma = p["noise_multiplier"] if p["enabled"] else None
         cells[(run.label.split(",")[0], sigma)] = run
+    methods = ["non-private", "Fed-SDP", "Fed-CDP", "Fed-αCDP"]
+    methods += sorted({m for m, _ in cells} - set(methods))
     lines = [
         "| method | σ | last round (100) | best evaluation | ε (δ = 1e-5) | paper "
         "| wall time (min) |",
@@ -218,7 +225,8 @@ def table4_table(root: Path) -> str:
     ]
     for method in methods:
         run_sigmas = {sigma for m, sigma in cells if m == method and sigma is not None}
-        sigmas = sorted({6.0, 0.5} | run_sigmas, reverse=True)
+        paper_sigmas = {6.0, 0.5} if method in methods[:4] else set()
+        sigmas = sorted(paper_sigmas | run_sigmas, reverse=True)
         for sigma in (None,) if method == "non-private" else sigmas:
             name = "—" if sigma is None else f"{sigma:g}"
             if (method, sigma) not in cells:
@@ -338,7 +346,8 @@ def blocks(root: Path) -> dict[str, str]:
         "fed-cdp sigma probe": probe_table(root),
         "fed-cdp layer noise": layer_noise_table(root),
         "fed-cdp table10": table10_table(root),
-        "fed-cdp table IV (small)": table4_table(root),
+        "fed-cdp table IV (small)": methods_table(root),
+        "fed-cdp table VI": methods_table(root, TABLE6),
         "fed-cdp table VIII (small)": table8_table(root),
         "fed-cdp table VIII (100 rounds)": table8_table(root, TABLE8_100, every=5),
     }
