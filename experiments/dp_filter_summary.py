@@ -12,6 +12,9 @@ read from the experiment files' ``[paper]`` tables (so a corrected figure needs 
   (``dp_filter_mnist_table15.toml``, ``dp_filter_mnist_figure1.toml``,
   ``dp_filter_mnist_table3.toml``): ours, the paper's figure with the authors' logged seeds
   where the page compares with them, the difference in points (bold beyond 1.5), wall time.
+- ``dp-filter figure1 levels``: Figure 1 as a grid (``dp_filter_mnist_figure1.toml``,
+  ``dp_filter_mnist_table15.toml``): label flipping at 20, 40 and 60 % (none: Table 15's
+  RA) against every ε, beside the paper's RA, which it says the curves align with.
 - ``dp-filter table5``: Table 5, adaptive label flipping (``dp_filter_mnist_table5.toml``):
   per TTBB and ε, ours, the accuracy at the switch step (the last evaluation of the copy
   phase, mean over the seeds), the paper's figure and the mean of the authors' logged seeds.
@@ -106,6 +109,9 @@ AUTHORS_TABLE5 = {
     2.0: (96.1, 95.8, 95.9, 95.8, 95.9),
     0.125: (83.0, 82.0, 81.3, 80.7, 81.6),
 }
+FIGURE1_LEVELS = ((5, 20), (13, 40), (30, 60))  # (Byzantine next to 20 honest, % of all)
+FIGURE1_EPSILONS = (2.0, 1.0, 0.5, 0.25, 0.125)
+EPSILON_NAMES = {2.0: "2", 1.0: "1", 0.5: "½", 0.25: "¼", 0.125: "⅛"}
 TTBB = (0.0, 0.2, 0.4, 0.6, 0.8)
 GAMMAS = (0.2, 0.35, 0.5, 0.65, 0.8)
 EPSILONS = (0.125, 2.0)
@@ -297,6 +303,45 @@ def belief(papers: dict[tuple[str, str], float], cells: dict[tuple, list[RunReco
     return text
 
 
+def figure1_levels(
+    papers: dict[tuple[str, str], float],
+    names: dict[str, str],
+    cells: dict[tuple, list[RunRecord]],
+) -> str:
+    """Figure 1 as a grid: a row per label-flipping level (none: Table 15's RA), a column per
+    ε, the filter without its first stage; then the paper's RA, which it says the curves
+    align with."""
+
+    def cell(stem: str, label: str) -> str:
+        runs = cells.get((names[stem], label), [])
+        return _accuracy(runs) if runs else "not run"
+
+    head = " | ".join(f"ε = {EPSILON_NAMES[e]}" for e in FIGURE1_EPSILONS)
+    lines = [
+        f"| label flipping (Byzantine next to 20 honest) | {head} |",
+        "|---" * (len(FIGURE1_EPSILONS) + 1) + "|",
+        "| none (RA, Table 15) | "
+        + " | ".join(cell("dp_filter_mnist_table15", f"ε={e:g}") for e in FIGURE1_EPSILONS)
+        + " |",
+    ]
+    for byzantine, share in FIGURE1_LEVELS:
+        labels = [
+            f"{byzantine} Byzantine, ε={e:g}, noise_filter first_stage=False"
+            for e in FIGURE1_EPSILONS
+        ]
+        lines.append(
+            f"| {share}% ({byzantine}) | " + " | ".join(cell(_FIG1, x) for x in labels) + " |"
+        )
+    lines.append(
+        '| paper: RA (Table 15), which Figure 1\'s curves "almost always align with" | '
+        + " | ".join(
+            _paper(papers, "dp_filter_mnist_table15", f"ε={e:g}") for e in FIGURE1_EPSILONS
+        )
+        + " |"
+    )
+    return "\n".join(lines)
+
+
 def table2_attacks(cells: dict[tuple, list[RunRecord]]) -> str:
     lines = [
         "| attack | Byzantine, next to 20 honest | ε | ours on MNIST, 1,500 steps "
@@ -319,9 +364,10 @@ def table2_attacks(cells: dict[tuple, list[RunRecord]]) -> str:
 
 
 def blocks(root: Path) -> dict[str, str]:
-    (papers, names), cells = _papers(root), _finished(root)  # read once for the four tables
+    (papers, names), cells = _papers(root), _finished(root)  # read once for the five tables
     return {
         "dp-filter main": main_table(papers, names, cells),
+        "dp-filter figure1 levels": figure1_levels(papers, names, cells),
         "dp-filter table5": table5(papers, cells),
         "dp-filter belief": belief(papers, cells),
         "dp-filter table2 attacks": table2_attacks(cells),

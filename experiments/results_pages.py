@@ -223,7 +223,7 @@ BLOCKS: tuple[Block, ...] = (
             "docs/results/dp-filter/, experiments/dp_filter_mnist_*.toml",
             _block("dp_filter_summary", f"dp-filter {part}"),
         )
-        for part in ("main", "table5", "belief", "table2 attacks")
+        for part in ("main", "figure1 levels", "table5", "belief", "table2 attacks")
     ),
     Block(
         "fed-cdp.md",
