@@ -306,6 +306,39 @@ def test_packed_per_example_steps_match_a_per_client_loop(mode):
         torch.testing.assert_close(ours[k], expected, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("shared", [False, True])
+@pytest.mark.parametrize(
+    "mode", [FlatClipping(0.5), L2MaxClipping(max_norm=0.3), Normalization(momentum=0.1)]
+)
+def test_a_chunk_where_no_client_sampled_an_example_gets_the_noise_alone(mode, shared):
+    """Poisson sampling can leave every client of a chunk without an example (5 label
+    flippers at one expected example each: e^-5 a step). Each row must then be what an empty
+    client gets beside a client that sampled one: its noise alone, and its momentum state."""
+    flat = FlatModel(build_model("mlp", input_shape=(1, 4, 4), hidden=(6,)))
+    inputs, targets = torch.rand(40, 1, 4, 4), torch.randint(0, 10, (40,))
+    training = LocalTraining(batch_size=1, upload="gradient", clipping=mode, noise=0.7)
+    clients = VectorizedClients(
+        flat, inputs, targets, [list(range(20)), list(range(20, 40))], training
+    )
+    rows = torch.tensor([[3, 4], [25, 26]])
+    one = torch.tensor([[False, False], [True, False]])  # client 1 sampled one example
+    none = torch.zeros_like(one)
+    w = (flat.initial() + 0.1 * torch.randn(flat.dim)).repeat(2, 1)
+    state = torch.randn(2, flat.dim)
+    results = []
+    for mask in (one, none):
+        momentum = state.clone()
+        upload = clients._private_gradient(
+            w, rows, mask, 0.7, torch.Generator().manual_seed(4), momentum, shared=shared
+        )
+        assert torch.isfinite(upload).all()
+        results.append((upload, momentum))
+    (with_one, state_one), (empty, state_empty) = results
+    torch.testing.assert_close(empty[0], with_one[0])  # client 0 had no example either way
+    torch.testing.assert_close(state_empty[0], state_one[0])
+    assert not torch.equal(empty[1], with_one[1])  # client 1's example counted only once
+
+
 def tiny_clients(sizes: list[int], training: LocalTraining) -> VectorizedClients:
     """Clients of a bias-free linear model on random 4×4 images, client k holding the next
     ``sizes[k]`` examples (contiguous index ranges)."""
