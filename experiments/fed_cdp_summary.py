@@ -63,6 +63,7 @@ TABLE8 = Path("docs/results/fed-cdp/table8-small")
 TABLE8_100 = Path("docs/results/fed-cdp/table8-small-100")
 TABLE4 = Path("docs/results/fed-cdp/table4-small")
 TABLE6 = Path("docs/results/fed-cdp/table6")
+PAPER_METHODS = ("non-private", "Fed-SDP", "Fed-CDP", "Fed-αCDP")  # Tables IV and VI's rows
 
 
 def _loss(x: float | None) -> str:
@@ -216,8 +217,7 @@ def methods_table(root: Path, folder: Path = TABLE4) -> str:
         p = run.config["privacy"]
         sigma = p["noise_multiplier"] if p["enabled"] else None
         cells[(run.label.split(",")[0], sigma)] = run
-    methods = ["non-private", "Fed-SDP", "Fed-CDP", "Fed-αCDP"]
-    methods += sorted({m for m, _ in cells} - set(methods))
+    methods = [*PAPER_METHODS, *sorted({m for m, _ in cells} - set(PAPER_METHODS))]
     lines = [
         "| method | σ | last round (100) | best evaluation | ε (δ = 1e-5) | paper "
         "| wall time (min) |",
@@ -225,7 +225,7 @@ def methods_table(root: Path, folder: Path = TABLE4) -> str:
     ]
     for method in methods:
         run_sigmas = {sigma for m, sigma in cells if m == method and sigma is not None}
-        paper_sigmas = {6.0, 0.5} if method in methods[:4] else set()
+        paper_sigmas = {6.0, 0.5} if method in PAPER_METHODS else set()
         sigmas = sorted(paper_sigmas | run_sigmas, reverse=True)
         for sigma in (None,) if method == "non-private" else sigmas:
             name = "—" if sigma is None else f"{sigma:g}"

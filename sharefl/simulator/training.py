@@ -478,18 +478,23 @@ class VectorizedClients:
             # Poisson sampling gave no client of the chunk an example (likely with few
             # clients at a small rate, e.g. one expected example each): every clipped sum is
             # 0, and the noise below is still added, as for one empty batch among others
-            layers = [params.new_zeros(0, n) for n in self.model.numels]
+            per_example = {
+                n: params.new_zeros(0, k)
+                for n, k in zip(self.model.names, self.model.numels, strict=True)
+            }
+        elif shared:
+            x, y = self._batch_data(rows[owner, slot])
+            per_example = self._per_example_shared(self.model.unflatten(params[0]), x, y)
+        elif bool(mask.all()):  # owner = 0…0, 1…1, …: the nested order, no gather of w
+            x, y = self._batch_data(rows)
+            per_example = self._per_example_nested(self.model.unflatten(params), x, y)
         else:
-            if shared:
-                x, y = self._batch_data(rows[owner, slot])
-                per_example = self._per_example_shared(self.model.unflatten(params[0]), x, y)
-            elif bool(mask.all()):  # owner = 0…0, 1…1, …: the nested order, no gather of w
-                x, y = self._batch_data(rows)
-                per_example = self._per_example_nested(self.model.unflatten(params), x, y)
-            else:
-                x, y = self._batch_data(rows[owner, slot])
-                per_example = self._per_example_own(self.model.unflatten(params[owner]), x, y)
-            layers = [per_example[n].reshape(len(owner), -1) for n in self.model.names]
+            x, y = self._batch_data(rows[owner, slot])
+            per_example = self._per_example_own(self.model.unflatten(params[owner]), x, y)
+        layers = [
+            per_example[n].reshape(len(owner), k)  # k, not -1: M may be 0
+            for n, k in zip(self.model.names, self.model.numels, strict=True)
+        ]
         if isinstance(mode, QuantileClipping):
             assert isinstance(adaptive, QuantileState), "quantile clipping without its state"
             return self._quantile_gradient(mode, adaptive, layers, owner, K, sigma, generator)
