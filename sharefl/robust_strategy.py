@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from sharefl.deploy.config import DeploymentConfig
+from sharefl.robust.base import AggregationError
 from sharefl.robust.hierarchical import ClusterScale, HierarchicalAggregator
 from sharefl.robust.registry import build_rule
 from sharefl.rounds.model_step import descend
@@ -55,10 +56,15 @@ class RobustStrategy:
     ) -> tuple[np.ndarray, np.ndarray | None, str]:
         """``(model − learning_rate × aggregate, the aggregate, a note naming the rule)``
         for the sums of every reclustering that released at least one cluster; the model
-        unchanged (and no aggregate) when nothing was released."""
+        unchanged (and no aggregate) when nothing was released, or when the rule refuses
+        every reclustering's sums (too few for its ``f`` once drop-outs failed clusters:
+        the note says so, and the run goes on)."""
         if not released:
             return model, None, ""
-        aggregate = self.rule.aggregate_released(released.pairs()).cpu().numpy()
+        try:
+            aggregate = self.rule.aggregate_released(released.pairs()).cpu().numpy()
+        except AggregationError as exc:
+            return model, None, f", the model unchanged: {exc}"
         updated = descend(model, self.learning_rate, aggregate)
         return updated, aggregate, f", {type(self.rule.rule).__name__} over cluster sums"
 

@@ -33,6 +33,7 @@ from sharefl.integrations.flower import (
     PREFIX,
     STAGE_RECORD,
     FlowerIntegrationError,
+    NothingReleased,
     ShareflWorkflow,
     get_record,
     make_sharefl_mod,
@@ -942,6 +943,28 @@ def test_a_round_that_releases_nothing_says_why_in_the_servers_log(caplog):
     ]
     assert f"{N} client error replies" in line and "requires signed mode" in line
     assert f"(×{N})" in line
+
+
+def test_a_round_whose_sums_the_rule_cannot_aggregate_keeps_the_model(caplog):
+    """4 clients in clusters of 3 release one cluster sum and Median(f=1) needs 3 (as when a
+    simulation's round 1 starts before all its nodes registered): the round keeps the model
+    instead of ending the run, the server's log says why, and the round counts towards
+    ``max_empty_rounds``."""
+    nodes = NODES[:4]
+    updates = updates_for(nodes, seed=24)
+    global_arrays = [np.full(s, 0.5, np.float32) for s in SHAPES]
+    options = dict(atoms=False, cluster_size=3, clip=1.0, seed=5, rule=Median(f=1))
+    workflow = ShareflWorkflow(**options)
+    with caplog.at_level("ERROR"):
+        new, grid = run_round(workflow, updates, global_arrays)
+    assert not grid.errors and len(workflow.last_result.clusters) == 1
+    assert all(np.array_equal(n, g) for n, g in zip(new, global_arrays, strict=True))
+    assert workflow.last_update is None and workflow.empty_rounds == 1
+    (line,) = [r.getMessage() for r in caplog.records if "cannot aggregate" in r.getMessage()]
+    assert "round 1 released 1 cluster sum, which the rule cannot aggregate" in line
+    assert "Median(f=1) needs n >= 2f + 1 = 3 rows, got n = 1" in line
+    with pytest.raises(NothingReleased, match="1 cluster sum, which the rule cannot aggregate"):
+        run_round(ShareflWorkflow(**options, max_empty_rounds=1), updates, global_arrays)
 
 
 def test_the_first_round_warns_when_the_rule_cannot_withstand_the_named_byzantine_count(caplog):

@@ -85,3 +85,35 @@ def test_the_released_sums_of_a_round_are_aggregated_in_one_place():
     krum.check_clusters(5)
     with pytest.raises(AggregationError, match=r"needs n >= 2f \+ 3 = 5 rows, got n = 4"):
         krum.check_clusters(4)
+
+
+def test_a_reclustering_with_fewer_sums_than_the_rule_needs_is_left_out():
+    """Drop-outs failed clusters of one reclustering: Median(f=1) refuses its 2 sums, so
+    the round's aggregate is the other reclustering's median alone (not the median of the 2,
+    which one spoiled cluster would move at will); when every reclustering is refused the
+    error names each one's reason."""
+    rule = HierarchicalAggregator(rule=build_rule("median", {"f": 1}), scale=ClusterScale.MEAN)
+    full = [(np.array([3.0, 6.0]), 3), (np.array([2.0, 2.0]), 2), (np.array([9.0, 0.0]), 3)]
+    short = [(np.array([4.0, 4.0]), 2), (np.array([300.0, -300.0]), 3)]
+    got = rule.aggregate_released([short, full])
+    torch.testing.assert_close(got, torch.tensor([1.0, 1.0], dtype=torch.float64))
+    with pytest.raises(AggregationError, match=r"refused the sums of every reclustering") as e:
+        rule.aggregate_released([short, full[:1]])
+    assert "reclustering 0: Median(f=1) needs n >= 2f + 1 = 3 rows, got n = 2" in str(e.value)
+    assert "reclustering 1: Median(f=1) needs n >= 2f + 1 = 3 rows, got n = 1" in str(e.value)
+
+
+def test_a_deployment_keeps_its_model_when_the_rule_refuses_the_released_sums():
+    """A gRPC round in which drop-outs left 2 cluster sums for Krum(f=1), which needs 5:
+    the server keeps the model and says why in the round's log line, instead of ending the
+    run with an exception."""
+    config = DeploymentConfig(
+        model=ModelSection(dim=3, learning_rate=1.0),
+        aggregator=AggregatorSection(name="krum", options={"f": 1}),
+    )
+    strategy = RobustStrategy(config)
+    released = Released.of([[(np.ones(3), (0, 1, 2)), (np.ones(3), (3, 4, 5))]])
+    model = strategy.initial_model() + 1
+    updated, aggregate, note = strategy.apply(model, 0, released)
+    assert aggregate is None and np.array_equal(updated, model)
+    assert "the model unchanged: the rule refused" in note and "got n = 2" in note

@@ -208,3 +208,20 @@ def test_a_client_process_uploads_its_weighted_delta_as_the_in_process_round_sum
     for cid in (0, 13):  # an honest client, a Byzantine one
         raw, up = (ClientPart(s.run, cid).update(s.model_vector, 0) for s in sims)
         assert up.numpy().tobytes() == (raw * weights[cid]).numpy().tobytes()
+
+
+def test_a_round_whose_sums_the_rule_refuses_runs_as_a_round_that_released_nothing(tmp_path):
+    """Drop-outs left one cluster sum of round 2 and TrimmedMean(f=1) needs 3: the bridge
+    runs that round with a zero aggregate, as the round whose clusters all failed (server
+    momentum moves the model, the round is evaluated), instead of ending the deployment
+    with the rule's error."""
+    (run,) = expand(config(server={"momentum": 0.5}, rounds=3, eval_every=1))
+    released, models, _ = in_process(run, failed_rounds=frozenset({1}))
+    full, _, _ = in_process(run)
+    one = Released.of([[(full[1].sums[0][0], full[1].members[0][0])]])
+    strategy = SimulationStrategy(run, tmp_path)
+    model = strategy.initial_model()
+    for round_index, sums in enumerate([released[0], one, released[2]]):
+        model, _, note = strategy.apply(model, round_index, sums)
+        assert model.tobytes() == models[round_index].tobytes(), round_index
+    assert "test accuracy" in note

@@ -163,17 +163,35 @@ class HierarchicalAggregator:
         ``rounds[r]`` holds round r's cluster sums, ``sizes[r]`` their sizes. A callable
         ``validation_grad`` is called again in every round, as Algorithm 2 draws a fresh
         validation batch per reclustering.
+
+        A round whose sums the rule refuses (fewer than its ``f`` needs, once drop-outs
+        failed clusters) is left out, and the others are averaged: leaving released sums
+        unused costs progress only, whereas a weaker rule over them would let the spoiled
+        clusters through.
+
+        Raises:
+            AggregationError: no rounds, mismatched sizes, or the rule refused every round
+                (the message gives each round's reason).
         """
         if not rounds:
             raise AggregationError("average needs at least one reclustering round")
         if sizes is not None and len(sizes) != len(rounds):
             raise AggregationError(f"got {len(rounds)} rounds but {len(sizes)} size lists")
         total: Tensor | None = None
+        averaged, refused = 0, []
         for r, sums in enumerate(rounds):
-            g = self(sums, None if sizes is None else sizes[r], **rule_inputs)
+            try:
+                g = self(sums, None if sizes is None else sizes[r], **rule_inputs)
+            except AggregationError as exc:
+                refused.append(f"reclustering {r}: {exc}")
+                continue
             total = g.clone() if total is None else total.add_(g)
-        assert total is not None
-        return total / len(rounds)
+            averaged += 1
+        if total is None:
+            raise AggregationError(
+                f"the rule refused the sums of every reclustering ({'; '.join(refused)})"
+            )
+        return total / averaged
 
     def aggregate_released(
         self, released: Sequence[Sequence[tuple[Tensor | np.ndarray, float]]], **rule_inputs: Any
@@ -181,10 +199,13 @@ class HierarchicalAggregator:
         """The aggregate of the sums a secure round released: ``released[r]`` holds
         reclustering r's ``(cluster sum [d], members)`` pairs; the rule runs over each
         reclustering's sums (:meth:`__call__`) and the reclusterings that released something
-        are averaged (:meth:`average`). This is what every transport does with a round.
+        it takes are averaged (:meth:`average`). This is what every transport does with a
+        round.
 
         Raises:
-            AggregationError: nothing was released, or the rule cannot take that many sums.
+            AggregationError: nothing was released, or the rule refused every
+                reclustering's sums (too few for its ``f``...): the round cannot move the
+                model, and a transport keeps it unchanged.
         """
         kept = [sums for sums in released if sums]
         rounds = [torch.stack([torch.as_tensor(s) for s, _ in sums]) for sums in kept]

@@ -11,7 +11,7 @@ from flwr.server.strategy import FedAvg
 from flwr.server.workflow import DefaultWorkflow
 
 from flower_share.client_app import MAX_WEIGHT
-from flower_share.task import AppConfig, evaluate, initial_parameters, test_data
+from flower_share.task import CLIENTS, AppConfig, evaluate, initial_parameters, test_data
 from sharefl.integrations.flower import ShareflWorkflow
 from sharefl.robust.base import Aggregator
 from sharefl.robust.coordinate import Mean, Median, TrimmedMean
@@ -37,6 +37,8 @@ def run(grid, context: Context) -> History:
     strategy = FedAvg(
         fraction_fit=1.0,
         fraction_evaluate=0.0,
+        min_fit_clients=CLIENTS,
+        min_available_clients=CLIENTS,
         initial_parameters=ndarrays_to_parameters(initial_parameters()),
         evaluate_fn=centralized_evaluation,
     )

@@ -16,6 +16,10 @@ import numpy as np
 DIM = 20
 EXAMPLES = 200
 """Examples per client (the test set has as many per client as well)."""
+CLIENTS = 10
+"""The federation's SuperNodes (README: ``--num-supernodes 10``). Every round waits for all
+of them: a simulation registers its nodes while the first round starts, and a round with
+fewer than 9 clients makes fewer than the 3 clusters the median needs."""
 
 TRUE_W = np.random.default_rng(2024).normal(size=DIM)
 

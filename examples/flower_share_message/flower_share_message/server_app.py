@@ -9,7 +9,13 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg, Result
 
 from flower_share_message.client_app import MAX_WEIGHT
-from flower_share_message.task import AppConfig, evaluate, initial_parameters, test_data
+from flower_share_message.task import (
+    CLIENTS,
+    AppConfig,
+    evaluate,
+    initial_parameters,
+    test_data,
+)
 from sharefl.integrations.flower import ShareflStrategy
 from sharefl.robust.base import Aggregator
 from sharefl.robust.coordinate import Mean, Median, TrimmedMean
@@ -34,7 +40,10 @@ def run(grid: Grid, context: Context) -> Result:
     config = AppConfig.from_run_config(context.run_config)
     strategy = ShareflStrategy(
         FedAvg(
-            fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=10, min_available_nodes=10
+            fraction_train=1.0,
+            fraction_evaluate=0.0,
+            min_train_nodes=CLIENTS,
+            min_available_nodes=CLIENTS,
         ),
         cluster_size=config.cluster_size,
         clip=config.clip,

@@ -35,7 +35,7 @@ from sharefl.protocol.settings import (
     SettingsError,
     settings_from,
 )
-from sharefl.robust.base import Aggregator
+from sharefl.robust.base import AggregationError, Aggregator
 from sharefl.robust.coordinate import Mean
 from sharefl.robust.hierarchical import ClusterScale, HierarchicalAggregator
 from sharefl.rounds.model_plans import ModelPlans
@@ -190,9 +190,11 @@ class ShareflWorkflow:
             ReleaseLedger`). ``clip`` and ``max_weight`` are then unused (the coordinator
             gets ``clip=None``: ring inputs).
         delta: δ of ``last_epsilon``.
-        max_empty_rounds: after this many rounds in a row that released no cluster sum, the
-            round raises :class:`NothingReleased` with the last round's reasons, stopping
-            the run (``None``: never; every such round is logged with its reasons).
+        max_empty_rounds: after this many rounds in a row that released no cluster sum (or
+            only sums the rule cannot aggregate: too few for its ``f``), the round raises
+            :class:`NothingReleased` with the last round's reasons, stopping the run
+            (``None``: never; every such round is logged with its reasons and keeps the
+            model).
 
     Attributes set by each round: ``last_result`` (the :class:`RoundResult`, its culprits
     by client id), ``last_update`` (the aggregated update arrays, or ``None``),
@@ -473,10 +475,16 @@ class ShareflWorkflow:
         self._proven = {route.nodes[cid]: cid for cid in train_replies}
         result = rc.result()
         self.last_result = result
-        if encoder is None:
-            update = self._aggregate(result, codec)
-        else:
-            update = self._aggregate_ring(result, codec, encoder, round_seed(rc.plan, digest))
+        self.last_update = None
+        try:
+            if encoder is None:
+                update = self._aggregate(result, codec)
+            else:
+                update = self._aggregate_ring(result, codec, encoder, round_seed(rc.plan, digest))
+        except AggregationError as exc:  # e.g. drop-outs left fewer sums than the rule's f needs
+            sums = counted(len(result.all_clusters), "cluster sum")
+            released = f"{sums}, which the rule cannot aggregate"
+            return self._nothing_released(current_round, f" — {exc}", failures, released)
         self.last_update = update
         if update is None:
             return self._nothing_released(
@@ -490,12 +498,17 @@ class ShareflWorkflow:
         return SecureRoundOutcome(new, replies, failures)
 
     def _nothing_released(
-        self, current_round: int, reasons: str, failures: Failures
+        self,
+        current_round: int,
+        reasons: str,
+        failures: Failures,
+        released: str = "no cluster sum",
     ) -> SecureRoundOutcome:
-        """Log a round that released nothing, and raise :class:`NothingReleased` when it is
-        the ``max_empty_rounds``-th in a row."""
+        """Log a round that leaves the model unchanged (it ``released`` nothing, or sums the
+        rule cannot aggregate), and raise :class:`NothingReleased` when it is the
+        ``max_empty_rounds``-th in a row."""
         self.empty_rounds += 1
-        message = f"round {current_round} released no cluster sum; the model is unchanged{reasons}"
+        message = f"round {current_round} released {released}; the model is unchanged{reasons}"
         log.error("sharefl: %s", message)
         if self.max_empty_rounds is not None and self.empty_rounds >= self.max_empty_rounds:
             raise NothingReleased(

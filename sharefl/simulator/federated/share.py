@@ -53,7 +53,7 @@ from sharefl.protocol.client import min_released_members
 from sharefl.protocol.driver import secure_sum
 from sharefl.protocol.keys import ClientKeys
 from sharefl.protocol.settings import DEFAULTS, KeySetup
-from sharefl.robust import HierarchicalAggregator
+from sharefl.robust import AggregationError, HierarchicalAggregator
 from sharefl.rounds.released import Released
 from sharefl.simulator.config import RunConfig, SimulationConfigError
 from sharefl.simulator.federated.cluster_zeno import ClusterZeno
@@ -317,7 +317,9 @@ class ShareAggregation:
         The honest participants (``ids`` less ``byzantine``) are charged for the released
         sums (:meth:`account`); zero when nothing was released; otherwise Zeno++ over the
         sums (normalised by the ``len(ids)`` participants) or the hierarchical rule over
-        cluster means, reclusterings averaged."""
+        cluster means, reclusterings averaged; zero as well when the rule refuses every
+        reclustering's sums (drop-outs left fewer than its ``f`` needs: the preflight
+        checked the planned clusters only)."""
         self.account(released.all_members(), [c for c in ids if c not in byzantine])
         if not released:  # every cluster failed: no update this round
             return torch.zeros_like(w)
@@ -326,7 +328,11 @@ class ShareAggregation:
             flags = [[any(c in byzantine for c in m) for m in r] for r in released.members]
             return self.zeno.aggregate(rounds, w, len(ids), flags)
         assert self.rule is not None
-        return self.rule.aggregate_released(released.pairs()).to(w.dtype).to(w.device)
+        try:
+            aggregate = self.rule.aggregate_released(released.pairs())
+        except AggregationError:
+            return torch.zeros_like(w)
+        return aggregate.to(w.dtype).to(w.device)
 
     def account(self, released: list[tuple[int, ...]], honest: list[int]) -> None:
         """Record one round's released sums (survivors) for the ``honest`` clients, counting
