@@ -15,7 +15,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from sharefl import __version__
 from sharefl.errors import ShareflError, UserError
@@ -23,6 +23,9 @@ from sharefl.exit_status import ExitStatus, epilog
 from sharefl.install_hint import install_command, missing_module_hint
 from sharefl.machine import forget_caught_interrupt, machine_info
 from sharefl.wording import counted
+
+if TYPE_CHECKING:  # the simulator's types; the commands import it when they run
+    from sharefl.simulator.config import RunConfig
 
 
 def _torch_info() -> dict[str, str | bool]:
@@ -150,6 +153,8 @@ def _simulate(args: argparse.Namespace) -> int:
         runs = [r for r in runs if r.seed in args.seeds]
     if args.match:
         runs = [r for r in runs if args.match in r.label]
+    if args.label:
+        runs = _labelled(runs, args.label)
     if not runs:
         raise SimulationConfigError("no run of the file matches --seeds/--match")
     from sharefl.simulator.preflight import check_runs  # torch from here on
@@ -205,6 +210,25 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _labelled(runs: list[RunConfig], labels: list[str]) -> list[RunConfig]:
+    """The runs whose label is one of ``labels`` exactly (where ``--match``'s part of a
+    label would also select its longer variants). Raises ``SimulationConfigError`` naming
+    a label no run of ``runs`` has, with the closest labels the file has."""
+    from difflib import get_close_matches
+
+    from sharefl.simulator.config import SimulationConfigError
+
+    have = sorted({r.label for r in runs})
+    for label in labels:
+        if label not in have:
+            close = get_close_matches(label, have, n=3, cutoff=0.5)
+            hint = f"; closest: {', '.join(repr(c) for c in close)}" if close else ""
+            raise SimulationConfigError(
+                f"--label {label!r} is no run's label (after --seeds/--match){hint}"
+            )
+    return [r for r in runs if r.label in labels]
+
+
 def _add_simulation_commands(sub) -> None:
     simulate = sub.add_parser("simulate", help="run a simulation TOML (a grid of runs)")
     simulate.add_argument("config", help="simulation TOML (see README, experiments/)")
@@ -218,6 +242,9 @@ def _add_simulation_commands(sub) -> None:
     )
     simulate.add_argument("--seeds", type=int, nargs="+", help="only the runs with these seeds")
     simulate.add_argument("--match", help="only the runs whose label contains this text")
+    simulate.add_argument(
+        "--label", nargs="+", help="only the runs with exactly these labels (a typo is named)"
+    )
     unfinished = simulate.add_mutually_exclusive_group()
     unfinished.add_argument(
         "--resume",

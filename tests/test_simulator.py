@@ -474,6 +474,23 @@ def test_simulate_command_runs_the_matching_part_of_a_grid(tmp_path):
     assert cli_main(["simulate", str(path), "--out", str(out), "--match", "lr=9"]) == 2
 
 
+def test_simulate_label_selects_exactly_one_run_where_match_selects_its_variants(tmp_path, capsys):
+    """``--match "lr=0.5"`` would also select "lr=0.55"; ``--label`` selects the one run,
+    and a label no run has is refused naming the closest ones."""
+    config = base_config(rounds=2, label="lr={training.learning_rate}")
+    config["training"]["learning_rate"] = [0.5, 0.55]
+    path = tmp_path / "grid.toml"
+    path.write_text(_toml(config), encoding="utf-8")
+    out = tmp_path / "out"
+    assert cli_main(["simulate", str(path), "--out", str(out), "--label", "lr=0.5"]) == 0
+    (summary,) = [json.loads(p.read_text()) for p in out.glob("*/summary.json")]
+    assert summary["label"] == "lr=0.5"
+    capsys.readouterr()
+    assert cli_main(["simulate", str(path), "--out", str(out), "--label", "lr=0.6"]) == 2
+    err = capsys.readouterr().err
+    assert "--label 'lr=0.6' is no run's label" in err and "closest: 'lr=0.5'" in err
+
+
 def test_simulate_prints_its_final_json_lines_readably(tmp_path, capsys):
     config = base_config(rounds=2, label="ε-free run, lr={training.learning_rate}")
     path = tmp_path / "run.toml"
