@@ -91,7 +91,7 @@ def test_a_reclustering_with_fewer_sums_than_the_rule_needs_is_left_out():
     """Drop-outs failed clusters of one reclustering: Median(f=1) refuses its 2 sums, so
     the round's aggregate is the other reclustering's median alone (not the median of the 2,
     which one spoiled cluster would move at will); when every reclustering is refused the
-    error names each one's reason."""
+    error gives each reason."""
     rule = HierarchicalAggregator(rule=build_rule("median", {"f": 1}), scale=ClusterScale.MEAN)
     full = [(np.array([3.0, 6.0]), 3), (np.array([2.0, 2.0]), 2), (np.array([9.0, 0.0]), 3)]
     short = [(np.array([4.0, 4.0]), 2), (np.array([300.0, -300.0]), 3)]
@@ -99,8 +99,8 @@ def test_a_reclustering_with_fewer_sums_than_the_rule_needs_is_left_out():
     torch.testing.assert_close(got, torch.tensor([1.0, 1.0], dtype=torch.float64))
     with pytest.raises(AggregationError, match=r"refused the sums of every reclustering") as e:
         rule.aggregate_released([short, full[:1]])
-    assert "reclustering 0: Median(f=1) needs n >= 2f + 1 = 3 rows, got n = 2" in str(e.value)
-    assert "reclustering 1: Median(f=1) needs n >= 2f + 1 = 3 rows, got n = 1" in str(e.value)
+    assert "Median(f=1) needs n >= 2f + 1 = 3 rows, got n = 2" in str(e.value)
+    assert "Median(f=1) needs n >= 2f + 1 = 3 rows, got n = 1" in str(e.value)
 
 
 def test_a_deployment_keeps_its_model_when_the_rule_refuses_the_released_sums():

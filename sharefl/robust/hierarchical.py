@@ -171,27 +171,25 @@ class HierarchicalAggregator:
 
         Raises:
             AggregationError: no rounds, mismatched sizes, or the rule refused every round
-                (the message gives each round's reason).
+                (the message gives each distinct reason).
         """
         if not rounds:
             raise AggregationError("average needs at least one reclustering round")
         if sizes is not None and len(sizes) != len(rounds):
             raise AggregationError(f"got {len(rounds)} rounds but {len(sizes)} size lists")
         total: Tensor | None = None
-        averaged, refused = 0, []
+        refused: list[str] = []
         for r, sums in enumerate(rounds):
             try:
                 g = self(sums, None if sizes is None else sizes[r], **rule_inputs)
             except AggregationError as exc:
-                refused.append(f"reclustering {r}: {exc}")
+                refused.append(str(exc))
                 continue
             total = g.clone() if total is None else total.add_(g)
-            averaged += 1
         if total is None:
-            raise AggregationError(
-                f"the rule refused the sums of every reclustering ({'; '.join(refused)})"
-            )
-        return total / averaged
+            reasons = "; ".join(dict.fromkeys(refused))  # each distinct reason once, in order
+            raise AggregationError(f"the rule refused the sums of every reclustering: {reasons}")
+        return total / (len(rounds) - len(refused))
 
     def aggregate_released(
         self, released: Sequence[Sequence[tuple[Tensor | np.ndarray, float]]], **rule_inputs: Any
