@@ -25,6 +25,7 @@ from test_grpc_processes import Deployment, write_config
 
 from sharefl.deploy.client import ClientReport, ClientRuntime, RoundsRefused, check_took_part
 from sharefl.deploy.config import (
+    AggregatorSection,
     DeploymentConfig,
     ModelSection,
     SecureAggregationSection,
@@ -38,6 +39,7 @@ from sharefl.deploy.strategy import AveragingStrategy
 from sharefl.exit_status import ExitStatus
 from sharefl.protocol.client import ClientPolicy
 from sharefl.protocol.errors import ConfigurationError
+from sharefl.robust_strategy import RobustStrategy
 
 PER_CLIENT = ClientPolicy(require_atoms=False)
 """Clients that accept plans without atoms (these tests are about per-client clusters)."""
@@ -161,3 +163,51 @@ def test_a_client_that_refused_every_round_it_was_offered_fails():
     assert err.value.exit_status == ExitStatus.ROUNDS_REFUSED
     check_took_part(dataclasses.replace(report, contributed=1))  # took part once: fine
     check_took_part(ClientReport(5, rounds=3, sampled_out=3))  # refused nothing: fine
+
+
+def test_rounds_whose_sums_the_robust_rule_refuses_keep_the_model_and_end_the_run():
+    """Nine clients in three clusters of 3 under Median(f=1), which needs 3 sums: client 8
+    corrupts its cluster's sum in every round, so each round releases 2. The server keeps
+    the model (the rule would otherwise stop the run with its own error, or a weaker rule
+    let the corrupted cluster through), its round line says why, and after
+    ``max_empty_rounds`` such rounds the run stops with :class:`RunStalled`."""
+    config = dataclasses.replace(
+        _config(rounds=10),
+        server=ServerSection(
+            clients=9, rounds=10, connect_timeout_s=HANG_S, stage_timeout_s=HANG_S
+        ),
+        model=ModelSection(dim=8, aggregator="mean"),
+        secure_aggregation=SecureAggregationSection(cluster_size=3, atoms=False),
+        aggregator=AggregatorSection(name="median", options={"f": 1}),
+    )
+    strategy = RobustStrategy(config)
+    reports: list[RoundReport] = []
+    models: list = []
+    lines: list[str] = []
+
+    def on_round(report: RoundReport, model) -> None:
+        reports.append(report)
+        models.append(model.copy())
+
+    async def main():
+        server, address = await serving(
+            serve, config, log=lines.append, on_round=on_round, strategy=strategy
+        )
+        clients = [
+            asyncio.create_task(ClientRuntime(c, address, policy=PER_CLIENT).run())
+            for c in range(8)
+        ]
+        clients.append(
+            asyncio.create_task(ByzantineClient(8, address, attack="out-of-range").run())
+        )
+        with pytest.raises(RunStalled) as err:
+            await server
+        await asyncio.gather(*clients, return_exceptions=True)
+        return err.value
+
+    stalled = asyncio.run(main())
+    assert len(reports) == 3 and all(len(r.clusters) == 2 for r in reports)
+    assert all(m.tobytes() == strategy.initial_model().tobytes() for m in models)
+    refusals = [x for x in lines if "the model unchanged" in x]
+    assert len(refusals) == 3 and "Median(f=1) needs n >= 2f + 1 = 3 rows, got n = 2" in refusals[0]
+    assert "3 rounds in a row (rounds 1-3)" in str(stalled)

@@ -128,7 +128,7 @@ class ServerSection:
         _require(
             self.max_empty_rounds >= 0,
             "server.max_empty_rounds must be >= 0 (k: stop after k rounds in a row that "
-            "released no cluster sum; 0: never stop)",
+            "released no cluster sum the aggregator could use; 0: never stop)",
         )
 
     @property

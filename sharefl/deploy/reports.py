@@ -40,16 +40,18 @@ def unreleased_clusters(report: RoundReport) -> list[str]:
 
 
 def stall_message(report: RoundReport, empty: int) -> str:
-    """Why the run stops after ``empty`` rounds in a row without a released sum, the last
-    being ``report``, and what to change (:class:`RunStalled`)."""
+    """Why the run stops after ``empty`` rounds in a row without a released sum the
+    aggregator could use, the last being ``report``, and what to change
+    (:class:`RunStalled`)."""
     phrases = unreleased_clusters(report)
     named = "; ".join(phrases[:STALL_CLUSTERS]) or "no cluster ran"
     if len(phrases) > STALL_CLUSTERS:
         named += f"; and {len(phrases) - STALL_CLUSTERS} more"
     first, last = report.round - empty + 2, report.round + 1
     return (
-        f"{counted(empty, 'round')} in a row (rounds {first}-{last}) released no cluster sum, "
-        f"so the model cannot change and the server stops the run; round {last}: {named}. "
+        f"{counted(empty, 'round')} in a row (rounds {first}-{last}) released no cluster sum"
+        f"{'' if not report.clusters else ' the aggregator could use'}, so the model cannot "
+        f"change and the server stops the run; round {last}: {named}. "
         "Bring back the clusters' missing clients or remove the ones that corrupt them, or "
         "start a new run (a new model gets a new plan); server.max_empty_rounds sets how "
         "many such rounds a run allows (0: never stop)"

@@ -307,7 +307,8 @@ class ServerRun:
         the two-exchange round (``key_setup = "once"``) relays."""
         self.reports: list[RoundReport] = []
         self.empty_rounds = 0
-        """Rounds in a row, up to the last, that released no cluster sum."""
+        """Rounds in a row, up to the last, that released no cluster sum the strategy could
+        aggregate."""
 
     # -- links ------------------------------------------------------------------------------
 
@@ -530,22 +531,24 @@ class ServerRun:
             for round_index in range(self.start_round, self.config.server.rounds):
                 self._warn_insecure()
                 report = await self._round(round_index)
+                moved = report.total is not None
                 if self.on_round is not None:
                     self.on_round(report, self.model)
                     report.total = None
                 self.reports.append(report)
-                self._check_progress(report)
+                self._check_progress(report, moved)
         except (ConfigurationError, LeakageError, RunStalled, TooFewClients, ClientsLost) as exc:
             self.abort(f"the server stopped the run: {exc}")
             raise
         self._finish()
         return self.reports
 
-    def _check_progress(self, report: RoundReport) -> None:
-        """Count the rounds in a row that released no cluster sum (``report`` is the
-        latest); raise :class:`RunStalled` when they reach ``server.max_empty_rounds``
-        (0: never)."""
-        self.empty_rounds = 0 if report.clusters else self.empty_rounds + 1
+    def _check_progress(self, report: RoundReport, aggregated: bool) -> None:
+        """Count the rounds in a row that released no cluster sum, or only sums the
+        strategy could not aggregate (``aggregated``: it returned an aggregate; a robust
+        rule refuses fewer sums than its ``f`` needs); ``report`` is the latest. Raise
+        :class:`RunStalled` when they reach ``server.max_empty_rounds`` (0: never)."""
+        self.empty_rounds = 0 if report.clusters and aggregated else self.empty_rounds + 1
         limit = self.config.server.max_empty_rounds
         if limit and self.empty_rounds >= limit:
             raise RunStalled(stall_message(report, self.empty_rounds))
