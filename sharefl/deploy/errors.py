@@ -20,11 +20,11 @@ class DeployError(ProtocolError):
 
 class RunStalled(DeployError):
     """``server.max_empty_rounds`` rounds in a row released no cluster sum (or only sums the
-    robust rule refused: fewer than its ``f`` needs), so the server stopped the run: the model cannot change, and a round over an unchanged model reuses its
-    plan, so the run would only repeat (e.g. a client that corrupted its cluster's sum and
-    left: without it the cluster's smaller sum is withheld in every later round). The
-    message names the last round's withheld, failed and corrupted clusters and what to
-    change."""
+    robust rule refused: fewer than its ``f`` needs), so the server stopped the run: the
+    model cannot change, and a round over an unchanged model reuses its plan, so the run
+    would only repeat (e.g. a client that corrupted its cluster's sum and left: without it
+    the cluster's smaller sum is withheld in every later round). The message names the last
+    round's withheld, failed and corrupted clusters and what to change."""
 
     exit_status = ExitStatus.STALLED
 
