@@ -10,6 +10,7 @@ import itertools
 import json
 import math
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -462,11 +463,17 @@ def test_a_run_that_cannot_be_built_leaves_no_folder(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_simulate_command_runs_the_matching_part_of_a_grid(tmp_path):
+def _learning_rate_grid(tmp_path, rates: list[float]) -> Path:
+    """A grid file of 2-round runs, one per learning rate, labelled ``lr=<rate>``."""
     config = base_config(rounds=2, label="lr={training.learning_rate}")
-    config["training"]["learning_rate"] = [0.1, 0.5]
+    config["training"]["learning_rate"] = rates
     path = tmp_path / "grid.toml"
     path.write_text(_toml(config), encoding="utf-8")
+    return path
+
+
+def test_simulate_command_runs_the_matching_part_of_a_grid(tmp_path):
+    path = _learning_rate_grid(tmp_path, [0.1, 0.5])
     out = tmp_path / "out"
     assert cli_main(["simulate", str(path), "--out", str(out), "--match", "lr=0.5"]) == 0
     (summary,) = [json.loads(p.read_text()) for p in out.glob("*/summary.json")]
@@ -477,10 +484,7 @@ def test_simulate_command_runs_the_matching_part_of_a_grid(tmp_path):
 def test_simulate_label_selects_exactly_one_run_where_match_selects_its_variants(tmp_path, capsys):
     """``--match "lr=0.5"`` would also select "lr=0.55"; ``--label`` selects the one run,
     and a label no run has is refused naming the closest ones."""
-    config = base_config(rounds=2, label="lr={training.learning_rate}")
-    config["training"]["learning_rate"] = [0.5, 0.55]
-    path = tmp_path / "grid.toml"
-    path.write_text(_toml(config), encoding="utf-8")
+    path = _learning_rate_grid(tmp_path, [0.5, 0.55])
     out = tmp_path / "out"
     assert cli_main(["simulate", str(path), "--out", str(out), "--label", "lr=0.5"]) == 0
     (summary,) = [json.loads(p.read_text()) for p in out.glob("*/summary.json")]
