@@ -170,9 +170,10 @@ def _server_config(config_path: str, out: str | None) -> tuple[DeploymentConfig,
 
         return config, RobustStrategy(config)
     from sharefl.simulation_bridge import SimulationStrategy, deployment_for, single_run
+    from sharefl.simulator.runner import run_folder
 
     run = single_run(config_path)
-    strategy = SimulationStrategy(run, None if out is None else Path(out) / run.run_id)
+    strategy = SimulationStrategy(run, None if out is None else run_folder(Path(out), run))
     return deployment_for(run, strategy.simulation), strategy
 
 

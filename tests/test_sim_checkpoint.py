@@ -18,6 +18,7 @@ import os
 import signal
 import subprocess
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -229,6 +230,33 @@ def test_periodic_checkpoints_resume_from_the_last_one_and_rewrite_later_rows(tm
     )
     run_one(run, tmp_path / "stopped", resume=True, simulation_factory=_factory())
     _assert_same_folder(folder, tmp_path / "straight" / run.run_id)
+
+
+def test_runs_in_folders_named_by_an_earlier_version_are_resumed_and_skipped_there(tmp_path):
+    """Earlier versions cut name and label together at 60 characters, so a long name hid the
+    label; a run stopped or finished under such a folder name (and a checkpoint holding that
+    id) is found there, not run again beside it."""
+    (run,) = expand(
+        FEDERATED | {"name": "an experiment whose name alone is longer than sixty chars"}
+    )
+    assert run.earlier_run_id != run.run_id and "s1-" in run.run_id
+    run_one(run, tmp_path / "straight")
+    with pytest.raises(KeyboardInterrupt):
+        run_one(run, tmp_path / "stopped", simulation_factory=_factory(signal_in=2))
+    earlier = tmp_path / "stopped" / run.earlier_run_id
+    (tmp_path / "stopped" / run.run_id).rename(earlier)
+    saved = LoopCheckpoint.read(earlier, run.run_id)
+    assert saved is not None
+    replace(saved, run_id=run.earlier_run_id).write(earlier)  # as the earlier version wrote it
+
+    with pytest.raises(UnfinishedRunError, match=run.earlier_run_id):
+        run_grid([run], tmp_path / "stopped")
+    outcome = run_one(run, tmp_path / "stopped", resume=True, simulation_factory=_factory())
+    assert outcome.folder == earlier and not outcome.skipped
+    assert [p.name for p in (tmp_path / "stopped").iterdir()] == [run.earlier_run_id]
+    _assert_same_folder(earlier, tmp_path / "straight" / run.run_id)
+    (again,) = run_grid([run], tmp_path / "stopped")
+    assert again.skipped and again.folder == earlier
 
 
 def test_an_unfinished_run_is_refused_unless_resume_or_restart_says_what_to_do(tmp_path):

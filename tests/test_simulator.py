@@ -92,6 +92,27 @@ def test_run_ids_spell_out_greek_letters():
     assert "Fed-alphaCDP-sigma-0-5-s" in ids[0] and "Fed-CDP-sigma-0-5-s" in ids[1]
 
 
+def test_run_ids_keep_the_label_when_the_name_is_long():
+    """The name is cut first, so runs of one file differ in their readable prefix; ids
+    whose name and label fit in 60 characters are those earlier versions gave."""
+    config = base_config(
+        name="DP filter (Xiang et al.) Figure 1 (MNIST, label flipping, 1,500 steps)"
+    )
+    config["variant"] = [{"label": "30 Byzantine, first_stage=True"}, {"label": "30 Byzantine"}]
+    first, second = expand(config)
+    assert first.run_id.startswith("DP-filter-Xiang-et-al-Figure-1-MNIST-label-flipping-1-500")
+    assert "-30-Byzantine-first-stage-True-s1-" in first.run_id
+    assert "-30-Byzantine-s1-" in second.run_id
+    assert first.run_id.endswith(first.run_key) and first.earlier_run_id.endswith(first.run_key)
+    assert first.earlier_run_id[:60] == second.earlier_run_id[:60]  # what the change mends
+    (short,) = expand(base_config(name="quickstart"))
+    assert short.run_id == short.earlier_run_id
+    long_label = base_config(name="n" * 200)
+    long_label["variant"] = [{"label": "l" * 200}]
+    (long,) = expand(long_label)
+    assert long.run_id.startswith("n" * 20 + "-l") and len(long.run_id) <= 120 + 1 + 14
+
+
 @pytest.mark.parametrize(
     ("patch", "message"),
     [

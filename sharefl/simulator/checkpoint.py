@@ -54,6 +54,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from sharefl.simulator.config import run_key_of
 from sharefl.simulator.errors import SimulatorError
 from sharefl.simulator.results import write_atomically
 
@@ -133,7 +134,7 @@ class LoopCheckpoint:
             ) from exc
         if not isinstance(checkpoint, LoopCheckpoint) or checkpoint.format != FORMAT:
             raise CheckpointError(f"{path} is not a checkpoint of this sharefl; delete it")
-        if checkpoint.run_id != run_id:
+        if run_key_of(checkpoint.run_id) != run_key_of(run_id):  # ids of any version
             raise CheckpointError(
                 f"{path} belongs to run {checkpoint.run_id}, not {run_id}; delete it"
             )

@@ -672,13 +672,29 @@ class RunConfig:
 
     @property
     def run_id(self) -> str:
-        """A stable identifier: readable prefix + hash of the resolved configuration.
+        """The run's folder name: a readable prefix (name and label, the name cut first so
+        that the label telling a file's runs apart survives; at most
+        :data:`RUN_ID_PREFIX_CHARS` characters), then :attr:`run_key`. Greek letters are
+        spelled out so that "Fed-αCDP" and "Fed-CDP" get different prefixes."""
+        return f"{_readable_prefix(self.name, self.label)}-{self.run_key}"
+
+    @property
+    def earlier_run_id(self) -> str:
+        """The folder name earlier versions of sharefl gave this run: name and label
+        together cut at 60 characters, so a long name hid the label.
+        :func:`~sharefl.simulator.runner.run_folder` finds runs finished under it."""
+        readable = _slug(f"{self.name}-{self.label}")[:60]
+        return f"{readable}-{self.run_key}"
+
+    @property
+    def run_key(self) -> str:
+        """What identifies the run: ``s<seed>-<hash>``, the first 10 hex digits of the
+        SHA-256 of the resolved configuration. Two ids with the same key
+        (:func:`run_key_of`) name one run.
 
         The paper's value is left out of the hash: correcting it must not re-run a finished
         experiment; so are default ``[algorithm]`` and ``[dp_rsa]`` sections (ids from before
         they existed; ``[dp_rsa]``'s keys are hashed as ``[algorithm]``'s, where they were).
-        Greek letters are spelled out so that "Fed-αCDP" and "Fed-CDP" get
-        different prefixes.
         """
         settings = {k: v for k, v in self.to_dict().items() if k != "paper"}
         # ids of runs from before [dp_rsa]: its keys hashed inside [algorithm], and both left
@@ -710,9 +726,32 @@ class RunConfig:
         if self.decentralized == DecentralizedConfig():  # likewise
             del settings["decentralized"]
         blob = json.dumps(settings, sort_keys=True, default=str).encode()
-        readable = f"{self.name}-{self.label}".translate(_GREEK)
-        slug = re.sub(r"[^A-Za-z0-9]+", "-", readable).strip("-")[:60]
-        return f"{slug}-s{self.seed}-{hashlib.sha256(blob).hexdigest()[:10]}"
+        return f"s{self.seed}-{hashlib.sha256(blob).hexdigest()[:10]}"
+
+
+RUN_ID_PREFIX_CHARS = 120
+"""The longest readable prefix of a run id (:attr:`RunConfig.run_id`): with the key, a
+folder name stays far below the 255 bytes file systems allow."""
+
+
+def _slug(text: str) -> str:
+    """``text`` with Greek letters spelled out and every run of other characters than
+    ASCII letters and digits made one ``-``."""
+    return re.sub(r"[^A-Za-z0-9]+", "-", text.translate(_GREEK)).strip("-")
+
+
+def _readable_prefix(name: str, label: str) -> str:
+    """``name-label`` as a slug of at most :data:`RUN_ID_PREFIX_CHARS` characters, the
+    name cut first (to no less than 20 characters), then the label."""
+    tail = _slug(label)[: RUN_ID_PREFIX_CHARS - 21] if label else ""
+    head = _slug(name)[: RUN_ID_PREFIX_CHARS - len(tail) - 1 if tail else RUN_ID_PREFIX_CHARS]
+    return "-".join(part for part in (head.strip("-"), tail.strip("-")) if part)
+
+
+def run_key_of(run_id: str) -> str:
+    """The :attr:`RunConfig.run_key` part of a run id (of any version): its last two
+    ``-``-separated fields."""
+    return "-".join(run_id.rsplit("-", 2)[-2:])
 
 
 CLUSTERINGS = ("random", "fixed", "fixed_plan")

@@ -113,15 +113,21 @@ class UnfinishedRunError(CheckpointError):
     to do with it (exit status 2: the command line must choose)."""
 
 
+def run_folder(out: Path, run: RunConfig) -> Path:
+    """The folder of ``run`` under ``out``: ``out/<run_id>``, or the folder an earlier
+    version named (:attr:`~RunConfig.earlier_run_id`) where only that one exists, so a run
+    finished (or checkpointed) before the names changed is found, not run again."""
+    folder = out / run.run_id
+    earlier = out / run.earlier_run_id
+    return earlier if not folder.exists() and earlier.is_dir() else folder
+
+
 def refuse_unfinished(runs: Sequence[RunConfig], out: Path) -> None:
     """Raise :class:`UnfinishedRunError`, naming ``--resume`` and ``--restart``, when a
     run of ``runs`` is unfinished under ``out`` with a checkpoint (no ``summary.json``, a
     ``checkpoint.pkl``); return otherwise. Reads no checkpoint."""
-    held = [
-        out / run.run_id
-        for run in runs
-        if (out / run.run_id / CHECKPOINT_FILE).is_file() and read_summary(out / run.run_id) is None
-    ]
+    folders = [run_folder(out, run) for run in runs]
+    held = [f for f in folders if (f / CHECKPOINT_FILE).is_file() and read_summary(f) is None]
     if held:
         more = f" and {counted(len(held) - 1, 'other')}" if len(held) > 1 else ""
         raise UnfinishedRunError(
@@ -163,7 +169,7 @@ def run_one(
     """
     if resume and restart:
         raise ValueError("resume or restart, not both")
-    folder = out / run.run_id
+    folder = run_folder(out, run)
     writer = RunWriter(folder)
     summary = read_summary(folder)
     if summary is not None:
