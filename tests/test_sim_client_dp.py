@@ -205,6 +205,7 @@ def test_seed003_experiment_files_parse_with_paper_values():
         "Fed-αCDP[σ] exponential": 0.983,
         "Fed-αCDP, σ=0.5 (authors' code)": 0.979,
         "Fed-CDP, σ=0.5 (authors' code)": 0.956,
+        "Fed-SDP, σ=0.5 (authors' code)": 0.928,
     }
     small = {r.label: r for r in load_runs("experiments/fed_cdp_mnist_table4_small.toml")}
     assert {k: r.paper for k, r in small.items()} == {
@@ -223,8 +224,9 @@ def test_seed003_experiment_files_parse_with_paper_values():
         for label, run in runs.items():
             assert run.privacy.noise_multiplier == (0.5 if "σ=0.5" in label else 6.0)
     assert not table6["non-private"].privacy.enabled
-    sdp = table6["Fed-SDP"].privacy
-    assert (sdp.level, sdp.clipping, sdp.sample_rate, sdp.clip) == ("client", "flat", 0.0, 4.0)
+    for label in ("Fed-SDP", "Fed-SDP, σ=0.5 (authors' code)"):
+        sdp = table6[label].privacy
+        assert (sdp.level, sdp.clipping, sdp.sample_rate, sdp.clip) == ("client", "flat", 0.0, 4.0)
     assert table6["Fed-CDP"].privacy.clipping == "per_layer"
     assert table6["Fed-αCDP"].privacy.clipping == "l2max"
     for run in (table6["Fed-CDP"], table6["Fed-αCDP"], table6["Fed-αCDP[σ] exponential"]):
