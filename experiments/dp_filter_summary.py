@@ -97,6 +97,24 @@ MAIN_ROWS = (
         "",
     ),
     (
+        _FIG1,
+        "30 Byzantine, ε=0.125, noise_filter first_stage=True",
+        f"Figure 1, 60% label flipping, ε = ⅛, {_WITH}",
+        "",
+    ),
+    (
+        _FIG1,
+        "180 Byzantine, ε=2, noise_filter first_stage=True",
+        f"Figure 1, 90% label flipping, ε = 2, {_WITH}",
+        "",
+    ),
+    (
+        _FIG1,
+        "180 Byzantine, ε=0.125, noise_filter first_stage=True",
+        f"Figure 1, 90% label flipping, ε = ⅛, {_WITH}",
+        "",
+    ),
+    (
         "dp_filter_mnist_table3",
         "60% Gaussian, ε=0.125, first_stage=True",
         f"Table 3, 60% Gaussian attack, ε = ⅛, {_WITH}",
