@@ -2,9 +2,10 @@
 
 Runs ``sharefl simulate FILE --seeds SEED --match LABEL`` in this process with the filter's
 :meth:`~sharefl.robust.noise_filter.NoiseAwareFilter.filter` wrapped to count, at each step,
-the selected rows that are Byzantine (the federated loop stacks the honest uploads first,
-then the Byzantine ones), and stops after ``--steps`` steps with one line of JSON: the
-counts of the first 20 steps, the number of steps with any, the last such step::
+the selected rows that are Byzantine and those that are honest (the federated loop stacks
+the honest uploads first, then the Byzantine ones), and stops after ``--steps`` steps with
+one line of JSON: the Byzantine counts of the first 20 steps, the number of steps with any,
+the last such step, and the honest uploads selected per step (mean, least)::
 
     python experiments/dp_filter_selected.py experiments/dp_filter_mnist_table2_mnist.toml \\
         --match "alie, 30 Byzantine" --seed 1 --steps 300
@@ -44,11 +45,14 @@ def main(argv: list[str] | None = None) -> None:
     honest = run.clients.honest
     out = tempfile.mkdtemp(prefix="dp_filter_selected-")
     counts: list[int] = []
+    honest_counts: list[int] = []
     filter_ = noise_filter.NoiseAwareFilter.filter
 
     def counting(self, X, aux):
         result = filter_(self, X, aux)
-        counts.append(sum(1 for i in result.selected.tolist() if i >= honest))
+        selected = result.selected.tolist()
+        counts.append(sum(1 for i in selected if i >= honest))
+        honest_counts.append(len(selected) - counts[-1])
         if len(counts) >= args.steps:
             last = max((i + 1 for i, c in enumerate(counts) if c), default=0)
             report = {
@@ -59,6 +63,8 @@ def main(argv: list[str] | None = None) -> None:
                 "byzantine_selected_first_20_steps": counts[:20],
                 "steps_with_byzantine_selected": sum(1 for c in counts if c),
                 "last_step_with_byzantine_selected": last,
+                "honest_selected_per_step_mean": sum(honest_counts) / len(honest_counts),
+                "honest_selected_per_step_least": min(honest_counts),
             }
             print(json.dumps(report, ensure_ascii=False), flush=True)
             shutil.rmtree(out, ignore_errors=True)

@@ -101,6 +101,9 @@ def test_it_counts_the_byzantine_rows_among_the_selected(tmp_path, match, expect
     assert report["byzantine_selected_first_20_steps"] == expected
     assert report["steps_with_byzantine_selected"] == sum(1 for c in expected if c)
     assert report["last_step_with_byzantine_selected"] == (5 if any(expected) else 0)
+    # the 6 honest rows are selected at every step either way (γ = 1: all 15 rows)
+    assert report["honest_selected_per_step_mean"] == 6.0
+    assert report["honest_selected_per_step_least"] == 6
 
 
 def test_a_match_that_picks_no_run_is_refused_naming_the_labels(tmp_path):
